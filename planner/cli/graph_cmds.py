@@ -1,0 +1,172 @@
+"""Commands on graphs and plans: schema, import-checkmate, info, validate, simulate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.budget import format_bytes
+from planner.cli.output import console, key_value_table, print_json
+from planner.errors import InputError
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("schema")(schema)
+    app.command("import-checkmate")(import_checkmate)
+    app.command("info")(info)
+    app.command("validate")(validate)
+    app.command("simulate")(simulate_cmd)
+
+
+def schema(
+    which: Annotated[str, typer.Argument(help="graph or plan")],
+) -> None:
+    """Print the JSON Schema of graph.json or plan.json."""
+    from planner.graph import Graph
+    from planner.plan import Plan
+
+    models = {"graph": Graph, "plan": Plan}
+    if which not in models:
+        raise InputError(f"schema {which!r}: choose 'graph' or 'plan'")
+    print(json.dumps(models[which].model_json_schema(), indent=1))
+
+
+def import_checkmate(
+    source: Annotated[Path, typer.Argument(help="Checkmate/Moccasin node-link JSON")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="graph.json to write")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Convert a Checkmate/Moccasin node-link graph to graph.json (node ids kept)."""
+    from planner.importers.checkmate import import_checkmate_file
+    from planner.io import write_json
+
+    graph = import_checkmate_file(source)
+    write_json(output, graph)
+    summary = {"output": str(output), "nodes": len(graph.nodes), "edges": len(graph.edges),
+               "hash": graph.content_hash()}
+    if as_json:
+        print_json(summary)
+    else:
+        console.print(f"wrote {output}: {len(graph.nodes)} nodes, {len(graph.edges)} edges")
+
+
+def graph_info(graph_path: Path) -> dict[str, object]:
+    from planner.baselines import store_all_peak_bytes
+    from planner.io import load_graph
+    from planner.simulator import lower_bound_peak_bytes
+
+    graph = load_graph(graph_path)
+    phases: dict[str, int] = {}
+    for n in graph.nodes:
+        phases[n.phase.value] = phases.get(n.phase.value, 0) + 1
+    return {
+        "graph": str(graph_path),
+        "model_name": graph.metadata.model_name,
+        "hash": graph.content_hash(),
+        "nodes": len(graph.nodes),
+        "edges": len(graph.edges),
+        "phases": phases,
+        "total_compute_cost": graph.total_compute_ms,
+        "store_all_peak_bytes": store_all_peak_bytes(graph),
+        "lower_bound_peak_bytes": lower_bound_peak_bytes(graph),
+        "fixed_bytes": graph.fixed_bytes,
+    }
+
+
+def info(graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")], as_json: JsonFlag = False) -> None:
+    """Node and edge counts, compute cost, store-all peak, a lower bound on any peak."""
+    data = graph_info(graph_path)
+    if as_json:
+        print_json(data)
+        return
+    rows = [(k, v) for k, v in data.items()]
+    for k in ("store_all_peak_bytes", "lower_bound_peak_bytes", "fixed_bytes"):
+        rows[[r[0] for r in rows].index(k)] = (k, f"{data[k]} ({format_bytes(data[k])})")  # type: ignore[arg-type]
+    console.print(key_value_table(str(graph_path), rows))
+
+
+def validate(
+    graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")],
+    plan_path: Annotated[Path | None, typer.Argument(metavar="[PLAN]")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check a graph.json, and a plan.json against it (exit 2 with the first problem)."""
+    from planner.io import load_graph, load_plan
+    from planner.simulator import PlanError, simulate
+
+    graph = load_graph(graph_path)
+    result: dict[str, object] = {"graph": str(graph_path), "graph_valid": True,
+                                 "nodes": len(graph.nodes), "edges": len(graph.edges)}
+    if plan_path is not None:
+        plan = load_plan(plan_path)
+        try:
+            sim = simulate(graph, plan)
+        except PlanError as e:
+            raise InputError(f"{plan_path}: {e}") from None
+        result.update(plan=str(plan_path), plan_valid=True, peak_bytes=sim.peak_bytes,
+                      compute_cost=sim.compute_cost, within_budget=(
+                          plan.budget_bytes is None or sim.peak_bytes <= plan.budget_bytes))
+    if as_json:
+        print_json(result)
+    else:
+        console.print(f"{graph_path}: valid graph ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
+        if plan_path is not None:
+            console.print(f"{plan_path}: valid plan, peak {format_bytes(result['peak_bytes'])}"  # type: ignore[arg-type]
+                          f", within budget: {result['within_budget']}")
+
+
+def simulate_cmd(
+    graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")],
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the memory timeline as PNG")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Replay a plan: peak memory, compute cost and the memory timeline."""
+    from planner.io import load_graph, load_plan
+    from planner.simulator import PlanError, simulate
+
+    graph = load_graph(graph_path)
+    plan = load_plan(plan_path)
+    try:
+        sim = simulate(graph, plan)
+    except PlanError as e:
+        raise InputError(f"{plan_path}: {e}") from None
+    if plot is not None:
+        from planner.timeline_plot import plot_timeline
+
+        plot_timeline(sim, plot, title=f"{graph.metadata.model_name or graph_path.name}: {plan.method}",
+                      budget_bytes=plan.budget_bytes)
+    data = {
+        "peak_bytes": sim.peak_bytes,
+        "peak_action_index": sim.peak_action_index,
+        "budget_bytes": plan.budget_bytes,
+        "compute_cost": sim.compute_cost,
+        "overhead": sim.overhead,
+        "computations": sim.computations,
+        "recomputations": sim.recomputations,
+        "timeline": [[p.action_index, p.action, p.live_bytes] for p in sim.timeline],
+    }
+    if as_json:
+        print_json(data)
+        return
+    from rich.table import Table
+
+    table = Table(title="memory timeline", title_justify="left")
+    for col in ("#", "action", "live bytes", ""):
+        table.add_column(col)
+    peak = max(sim.peak_bytes, 1)
+    for p in sim.timeline:
+        bar = "█" * round(30 * p.live_bytes / peak)
+        table.add_row(str(p.action_index), p.action, format_bytes(p.live_bytes), bar)
+    console.print(table)
+    console.print(
+        f"peak {format_bytes(sim.peak_bytes)} at action {sim.peak_action_index}; "
+        f"budget {format_bytes(plan.budget_bytes)}; compute {sim.compute_cost:g} "
+        f"({100 * sim.overhead:+.3f}%), {sim.recomputations} recomputations"
+        + (f"; plot written to {plot}" if plot else "")
+    )

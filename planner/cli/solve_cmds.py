@@ -1,0 +1,155 @@
+"""Commands that make plans: solve, demo, methods."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.budget import format_bytes, parse_budget
+from planner.cli.output import console, key_value_table, print_json
+from planner.errors import NoPlanFits
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+BUNDLED_EXAMPLE = "resnet24.json"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("solve")(solve_cmd)
+    app.command("demo")(demo)
+    app.command("methods")(methods)
+
+
+def plan_summary(plan, graph) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    from planner.baselines import store_all_peak_bytes
+
+    peak = plan.predicted.peak_bytes if plan.predicted else None
+    return {
+        "status": plan.status.value,
+        "method": plan.method,
+        "backend": plan.backend,
+        "budget_bytes": plan.budget_bytes,
+        "peak_bytes": peak,
+        "store_all_peak_bytes": store_all_peak_bytes(graph),
+        "compute_cost": plan.predicted.compute_cost if plan.predicted else None,
+        "overhead_percent": 100 * plan.predicted.overhead if plan.predicted else None,
+        "objective": plan.objective,
+        "lower_bound": plan.lower_bound,
+        "gap_percent": None if plan.gap is None else 100 * plan.gap,
+        "wall_seconds": round(plan.wall_seconds, 3),
+        "actions": len(plan.actions),
+        "smallest_feasible_bytes": plan.details.get("smallest_feasible_bytes"),
+        "notes": plan.notes,
+    }
+
+
+def smallest_budget_tried(graph, plan) -> int | None:  # type: ignore[no-untyped-def]
+    """The least peak among the plan's own report and every baseline: a budget that works."""
+    from planner.baselines import BASELINES
+    from planner.simulator import simulate
+
+    candidates = [simulate(graph, fn(graph, None)).peak_bytes for fn in BASELINES.values()]
+    known = plan.details.get("smallest_feasible_bytes")
+    if known is not None:
+        candidates.append(int(known))
+    return min(candidates) if candidates else None
+
+
+def run_solve(
+    graph_path: Path | None,
+    graph,  # type: ignore[no-untyped-def]
+    budget: str,
+    method: str,
+    output: Path | None,
+    time_limit: float,
+    threads: int,
+    seed: int,
+    as_json: bool,
+) -> None:
+    from planner.baselines import store_all_peak_bytes
+    from planner.io import write_json
+    from planner.plan import PlanStatus
+    from planner.solve import solve
+
+    budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
+    plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed)
+    summary = plan_summary(plan, graph)
+    fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
+    if fits and output is not None:
+        write_json(output, plan)
+        summary["output"] = str(output)
+    if as_json:
+        print_json(summary)
+    else:
+        rows = [
+            ("status", plan.status.value),
+            ("method / backend", f"{plan.method} / {plan.backend}"),
+            ("peak vs budget", f"{format_bytes(summary['peak_bytes'])} / {format_bytes(budget_bytes)}"
+             + (f" ({summary['peak_bytes'] / budget_bytes:.3f})" if summary["peak_bytes"] else "")),  # type: ignore[operator]
+            ("store-all peak", format_bytes(summary["store_all_peak_bytes"])),  # type: ignore[arg-type]
+            ("compute overhead", "-" if summary["overhead_percent"] is None
+             else f"{summary['overhead_percent']:+.3f} %"),
+            ("gap to bound", "-" if summary["gap_percent"] is None else f"{summary['gap_percent']:.3f} %"),
+            ("time", f"{plan.wall_seconds:.2f} s"),
+        ]
+        if fits and output is not None:
+            rows.append(("plan written to", str(output)))
+        console.print(key_value_table(str(graph_path or "graph"), rows))
+        for note in plan.notes:
+            console.print(f"note: {note}")
+    if not fits:
+        smallest = smallest_budget_tried(graph, plan)
+        raise NoPlanFits(
+            f"{graph_path or 'graph'}: no plan within {budget_bytes} bytes "
+            f"({format_bytes(budget_bytes)}) from method {method} ({plan.status.value}); the "
+            f"smallest budget that works for the methods tried is {smallest} bytes "
+            f"({format_bytes(smallest)})",
+            smallest,
+        )
+
+
+def solve_cmd(
+    graph_path: Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json or a Checkmate node-link file")],
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Bytes, units (11.3GiB) or a fraction of the store-all peak (0.8)")],
+    method: Annotated[str, typer.Option("--method", "-m", help="See `planner-cli methods`")] = "auto",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="plan.json to write")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds")] = 60.0,
+    threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
+    from planner.io import load_graph
+
+    run_solve(graph_path, load_graph(graph_path), budget, method, output, time_limit, threads, seed, as_json)
+
+
+def bundled_example_path() -> Path:
+    return Path(str(resources.files("planner") / "examples" / BUNDLED_EXAMPLE))
+
+
+def demo(
+    budget: Annotated[str, typer.Option("--budget", "-b")] = "0.7",
+    method: Annotated[str, typer.Option("--method", "-m")] = "auto",
+    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit")] = 20.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Solve the bundled example graph (a 24-layer residual network) and print the plan summary."""
+    from planner.io import load_graph
+
+    path = bundled_example_path()
+    run_solve(path, load_graph(path), budget, method, output, time_limit, 2, 0, as_json)
+
+
+def methods(as_json: JsonFlag = False) -> None:
+    """List the planning methods."""
+    from planner.methods import METHODS, method_names
+
+    if as_json:
+        print_json({name: METHODS[name] for name in method_names()})
+    else:
+        for name in method_names():
+            console.print(f"{name:16} {METHODS[name]}")

@@ -1,0 +1,307 @@
+"""graph.json: the joint forward+backward training graph (schema version 1).
+
+A graph is data: nodes are operations of one training step, edges are data dependencies.
+Validation happens on construction, so any `Graph` instance is a well-formed DAG.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from enum import StrEnum
+from functools import cached_property
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+GRAPH_SCHEMA_VERSION: Literal["1"] = "1"
+
+
+class Phase(StrEnum):
+    forward = "forward"
+    loss = "loss"
+    backward = "backward"
+
+
+class CostSource(StrEnum):
+    measured = "measured"  # timed on a device
+    estimated = "estimated"  # roofline or other model
+    imported = "imported"  # taken from another project's file (units may be arbitrary)
+    unknown = "unknown"
+
+
+class Node(BaseModel):
+    """One operation of the training step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    id: int = Field(ge=0, description="Stable id, unique in the graph.")
+    name: str = Field(default="", description="Readable name.")
+    op: str = Field(default="", description="Operator, e.g. 'aten.mm' or 'Conv2D'.")
+    phase: Phase = Phase.forward
+    compute_ms: float = Field(
+        default=0.0, ge=0, description="Compute cost in milliseconds (imported: source units)."
+    )
+    cost_source: CostSource = CostSource.unknown
+    output_bytes: int = Field(default=0, ge=0, description="Bytes of the node's output.")
+    workspace_bytes: int = Field(
+        default=0, ge=0, description="Transient bytes needed only while the node runs."
+    )
+    module_path: str = Field(default="", description="Owning module, e.g. 'encoder.layer.3'.")
+    recomputable: bool = Field(default=True, description="False: must never run twice.")
+    random: bool = Field(
+        default=False, description="Random op: recomputation must replay its RNG state."
+    )
+    alias_of: int | None = Field(
+        default=None,
+        description="Id of the node whose storage this view shares: costs no memory of its own "
+        "and keeps that storage alive while resident.",
+    )
+
+
+class Edge(BaseModel):
+    """Data dependency: `target` reads the output of `source`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: int
+    target: int
+
+
+class FixedMemory(BaseModel):
+    """Bytes resident for the whole step, independent of the schedule."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parameters_bytes: int = Field(default=0, ge=0)
+    gradients_bytes: int = Field(default=0, ge=0)
+    optimizer_bytes: int = Field(default=0, ge=0)
+    inputs_bytes: int = Field(default=0, ge=0)
+    other_bytes: int = Field(default=0, ge=0)
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.parameters_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.inputs_bytes
+            + self.other_bytes
+        )
+
+
+class GraphMetadata(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_name: str = ""
+    batch_size: int | None = Field(default=None, ge=1)
+    dtype: str = ""
+    device_profile: str = ""
+    source: str = Field(default="", description="Where the graph came from (tracer, importer).")
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Graph(BaseModel):
+    """The graph.json document."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal["1"] = GRAPH_SCHEMA_VERSION
+    nodes: list[Node]
+    edges: list[Edge] = Field(default_factory=list)
+    fixed: FixedMemory = Field(default_factory=FixedMemory)
+    order: list[int] | None = Field(
+        default=None, description="A topological order to use as the reference schedule."
+    )
+    outputs: list[int] | None = Field(
+        default=None,
+        description="Nodes the step must produce (loss, gradients). Default: every sink.",
+    )
+    metadata: GraphMetadata = Field(default_factory=GraphMetadata)
+    _index: GraphIndex | None = PrivateAttr(default=None)
+
+    @field_validator("nodes")
+    @classmethod
+    def _non_empty(cls, nodes: list[Node]) -> list[Node]:
+        if not nodes:
+            raise ValueError("a graph needs at least one node")
+        return nodes
+
+    @model_validator(mode="after")
+    def _check_structure(self) -> Graph:
+        check_structure(self)
+        return self
+
+    # -- derived views ----------------------------------------------------------------------
+    @property
+    def index(self) -> GraphIndex:
+        if self._index is None:
+            self._index = GraphIndex(self)
+        return self._index
+
+    @property
+    def fixed_bytes(self) -> int:
+        return self.fixed.total_bytes
+
+    @property
+    def total_compute_ms(self) -> float:
+        return math.fsum(n.compute_ms for n in self.nodes)
+
+    def node(self, node_id: int) -> Node:
+        return self.index.node(node_id)
+
+    def describe(self, node_id: int) -> str:
+        """'node 12 (conv1)': how messages name a node."""
+        if node_id not in self.index.position:
+            return f"node {node_id}"
+        name = self.index.node(node_id).name
+        return f"node {node_id} ({name})" if name else f"node {node_id}"
+
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON of everything but metadata: same graph, same hash."""
+        body = self.model_dump(mode="json", exclude={"metadata"})
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    # -- networkx ----------------------------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        g = nx.DiGraph(
+            fixed=self.fixed.model_dump(),
+            order=self.order,
+            outputs=self.outputs,
+            metadata=self.metadata.model_dump(),
+        )
+        for n in self.nodes:
+            g.add_node(n.id, **n.model_dump(exclude={"id"}, mode="json"))
+        g.add_edges_from((e.source, e.target) for e in self.edges)
+        return g
+
+    @classmethod
+    def from_networkx(cls, g: nx.DiGraph) -> Graph:
+        nodes = [Node(id=int(i), **attrs) for i, attrs in g.nodes(data=True)]
+        edges = [Edge(source=int(u), target=int(v)) for u, v in g.edges()]
+        return cls(
+            nodes=nodes,
+            edges=edges,
+            fixed=FixedMemory(**g.graph.get("fixed", {})),
+            order=g.graph.get("order"),
+            outputs=g.graph.get("outputs"),
+            metadata=GraphMetadata(**g.graph.get("metadata", {})),
+        )
+
+
+class GraphIndex:
+    """Adjacency and order of a graph, built once; node positions follow `topological_order`."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.position: dict[int, int] = {n.id: i for i, n in enumerate(graph.nodes)}
+        self.predecessors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}
+        self.successors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}
+        for e in graph.edges:
+            self.predecessors[e.target].append(e.source)
+            self.successors[e.source].append(e.target)
+
+    def node(self, node_id: int) -> Node:
+        return self.graph.nodes[self.position[node_id]]
+
+    @cached_property
+    def topological_order(self) -> list[int]:
+        """`graph.order` when given, else networkx's topological sort in file order."""
+        if self.graph.order is not None:
+            return list(self.graph.order)
+        g = nx.DiGraph()
+        g.add_nodes_from(n.id for n in self.graph.nodes)
+        g.add_edges_from((e.source, e.target) for e in self.graph.edges)
+        return list(nx.topological_sort(g))
+
+    @cached_property
+    def outputs(self) -> list[int]:
+        if self.graph.outputs is not None:
+            return list(self.graph.outputs)
+        return [n.id for n in self.graph.nodes if not self.successors[n.id]]
+
+    def storage_root(self, node_id: int) -> int:
+        """The node that owns the storage `node_id` reads (itself unless it is a view)."""
+        seen = node_id
+        while (parent := self.node(seen).alias_of) is not None:
+            seen = parent
+        return seen
+
+    @cached_property
+    def storage_bytes(self) -> dict[int, int]:
+        """Bytes each node adds when it becomes resident (views add none)."""
+        return {
+            n.id: 0 if n.alias_of is not None else n.output_bytes for n in self.graph.nodes
+        }
+
+
+def check_structure(graph: Graph) -> None:
+    """Raise ValueError naming the node or edge when the graph is not a well-formed DAG."""
+    ids: set[int] = set()
+    for i, n in enumerate(graph.nodes):
+        if n.id in ids:
+            raise ValueError(f"nodes[{i}]: duplicate node id {n.id}")
+        ids.add(n.id)
+    names = {n.id: n.name for n in graph.nodes}
+
+    def label(node_id: int) -> str:
+        return f"node {node_id} ({names[node_id]})" if names.get(node_id) else f"node {node_id}"
+
+    seen_edges: set[tuple[int, int]] = set()
+    for i, e in enumerate(graph.edges):
+        for end in (e.source, e.target):
+            if end not in ids:
+                raise ValueError(
+                    f"edges[{i}]: {e.source} -> {e.target} refers to missing node {end}"
+                )
+        if e.source == e.target:
+            raise ValueError(f"edges[{i}]: self-loop on {label(e.source)}")
+        if (e.source, e.target) in seen_edges:
+            raise ValueError(f"edges[{i}]: duplicate edge {e.source} -> {e.target}")
+        seen_edges.add((e.source, e.target))
+    g = nx.DiGraph()
+    g.add_nodes_from(ids)
+    g.add_edges_from(seen_edges)
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        path = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
+        raise ValueError(f"the graph has a cycle through {label(cycle[0][0])}: {path}")
+    for n in graph.nodes:
+        if n.alias_of is None:
+            continue
+        if n.alias_of not in ids:
+            raise ValueError(f"{label(n.id)}: alias_of refers to missing node {n.alias_of}")
+        if (n.alias_of, n.id) not in seen_edges:
+            raise ValueError(
+                f"{label(n.id)}: alias_of {n.alias_of} must also be an edge {n.alias_of} -> {n.id}"
+            )
+    if graph.order is not None:
+        _check_order(graph.order, ids, seen_edges, label)
+    if graph.outputs is not None:
+        for o in graph.outputs:
+            if o not in ids:
+                raise ValueError(f"outputs: refers to missing node {o}")
+
+
+def _check_order(
+    order: Iterable[int], ids: set[int], edges: set[tuple[int, int]], label: Any
+) -> None:
+    order = list(order)
+    if len(order) != len(ids) or set(order) != ids:
+        missing = sorted(ids - set(order))[:3]
+        extra = sorted(set(order) - ids)[:3]
+        raise ValueError(
+            f"order: must list every node exactly once (missing {missing}, unknown {extra}, "
+            f"{len(order)} entries for {len(ids)} nodes)"
+        )
+    pos = {v: i for i, v in enumerate(order)}
+    for u, v in edges:
+        if pos[u] > pos[v]:
+            raise ValueError(f"order: {label(v)} comes before its input {label(u)}")

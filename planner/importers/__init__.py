@@ -1,0 +1,1 @@
+"""Importers from other projects' graph formats onto graph.json."""

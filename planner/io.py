@@ -1,0 +1,78 @@
+"""Reading and writing graph.json and plan.json with one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import InputError, describe_validation_error
+from planner.graph import Graph
+from planner.plan import Plan
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected a JSON file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+
+
+def graph_from_dict(data: Any, where: str = "graph") -> Graph:
+    """A graph.json document, or a Checkmate/Moccasin node-link file (imported on the fly)."""
+    if isinstance(data, dict) and "links" in data and "schema_version" not in data:
+        from planner.importers.checkmate import import_checkmate
+
+        try:
+            return import_checkmate(data, source=where)
+        except InputError as e:
+            raise InputError(f"{where}: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a JSON object with 'nodes' and 'edges'")
+    try:
+        return Graph.model_validate(data)
+    except ValidationError as e:
+        raise InputError(f"{where}: {describe_validation_error(e, data)}") from None
+
+
+def load_graph(path: str | Path) -> Graph:
+    return graph_from_dict(read_json(path), where=str(path))
+
+
+def plan_from_dict(data: Any, where: str = "plan") -> Plan:
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a JSON object (plan.json)")
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        raise InputError(f"{where}: {describe_validation_error(e, data)}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    return plan_from_dict(read_json(path), where=str(path))
+
+
+def write_json(path: str | Path, document: Graph | Plan | dict[str, Any]) -> None:
+    """Write atomically, so an interrupted write never leaves a half file behind."""
+    path = Path(path)
+    if isinstance(document, Graph | Plan):
+        text = document.model_dump_json(indent=1, exclude_none=False)
+    else:
+        text = json.dumps(document, indent=1)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write: {e}") from None

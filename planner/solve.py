@@ -1,0 +1,104 @@
+"""solve(): run a method, check its plan with the simulator, and report honestly.
+
+Whatever a method claims, the returned Plan's peak and cost are the simulator's, a plan over
+budget is never reported as feasible, and "optimal" means the gap to a proven bound is closed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from planner.errors import InputError
+from planner.graph import Graph
+from planner.methods import MethodResult, SolveRequest, load_method
+from planner.plan import Plan, PlanStatus, relative_gap
+from planner.simulator import PlanError, simulate
+
+OPTIMAL_GAP = 1e-9
+
+
+def solve(
+    graph: Graph,
+    budget_bytes: int,
+    method: str = "auto",
+    *,
+    time_limit_s: float = 60.0,
+    threads: int = 2,
+    seed: int = 0,
+    options: dict[str, Any] | None = None,
+    progress: Callable[[float | None, float | None], None] | None = None,
+) -> Plan:
+    if budget_bytes < 0:
+        raise InputError(f"budget {budget_bytes}: must be ≥ 0 bytes")
+    if time_limit_s <= 0:
+        raise InputError(f"time limit {time_limit_s}: must be > 0 seconds")
+    fn = load_method(method)
+    request = SolveRequest(
+        graph=graph,
+        budget_bytes=budget_bytes,
+        time_limit_s=time_limit_s,
+        threads=threads,
+        seed=seed,
+        options=dict(options or {}),
+        progress=progress,
+    )
+    started = time.perf_counter()
+    result = fn(request)
+    wall = time.perf_counter() - started
+    return checked_plan(graph, budget_bytes, method, result, wall)
+
+
+def checked_plan(
+    graph: Graph, budget_bytes: int, method: str, result: MethodResult, wall_seconds: float
+) -> Plan:
+    """Judge a method's result by the simulator and build the Plan that reports it."""
+    common: dict[str, Any] = dict(
+        graph_hash=graph.content_hash(),
+        budget_bytes=budget_bytes,
+        method=method,
+        backend=result.backend,
+        wall_seconds=wall_seconds,
+        notes=list(result.notes),
+        details=dict(result.details),
+    )
+    baseline_cost = graph.total_compute_ms
+    bound = max(result.lower_bound or baseline_cost, baseline_cost)
+    if result.actions is None:
+        if result.smallest_feasible_bytes is not None:
+            common["details"]["smallest_feasible_bytes"] = result.smallest_feasible_bytes
+        status = result.status if result.status is not PlanStatus.feasible else PlanStatus.timeout
+        return Plan(status=status, lower_bound=bound, **common)
+    try:
+        sim = simulate(graph, result.actions)
+    except PlanError as e:
+        common["notes"].append(f"the method returned an invalid plan: {e}")
+        return Plan(status=PlanStatus.error, lower_bound=bound, **common)
+    predicted = sim.predicted()
+    if sim.peak_bytes > budget_bytes:
+        common["details"]["smallest_feasible_bytes"] = min(
+            sim.peak_bytes, result.smallest_feasible_bytes or sim.peak_bytes
+        )
+        common["notes"].append(
+            f"best plan found peaks at {sim.peak_bytes} bytes, over the budget of "
+            f"{budget_bytes} by {sim.peak_bytes - budget_bytes}"
+        )
+        return Plan(
+            status=PlanStatus.infeasible,
+            lower_bound=bound,
+            predicted=predicted,
+            actions=list(result.actions),
+            **common,
+        )
+    gap = relative_gap(sim.compute_cost, bound)
+    status = PlanStatus.optimal if gap is not None and gap <= OPTIMAL_GAP else PlanStatus.feasible
+    return Plan(
+        status=status,
+        objective=sim.compute_cost,
+        lower_bound=min(bound, sim.compute_cost),
+        gap=gap,
+        predicted=predicted,
+        actions=list(result.actions),
+        **common,
+    )
