@@ -26,7 +26,9 @@ def checkpoint_schedule(
 
     retain_recomputed: keep a recomputed value until its last consumer (Chen's segment
     recomputation: a segment is recomputed once for its backward pass) instead of freeing it
-    at the end of the stage that recomputed it.
+    at the end of the stage that recomputed it; and, as in Chen's forward pass, keep every
+    value until its last forward consumer has run, so that a skip connection inside a segment
+    is not recomputed during the forward pass and then retained into the backward pass.
     """
     index = graph.index
     order = index.topological_order
@@ -34,6 +36,13 @@ def checkpoint_schedule(
     preds, succs = index.predecessors, index.successors
     never = -1
     last_use = {v: max((pos[w] for w in succs[v]), default=never) for v in order}
+    last_forward_use = {
+        v: max(
+            (pos[w] for w in succs[v] if index.node(w).phase is not Phase.backward),
+            default=never,
+        )
+        for v in order
+    }
     keep = set(checkpoints)
     for v in order:  # a value that cannot be recomputed must survive every later need of it
         if not index.node(v).recomputable and succs[v]:
@@ -48,6 +57,8 @@ def checkpoint_schedule(
         def kept_past(u: int, stage: int = t, tgt: int = target) -> bool:
             if last_use[u] <= stage:
                 return False
+            if retain_recomputed and last_forward_use[u] > stage:
+                return True
             return u in keep or u == tgt or u in retained
 
         # Nodes to compute in this stage: the target and its non-resident ancestors.
@@ -81,7 +92,7 @@ def checkpoint_schedule(
             if not kept_past(u):
                 actions.append(free(u))
                 resident.discard(u)
-        retained &= resident
+        retained.intersection_update(resident)
     return actions
 
 

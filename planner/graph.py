@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
@@ -122,6 +122,7 @@ class Graph(BaseModel):
     )
     metadata: GraphMetadata = Field(default_factory=GraphMetadata)
     _index: GraphIndex | None = PrivateAttr(default=None)
+    _hash: str | None = PrivateAttr(default=None)
 
     @field_validator("nodes")
     @classmethod
@@ -134,6 +135,21 @@ class Graph(BaseModel):
     def _check_structure(self) -> Graph:
         check_structure(self)
         return self
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Graph:
+        """A copy whose derived caches (index, hash) are rebuilt, since `update` may change it."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._index = None
+        copy._hash = None
+        return copy
+
+    def __eq__(self, other: object) -> bool:
+        # Fields only: the derived caches (index, hash) must not make equal graphs differ.
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
 
     # -- derived views ----------------------------------------------------------------------
     @property
@@ -162,9 +178,11 @@ class Graph(BaseModel):
 
     def content_hash(self) -> str:
         """sha256 of the canonical JSON of everything but metadata: same graph, same hash."""
-        body = self.model_dump(mode="json", exclude={"metadata"})
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        if self._hash is None:  # frozen model: computed once
+            body = self.model_dump(mode="json", exclude={"metadata"})
+            text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+            self._hash = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        return self._hash
 
     # -- networkx ----------------------------------------------------------------------------
     def to_networkx(self) -> nx.DiGraph:
@@ -176,13 +194,18 @@ class Graph(BaseModel):
         )
         for n in self.nodes:
             g.add_node(n.id, **n.model_dump(exclude={"id"}, mode="json"))
-        g.add_edges_from((e.source, e.target) for e in self.edges)
+        # networkx lists edges grouped by source: `index` restores the file order on the way
+        # back, so a round trip keeps the content hash.
+        g.add_edges_from((e.source, e.target, {"index": i}) for i, e in enumerate(self.edges))
         return g
 
     @classmethod
     def from_networkx(cls, g: nx.DiGraph) -> Graph:
         nodes = [Node(id=int(i), **attrs) for i, attrs in g.nodes(data=True)]
-        edges = [Edge(source=int(u), target=int(v)) for u, v in g.edges()]
+        pairs = list(g.edges(data="index"))
+        if all(isinstance(i, int) for _, _, i in pairs):
+            pairs.sort(key=lambda e: e[2])
+        edges = [Edge(source=int(u), target=int(v)) for u, v, _ in pairs]
         return cls(
             nodes=nodes,
             edges=edges,

@@ -30,7 +30,8 @@ def read_json(path: str | Path) -> Any:
 
 
 def graph_from_dict(data: Any, where: str = "graph") -> Graph:
-    """A graph.json document, or a Checkmate/Moccasin node-link file (imported on the fly)."""
+    """A graph.json document, a Checkmate/Moccasin node-link file (imported on the fly), or a
+    chain.json (its graph, see solvers.chain.layout)."""
     if isinstance(data, dict) and "links" in data and "schema_version" not in data:
         from planner.importers.checkmate import import_checkmate
 
@@ -38,6 +39,12 @@ def graph_from_dict(data: Any, where: str = "graph") -> Graph:
             return import_checkmate(data, source=where)
         except InputError as e:
             raise InputError(f"{where}: {e}") from None
+    if isinstance(data, dict) and ("stages" in data or "chain" in data) and "nodes" not in data:
+        # chain.json (solvers.chain.model): turned into its equivalent graph
+        from solvers.chain.layout import chain_graph
+        from solvers.chain.model import chain_from_dict
+
+        return chain_graph(chain_from_dict(data, where))[0]
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a JSON object with 'nodes' and 'edges'")
     try:

@@ -52,7 +52,12 @@ METHODS: dict[str, str] = {
     "chen-sqrt": "planner.baseline_methods:chen_sqrt",
     "chen-greedy": "planner.baseline_methods:chen_greedy",
     "best-baseline": "planner.baseline_methods:best_baseline",
-    "auto": "planner.baseline_methods:best_baseline",
+    "milp": "solvers.remat.methods:milp",
+    "lp-rounding": "solvers.remat.methods:lp_rounding",
+    "auto": "solvers.remat.methods:auto",
+    "rotor": "solvers.chain.methods:rotor",
+    "revolve": "solvers.chain.methods:revolve",
+    "chain-chen-sqrt": "solvers.chain.methods:chain_chen_sqrt",
 }
 
 

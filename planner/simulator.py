@@ -61,7 +61,9 @@ class SimulationResult:
         )
 
 
-def simulate(graph: Graph, plan: Plan | Sequence[Action], *, check_hash: bool = True) -> SimulationResult:
+def simulate(
+    graph: Graph, plan: Plan | Sequence[Action], *, check_hash: bool = True
+) -> SimulationResult:
     """Replay `plan` on `graph`; raise PlanError at the first action that cannot run."""
     if isinstance(plan, Plan):
         if check_hash and plan.graph_hash != graph.content_hash():

@@ -27,10 +27,12 @@ def schema(
     which: Annotated[str, typer.Argument(help="graph or plan")],
 ) -> None:
     """Print the JSON Schema of graph.json or plan.json."""
+    from pydantic import BaseModel
+
     from planner.graph import Graph
     from planner.plan import Plan
 
-    models = {"graph": Graph, "plan": Plan}
+    models: dict[str, type[BaseModel]] = {"graph": Graph, "plan": Plan}
     if which not in models:
         raise InputError(f"schema {which!r}: choose 'graph' or 'plan'")
     print(json.dumps(models[which].model_json_schema(), indent=1))
@@ -78,15 +80,19 @@ def graph_info(graph_path: Path) -> dict[str, object]:
     }
 
 
-def info(graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")], as_json: JsonFlag = False) -> None:
+def info(
+    graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")], as_json: JsonFlag = False
+) -> None:
     """Node and edge counts, compute cost, store-all peak, a lower bound on any peak."""
     data = graph_info(graph_path)
     if as_json:
         print_json(data)
         return
-    rows = [(k, v) for k, v in data.items()]
-    for k in ("store_all_peak_bytes", "lower_bound_peak_bytes", "fixed_bytes"):
-        rows[[r[0] for r in rows].index(k)] = (k, f"{data[k]} ({format_bytes(data[k])})")  # type: ignore[arg-type]
+    byte_fields = ("store_all_peak_bytes", "lower_bound_peak_bytes", "fixed_bytes")
+    rows = [
+        (k, f"{v} ({format_bytes(v)})" if k in byte_fields and isinstance(v, int) else v)
+        for k, v in data.items()
+    ]
     console.print(key_value_table(str(graph_path), rows))
 
 
@@ -100,30 +106,47 @@ def validate(
     from planner.simulator import PlanError, simulate
 
     graph = load_graph(graph_path)
-    result: dict[str, object] = {"graph": str(graph_path), "graph_valid": True,
-                                 "nodes": len(graph.nodes), "edges": len(graph.edges)}
+    result: dict[str, object] = {
+        "graph": str(graph_path),
+        "graph_valid": True,
+        "nodes": len(graph.nodes),
+        "edges": len(graph.edges),
+    }
+    plan_line = ""
     if plan_path is not None:
         plan = load_plan(plan_path)
         try:
             sim = simulate(graph, plan)
         except PlanError as e:
             raise InputError(f"{plan_path}: {e}") from None
-        result.update(plan=str(plan_path), plan_valid=True, peak_bytes=sim.peak_bytes,
-                      compute_cost=sim.compute_cost, within_budget=(
-                          plan.budget_bytes is None or sim.peak_bytes <= plan.budget_bytes))
+        within = plan.budget_bytes is None or sim.peak_bytes <= plan.budget_bytes
+        result.update(
+            plan=str(plan_path),
+            plan_valid=True,
+            peak_bytes=sim.peak_bytes,
+            compute_cost=sim.compute_cost,
+            within_budget=within,
+        )
+        plan_line = (
+            f"{plan_path}: valid plan, peak {format_bytes(sim.peak_bytes)}, "
+            f"within budget: {within}"
+        )
     if as_json:
         print_json(result)
     else:
-        console.print(f"{graph_path}: valid graph ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
-        if plan_path is not None:
-            console.print(f"{plan_path}: valid plan, peak {format_bytes(result['peak_bytes'])}"  # type: ignore[arg-type]
-                          f", within budget: {result['within_budget']}")
+        console.print(
+            f"{graph_path}: valid graph ({len(graph.nodes)} nodes, {len(graph.edges)} edges)"
+        )
+        if plan_line:
+            console.print(plan_line)
 
 
 def simulate_cmd(
     graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")],
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the memory timeline as PNG")] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write the memory timeline as PNG")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Replay a plan: peak memory, compute cost and the memory timeline."""
@@ -139,8 +162,11 @@ def simulate_cmd(
     if plot is not None:
         from planner.timeline_plot import plot_timeline
 
-        plot_timeline(sim, plot, title=f"{graph.metadata.model_name or graph_path.name}: {plan.method}",
-                      budget_bytes=plan.budget_bytes)
+        title = f"{graph.metadata.model_name or graph_path.name}: {plan.method}"
+        try:
+            plot_timeline(sim, plot, title=title, budget_bytes=plan.budget_bytes)
+        except OSError as e:
+            raise InputError(f"{plot}: cannot write the plot: {e.strerror or e}") from None
     data = {
         "peak_bytes": sim.peak_bytes,
         "peak_action_index": sim.peak_action_index,

@@ -15,6 +15,9 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_PLAN = 0, 2, 3
 COMMAND_MODULES = (
     "planner.cli.graph_cmds",
     "planner.cli.solve_cmds",
+    "planner.cli.trace_cmd",
+    "planner.cli.remat_cmds",
+    "planner.cli.service_cmds",
 )
 
 app = typer.Typer(
@@ -44,13 +47,33 @@ def main() -> None:
         sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as e:  # click usage errors and the like
-        import click
+    except Exception as e:  # usage errors (missing option, bad value, unknown command)
+        if not isinstance(e, _usage_error_types()):
+            raise
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help())  # `planner-cli` alone: the help, as no_args_is_help promises
+            sys.exit(EXIT_OK)
+        format_message = getattr(e, "format_message", None)
+        message = format_message() if callable(format_message) else str(e)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        print(f"error: {' '.join(str(message).split())}{hint}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(EXIT_BAD_INPUT)
-        raise
+
+def _usage_error_types() -> tuple[type[Exception], ...]:
+    """Typer >= 0.2x raises its own copy of click's exceptions; older ones raise click's."""
+    types: list[type[Exception]] = []
+    vendored = getattr(typer, "TyperException", None)
+    if isinstance(vendored, type) and issubclass(vendored, Exception):
+        types.append(vendored)
+    try:
+        import click
+    except ImportError:  # pragma: no cover - click is optional with recent typer
+        pass
+    else:
+        types.append(click.ClickException)
+    return tuple(types)
 
 
 if __name__ == "__main__":

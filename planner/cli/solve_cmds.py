@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from planner.budget import format_bytes, parse_budget
 from planner.cli.output import console, key_value_table, print_json
 from planner.errors import NoPlanFits
+
+if TYPE_CHECKING:
+    from planner.graph import Graph
+    from planner.plan import Plan
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 BUNDLED_EXAMPLE = "resnet24.json"
@@ -22,7 +26,7 @@ def register(app: typer.Typer) -> None:
     app.command("methods")(methods)
 
 
-def plan_summary(plan, graph) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:
     from planner.baselines import store_all_peak_bytes
 
     peak = plan.predicted.peak_bytes if plan.predicted else None
@@ -45,7 +49,7 @@ def plan_summary(plan, graph) -> dict[str, object]:  # type: ignore[no-untyped-d
     }
 
 
-def smallest_budget_tried(graph, plan) -> int | None:  # type: ignore[no-untyped-def]
+def smallest_budget_tried(graph: Graph, plan: Plan) -> int | None:
     """The least peak among the plan's own report and every baseline: a budget that works."""
     from planner.baselines import BASELINES
     from planner.simulator import simulate
@@ -59,7 +63,7 @@ def smallest_budget_tried(graph, plan) -> int | None:  # type: ignore[no-untyped
 
 def run_solve(
     graph_path: Path | None,
-    graph,  # type: ignore[no-untyped-def]
+    graph: Graph,
     budget: str,
     method: str,
     output: Path | None,
@@ -67,6 +71,7 @@ def run_solve(
     threads: int,
     seed: int,
     as_json: bool,
+    options: dict[str, object] | None = None,
 ) -> None:
     from planner.baselines import store_all_peak_bytes
     from planner.io import write_json
@@ -74,7 +79,8 @@ def run_solve(
     from planner.solve import solve
 
     budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
-    plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed)
+    plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed,
+                 options=options)
     summary = plan_summary(plan, graph)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
     if fits and output is not None:
@@ -83,15 +89,16 @@ def run_solve(
     if as_json:
         print_json(summary)
     else:
+        peak = plan.predicted.peak_bytes if plan.predicted else None
+        ratio = f" ({peak / budget_bytes:.3f})" if peak and budget_bytes else ""
+        overhead = plan.predicted.overhead if plan.predicted else None
         rows = [
             ("status", plan.status.value),
             ("method / backend", f"{plan.method} / {plan.backend}"),
-            ("peak vs budget", f"{format_bytes(summary['peak_bytes'])} / {format_bytes(budget_bytes)}"
-             + (f" ({summary['peak_bytes'] / budget_bytes:.3f})" if summary["peak_bytes"] else "")),  # type: ignore[operator]
-            ("store-all peak", format_bytes(summary["store_all_peak_bytes"])),  # type: ignore[arg-type]
-            ("compute overhead", "-" if summary["overhead_percent"] is None
-             else f"{summary['overhead_percent']:+.3f} %"),
-            ("gap to bound", "-" if summary["gap_percent"] is None else f"{summary['gap_percent']:.3f} %"),
+            ("peak vs budget", f"{format_bytes(peak)} / {format_bytes(budget_bytes)}{ratio}"),
+            ("store-all peak", format_bytes(store_all_peak_bytes(graph))),
+            ("compute overhead", "-" if overhead is None else f"{100 * overhead:+.3f} %"),
+            ("gap to bound", "-" if plan.gap is None else f"{100 * plan.gap:.3f} %"),
             ("time", f"{plan.wall_seconds:.2f} s"),
         ]
         if fits and output is not None:
@@ -111,19 +118,44 @@ def run_solve(
 
 
 def solve_cmd(
-    graph_path: Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json or a Checkmate node-link file")],
-    budget: Annotated[str, typer.Option("--budget", "-b", help="Bytes, units (11.3GiB) or a fraction of the store-all peak (0.8)")],
-    method: Annotated[str, typer.Option("--method", "-m", help="See `planner-cli methods`")] = "auto",
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="plan.json to write")] = None,
+    graph_path: Annotated[
+        Path, typer.Argument(metavar="GRAPH", help="graph.json or a Checkmate node-link file")
+    ],
+    budget: Annotated[
+        str,
+        typer.Option(
+            "--budget",
+            "-b",
+            help="Bytes, units (11.3GiB) or a fraction of the store-all peak (0.8)",
+        ),
+    ],
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="See `planner-cli methods`")
+    ] = "auto",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="plan.json to write")
+    ] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds")] = 60.0,
     threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: JsonFlag = False,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="Solver for milp (cpsat, scip, highs, cbc, pulp-cbc) or lp-rounding "
+            "(highs-lp, glop, pdlp)",
+        ),
+    ] = None,
 ) -> None:
     """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
     from planner.io import load_graph
 
-    run_solve(graph_path, load_graph(graph_path), budget, method, output, time_limit, threads, seed, as_json)
+    graph = load_graph(graph_path)
+    options: dict[str, object] | None = {"backend": backend} if backend else None
+    run_solve(
+        graph_path, graph, budget, method, output, time_limit, threads, seed, as_json, options
+    )
 
 
 def bundled_example_path() -> Path:

@@ -1,0 +1,40 @@
+# syntax=docker/dockerfile:1
+# The planning service image: slim and torch-free (only the `postgres` extra is installed, never
+# `torch`), running as a non-root user, with a health check on /readyz.
+#   docker build -t planner-service .
+#   docker run -p 127.0.0.1:8000:8000 -v planner-data:/data planner-service
+# Embedded SQLite store in the /data volume by default; set PLANNER_DATABASE_URL for PostgreSQL
+# (docker/compose.yml runs both).
+
+FROM python:3.12-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY planner ./planner
+COPY solvers ./solvers
+COPY api ./api
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --upgrade pip setuptools wheel \
+    && /opt/venv/bin/pip install ".[postgres]" \
+    && ! /opt/venv/bin/python -c "import torch" 2>/dev/null
+
+FROM python:3.12-slim
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/planner planner \
+    && mkdir -p /data \
+    && chown planner:planner /data
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    MPLBACKEND=Agg \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    PLANNER_HOST=0.0.0.0 \
+    PLANNER_PORT=8000 \
+    PLANNER_DATABASE_URL=sqlite:////data/planner-service.db
+USER planner
+WORKDIR /data
+VOLUME ["/data"]
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PLANNER_PORT', '8000'), timeout=4)"]
+STOPSIGNAL SIGINT
+CMD ["planner-cli", "serve"]

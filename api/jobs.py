@@ -1,0 +1,321 @@
+"""The job manager: runs queued jobs in solver processes, at most `workers` at once.
+
+One dispatcher thread in the server process owns the child processes: it claims queued jobs
+from the store, starts a process per job (forkserver: a clean fork, planner preloaded), relays
+progress and results into the store, enforces each job's time limit and kills the process of a
+cancelled job. The event loop never waits on any of this. At start-up, jobs a dead server left
+running are re-queued or failed with the reason (Store.recover); at shutdown, running jobs are
+re-queued, so the queue survives restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from api.metrics import Metrics
+from api.models import CANCELLED, DONE, FAILED, INFEASIBLE, RUNNING, Job
+from api.settings import Settings
+from api.store import Store
+from api.worker import run_job
+
+log = logging.getLogger("planner.api.jobs")
+
+PRELOAD = ["planner.solve", "planner.baseline_methods", "planner.cli.solve_cmds", "api.worker"]
+PROGRESS_WRITE_INTERVAL_S = 1.0
+# How often running jobs are checked against the store (a cancel through another instance).
+STATUS_CHECK_INTERVAL_S = 1.0
+IDLE_POLL_S = 0.5
+# plan.json status -> job status; a plan without a schedule within budget is not "done".
+PLAN_TO_JOB_STATUS = {"optimal": DONE, "feasible": DONE, "infeasible": INFEASIBLE}
+
+
+@dataclass
+class _Running:
+    job: Job
+    process: BaseProcess
+    results: Connection
+    lifeline: Connection
+    started: float  # time.monotonic()
+    deadline: float
+    reaped: threading.Event = field(default_factory=threading.Event)
+    last_progress_write: float = 0.0
+    pending_progress: tuple[float | None, float | None] | None = None
+    outcome: tuple[Any, ...] | None = field(default=None)
+
+
+class JobManager:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        metrics: Metrics,
+        on_finished: Callable[[str], None] | None = None,
+    ) -> None:
+        self.on_finished = on_finished  # called with a job id once its result is stored
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(PRELOAD)
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Self-pipe: a submission wakes the dispatcher out of its wait() at once.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
+        self._thread: threading.Thread | None = None
+        self._last_status_check = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> list[tuple[str, str]]:
+        recovered = self.store.recover(self.settings.recover_running, self.settings.max_attempts)
+        for job_id, status in recovered:
+            log.warning("job %s was running when the server stopped: now %s", job_id, status)
+        # Start the forkserver now (it imports planner once), not in the first job's time.
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+        self._thread = threading.Thread(target=self._loop, name="planner-jobs", daemon=True)
+        self._thread.start()
+        return recovered
+
+    def stop(self) -> None:
+        """Stop dispatching; kill running solves and put their jobs back in the queue."""
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            running = list(self._running.values())
+            self._running.clear()
+        for r in running:
+            self._kill(r)
+            r.reaped.set()
+            self.store.requeue(r.job.id, "the server shut down during this attempt; re-queued")
+        self._thread = None  # wake() is a no-op from here on: the pipe is closed
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def wake(self) -> None:
+        if self._stop.is_set() and self._thread is None:
+            return
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def cancel(self, job_id: str, wait_s: float = 10.0) -> bool:
+        """SIGKILL the job's solver process if it runs here and wait until the dispatcher has
+        reaped it; call after Store.cancel so the dispatcher does not record a failure."""
+        with self._lock:
+            r = self._running.get(job_id)
+        if r is None:
+            return False
+        pid = r.process.pid
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)  # solver libraries need not cooperate
+            except ProcessLookupError:
+                pass
+        self.metrics.solves.labels(status=CANCELLED).inc()
+        self.wake()
+        return r.reaped.wait(wait_s)
+
+    # -- the dispatcher thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._dispatch()
+                self._poll()
+            except Exception:  # keep dispatching; the store may be briefly unavailable
+                log.exception("job dispatcher error")
+                time.sleep(IDLE_POLL_S)
+
+    def _dispatch(self) -> None:
+        free = self.settings.workers - len(self._running)
+        if free <= 0:
+            return
+        for job_id in self.store.queued_ids(free):
+            job = self.store.claim(job_id)
+            if job is not None:
+                self._start(job)
+
+    def _start(self, job: Job) -> None:
+        document = self.store.get_graph_document(job.graph_hash)
+        if document is None:
+            self._finish(job, FAILED, error=f"graph {job.graph_hash} is missing from the store")
+            return
+        results_r, results_w = self._ctx.Pipe(duplex=False)
+        lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
+        spec = {
+            "budget_bytes": job.budget_bytes,
+            "method": job.method,
+            "time_limit_s": job.time_limit_s,
+            "threads": self.settings.solver_threads,
+            "nice": self.settings.solver_nice,
+            "options": job.options,
+        }
+        process = self._ctx.Process(
+            target=run_job,
+            args=(spec, document, results_w, lifeline_r, dict(self.settings.extra_methods)),
+            name=f"planner-job-{job.id}",
+            daemon=True,
+        )
+        process.start()
+        results_w.close()  # the child holds the only writer: EOF once it exits
+        lifeline_r.close()
+        now = time.monotonic()
+        running = _Running(
+            job=job,
+            process=process,
+            results=results_r,
+            lifeline=lifeline_w,
+            started=now,
+            deadline=now + job.time_limit_s + self.settings.kill_grace_s,
+        )
+        with self._lock:
+            self._running[job.id] = running
+        self.store.set_worker(job.id, process.pid)
+        log.info("job %s started in process %s", job.id, process.pid)
+
+    def _kill_cancelled_elsewhere(self) -> None:
+        """A job cancelled in the store (say, through another replica) loses its process."""
+        now = time.monotonic()
+        if now - self._last_status_check < STATUS_CHECK_INTERVAL_S:
+            return
+        self._last_status_check = now
+        with self._lock:
+            ids = list(self._running)
+        for job_id, status in self.store.statuses(ids).items():
+            if status != RUNNING:
+                with self._lock:
+                    r = self._running.get(job_id)
+                if r is not None and r.process.pid is not None:
+                    try:
+                        os.kill(r.process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def _poll(self) -> None:
+        self._kill_cancelled_elsewhere()
+        with self._lock:
+            running = list(self._running.values())
+        waitables: list[Any] = [self._wake_r]
+        for r in running:
+            waitables += [r.results, r.process.sentinel]
+        ready = wait(waitables, timeout=IDLE_POLL_S)
+        if self._wake_r in ready:
+            os.read(self._wake_r, 4096)
+        now = time.monotonic()
+        for r in running:
+            self._drain(r)
+            if r.outcome is not None or not r.process.is_alive():
+                self._complete(r)
+            elif now > r.deadline:
+                self._forget(r)
+                self._kill(r)
+                r.reaped.set()
+                self._finish(
+                    r.job,
+                    FAILED,
+                    error=f"killed: still running {self.settings.kill_grace_s:g} s after its "
+                    f"time limit of {r.job.time_limit_s:g} s",
+                    seconds=now - r.started,
+                )
+            elif r.pending_progress and now - r.last_progress_write >= PROGRESS_WRITE_INTERVAL_S:
+                self.store.set_progress(r.job.id, *r.pending_progress)
+                r.last_progress_write, r.pending_progress = now, None
+
+    def _drain(self, r: _Running) -> None:
+        try:
+            while r.outcome is None and r.results.poll():
+                message = r.results.recv()
+                if message[0] == "progress":
+                    r.pending_progress = (message[1], message[2])
+                else:
+                    r.outcome = message
+        except (EOFError, OSError):
+            pass
+
+    def _complete(self, r: _Running) -> None:
+        r.process.join(timeout=5)
+        self._drain(r)
+        self._forget(r)
+        seconds = time.monotonic() - r.started
+        outcome = r.outcome
+        if outcome is None:
+            self._finish(
+                r.job,
+                FAILED,
+                error=f"the solver process exited with code {r.process.exitcode} "
+                "without a result",
+                seconds=seconds,
+            )
+        elif outcome[0] == "error":
+            self._finish(r.job, FAILED, error=str(outcome[1]), seconds=seconds)
+        else:
+            plan_json, report = outcome[1], outcome[2]
+            plan_status = str(report.get("status"))
+            status = PLAN_TO_JOB_STATUS.get(plan_status, FAILED)
+            error = None
+            if status == FAILED:
+                notes = "; ".join(report.get("notes") or [])
+                error = f"no plan: solver status {plan_status}" + (f" ({notes})" if notes else "")
+            self._finish(
+                r.job, status, plan=plan_json, report=report, error=error, seconds=seconds
+            )
+        r.results.close()
+        r.lifeline.close()
+        r.reaped.set()
+
+    def _finish(
+        self,
+        job: Job,
+        status: str,
+        *,
+        plan: str | None = None,
+        report: dict[str, Any] | None = None,
+        error: str | None = None,
+        seconds: float | None = None,
+    ) -> None:
+        if self.store.finish(
+            job.id, status, plan=plan, report=report, error=error, solve_seconds=seconds
+        ):
+            self.metrics.solves.labels(status=status).inc()
+            if seconds is not None:
+                self.metrics.solve_seconds.observe(seconds)
+            log.info("job %s %s", job.id, status)
+            if self.on_finished is not None:
+                try:
+                    self.on_finished(job.id)
+                except Exception:  # a cache warm-up must never stop the dispatcher
+                    log.exception("on_finished hook failed for job %s", job.id)
+
+    def _forget(self, r: _Running) -> None:
+        with self._lock:
+            self._running.pop(r.job.id, None)
+
+    @staticmethod
+    def _kill(r: _Running) -> None:
+        if r.process.is_alive():
+            r.process.kill()  # SIGKILL: solver libraries need not cooperate
+        r.process.join(timeout=5)
+        for conn in (r.results, r.lifeline):
+            try:
+                conn.close()
+            except OSError:
+                pass

@@ -1,0 +1,122 @@
+"""The stored records: graphs by content hash, jobs (the queue and the finished plans), sweeps;
+and `Job`, the immutable snapshot of a job row that the rest of the service passes around."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, Float, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+QUEUED, RUNNING, DONE, INFEASIBLE, FAILED, CANCELLED = (
+    "queued",
+    "running",
+    "done",
+    "infeasible",
+    "failed",
+    "cancelled",
+)
+JOB_STATUSES = (QUEUED, RUNNING, DONE, INFEASIBLE, FAILED, CANCELLED)
+FINISHED = (DONE, INFEASIBLE, FAILED, CANCELLED)
+# A request with one of these results is answered from the store instead of solved again.
+CACHEABLE = (DONE, INFEASIBLE)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class GraphRow(Base):
+    __tablename__ = "planner_graphs"
+
+    hash: Mapped[str] = mapped_column(String(80), primary_key=True)
+    document: Mapped[str] = mapped_column(Text)  # graph.json as uploaded (validated)
+    nodes: Mapped[int] = mapped_column(Integer)
+    edges: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)  # epoch seconds
+
+
+class JobRow(Base):
+    __tablename__ = "planner_jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # sha256 of (graph hash, budget, method, options): equal keys are the same question.
+    request_key: Mapped[str] = mapped_column(String(64), index=True)
+    graph_hash: Mapped[str] = mapped_column(String(80), index=True)
+    budget_bytes: Mapped[int] = mapped_column(BigInteger)
+    method: Mapped[str] = mapped_column(String(64))
+    options: Mapped[str] = mapped_column(Text, default="{}")
+    time_limit_s: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    plan: Mapped[str | None] = mapped_column(Text, nullable=True)  # plan.json
+    report: Mapped[str | None] = mapped_column(Text, nullable=True)  # summary JSON
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    progress_objective: Mapped[float | None] = mapped_column(Float, nullable=True)
+    progress_bound: Mapped[float | None] = mapped_column(Float, nullable=True)
+    worker_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    solve_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class SweepRow(Base):
+    __tablename__ = "planner_sweeps"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    graph_hash: Mapped[str] = mapped_column(String(80))
+    method: Mapped[str] = mapped_column(String(64))
+    job_ids: Mapped[str] = mapped_column(Text)  # JSON list, in budget order (cache hits too)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A snapshot of one job row."""
+
+    id: str
+    request_key: str
+    graph_hash: str
+    budget_bytes: int
+    method: str
+    options: dict[str, Any]
+    time_limit_s: float
+    status: str
+    attempts: int
+    plan: dict[str, Any] | None
+    report: dict[str, Any] | None
+    error: str | None
+    progress_objective: float | None
+    progress_bound: float | None
+    worker_pid: int | None
+    solve_seconds: float | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    @classmethod
+    def from_row(cls, row: JobRow) -> Job:
+        return cls(
+            id=row.id,
+            request_key=row.request_key,
+            graph_hash=row.graph_hash,
+            budget_bytes=row.budget_bytes,
+            method=row.method,
+            options=json.loads(row.options or "{}"),
+            time_limit_s=row.time_limit_s,
+            status=row.status,
+            attempts=row.attempts,
+            plan=json.loads(row.plan) if row.plan else None,
+            report=json.loads(row.report) if row.report else None,
+            error=row.error,
+            progress_objective=row.progress_objective,
+            progress_bound=row.progress_bound,
+            worker_pid=row.worker_pid,
+            solve_seconds=row.solve_seconds,
+            created_at=row.created_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+        )

@@ -1,0 +1,294 @@
+"""What the routes do, without HTTP: resolve graphs and budgets, answer from the store or queue
+a job, cancel, draw timelines. Bad input raises ApiError/InputError with the CLI's messages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from api.cache import KeyIndex, RenderedCache
+from api.errors import ApiError
+from api.jobs import JobManager
+from api.metrics import Metrics
+from api.models import CACHEABLE, FINISHED, QUEUED, RUNNING, Job
+from api.schemas import JobView, Progress
+from api.settings import Settings
+from api.store import Store
+from planner.errors import InputError
+from planner.graph import Graph
+
+# pyplot keeps global state: one timeline drawn at a time.
+_PLOT_LOCK = threading.Lock()
+
+
+def request_key(graph_hash: str, budget_bytes: int, method: str, options: dict[str, Any]) -> str:
+    body = {"graph": graph_hash, "budget": budget_bytes, "method": method, "options": options}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
+
+
+class PlanService:
+    def __init__(
+        self, store: Store, settings: Settings, metrics: Metrics, manager: JobManager
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.manager = manager
+        # Finished jobs are immutable: their rendered views and request keys are cached.
+        self.rendered = RenderedCache(settings.response_cache_bytes)
+        self.answered = KeyIndex(max_entries=100_000)
+        self.known_graphs = KeyIndex(max_entries=100_000)
+
+    # -- graphs -------------------------------------------------------------------------------
+    def parse_graph(self, data: Any) -> Graph:
+        """Validate a graph document within the size limits (422 naming the limit)."""
+        if isinstance(data, dict):
+            nodes = data.get("nodes")
+            edges = data.get("edges", data.get("links"))
+            s = self.settings
+            if isinstance(nodes, list) and len(nodes) > s.max_nodes:
+                raise ApiError(
+                    422,
+                    f"graph: {len(nodes)} nodes, over this server's limit of "
+                    f"max_nodes={s.max_nodes}",
+                    details={"limit": "max_nodes", "max": s.max_nodes, "got": len(nodes)},
+                )
+            if isinstance(edges, list) and len(edges) > s.max_edges:
+                raise ApiError(
+                    422,
+                    f"graph: {len(edges)} edges, over this server's limit of "
+                    f"max_edges={s.max_edges}",
+                    details={"limit": "max_edges", "max": s.max_edges, "got": len(edges)},
+                )
+        from planner.io import graph_from_dict
+
+        return graph_from_dict(data, where="graph")
+
+    def put_graph(self, graph: Graph) -> tuple[str, bool]:
+        graph_hash = graph.content_hash()
+        created = self.store.put_graph(
+            graph_hash, graph.model_dump_json(), len(graph.nodes), len(graph.edges)
+        )
+        return graph_hash, created
+
+    def stored_graph(self, graph_id: str) -> Graph:
+        document = self.store.get_graph_document(graph_id)
+        if document is None:
+            raise ApiError(
+                404, f"graph_id {graph_id!r}: no such graph; upload it with POST /v1/graphs"
+            )
+        return Graph.model_validate_json(document)
+
+    def resolve_graph(
+        self, graph: dict[str, Any] | None, graph_id: str | None
+    ) -> tuple[str, Graph | None]:
+        """(graph hash, the Graph when it was sent inline)."""
+        if (graph is None) == (graph_id is None):
+            raise ApiError(422, "give exactly one of 'graph' (a graph.json) or 'graph_id'")
+        if graph is not None:
+            parsed = self.parse_graph(graph)
+            graph_hash, _ = self.put_graph(parsed)
+            return graph_hash, parsed
+        assert graph_id is not None
+        if self.known_graphs.get(graph_id) is None:
+            if not self.store.graph_exists(graph_id):
+                self.stored_graph(graph_id)  # raises the 404
+            self.known_graphs.put(graph_id, graph_id)
+        return graph_id, None
+
+    # -- plans --------------------------------------------------------------------------------
+    def budget_bytes(self, budget: int | float | str, graph_hash: str, graph: Graph | None) -> int:
+        from planner.budget import parse_budget
+
+        if isinstance(budget, int) and budget > 1:
+            return budget
+        try:
+            return parse_budget(budget, None)
+        except InputError:
+            pass  # a fraction: it needs the graph's store-all peak
+        from planner.baselines import store_all_peak_bytes
+
+        reference = store_all_peak_bytes(graph or self.stored_graph(graph_hash))
+        return parse_budget(budget, reference)
+
+    def check_method(self, method: str) -> None:
+        from planner.methods import load_method
+
+        try:
+            load_method(method)
+        except ImportError as e:
+            raise ApiError(422, f"method {method!r} is not available on this server: {e}") from None
+
+    def time_limit(self, requested: float | None) -> float:
+        cap = self.settings.max_time_limit_s
+        if requested is None:
+            return min(self.settings.default_time_limit_s, cap)
+        if requested > cap:
+            raise ApiError(
+                422,
+                f"time_limit {requested:g} s: over this server's cap of max_time_limit_s={cap:g}",
+                details={"limit": "max_time_limit_s", "max": cap},
+            )
+        return requested
+
+    def submit(
+        self,
+        graph_hash: str,
+        budget_bytes: int,
+        method: str,
+        options: dict[str, Any],
+        time_limit_s: float,
+    ) -> tuple[Job, bool]:
+        """(job, answered from the store at once). Equal questions share one job."""
+        key = request_key(graph_hash, budget_bytes, method, options)
+        known = self.answered.get(key)
+        done = self.store.get_job(known) if known is not None else None
+        if done is None:
+            done = self.store.find_by_key(key, CACHEABLE)
+        if done is not None:
+            self.answered.put(key, done.id)
+            self.metrics.cache_hits.inc()
+            return done, True
+        active = self.store.find_by_key(key, (QUEUED, RUNNING))
+        if active is not None:
+            return active, False
+        job = self.store.create_job(
+            request_key=key,
+            graph_hash=graph_hash,
+            budget_bytes=budget_bytes,
+            method=method,
+            options=options,
+            time_limit_s=time_limit_s,
+        )
+        self.metrics.submissions.inc()
+        self.manager.wake()
+        return job, False
+
+    def get(self, job_id: str) -> Job:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise ApiError(404, f"plan {job_id!r}: no such plan job")
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        if job.status in FINISHED:
+            raise ApiError(
+                409,
+                f"plan {job_id}: already {job.status}; only queued or running jobs can be "
+                "cancelled",
+                details={"status": job.status},
+            )
+        before = self.store.cancel(job_id)
+        if before == RUNNING:
+            self.manager.cancel(job_id)
+        return self.get(job_id)
+
+    def timeline_png(self, job: Job) -> bytes:
+        if job.plan is None or not job.plan.get("actions"):
+            raise ApiError(
+                409,
+                f"plan {job.id} is {job.status}: no schedule to draw",
+                details={"status": job.status},
+            )
+        from planner.plan import Plan
+        from planner.simulator import simulate
+        from planner.timeline_plot import plot_timeline
+
+        graph = self.stored_graph(job.graph_hash)
+        plan = Plan.model_validate(job.plan)
+        sim = simulate(graph, plan.actions)
+        fd, path = tempfile.mkstemp(suffix=".png")
+        os.close(fd)
+        try:
+            with _PLOT_LOCK:
+                plot_timeline(
+                    sim,
+                    path,
+                    title=f"{plan.method}: {plan.status.value}",
+                    budget_bytes=job.budget_bytes,
+                )
+            with open(path, "rb") as f:
+                return f.read()
+        finally:
+            os.unlink(path)
+
+    # -- views --------------------------------------------------------------------------------
+    def cached_answer(self, graph_id: str | None, budget: object, method: str,
+                      options: dict[str, Any]) -> bytes | None:
+        """The rendered 200 answer of a request solved before, from memory only (no database,
+        no thread): graph by id, budget in bytes. None when the slow path must decide."""
+        if graph_id is None or not isinstance(budget, int) or budget <= 1:
+            return None
+        job_id = self.answered.get(request_key(graph_id, budget, method, options))
+        if job_id is None:
+            return None
+        body = self.rendered.get((job_id, True))
+        if body is not None:
+            self.metrics.cache_hits.inc()
+        return body
+
+    def render(self, job: Job, *, cached: bool = False) -> bytes:
+        key = (job.id, cached)
+        if job.status in FINISHED and (body := self.rendered.get(key)) is not None:
+            return body
+        body = self.view(job, cached=cached).model_dump_json().encode()
+        if job.status in FINISHED:
+            self.rendered.put(key, body)
+        return body
+
+    def remember_finished(self, job_id: str) -> None:
+        """Warm the in-memory answers with a job that just finished (dispatcher thread), so the
+        next identical request and the next poll are served without the database."""
+        job = self.store.get_job(job_id)
+        if job is None or job.status not in FINISHED:
+            return
+        self.render(job)
+        if job.status in CACHEABLE:
+            self.render(job, cached=True)
+            self.answered.put(request_key(job.graph_hash, job.budget_bytes, job.method,
+                                          job.options), job.id)
+
+    def rendered_finished(self, job_id: str) -> bytes | None:
+        """A finished job's view from memory, or None (then ask the store)."""
+        return self.rendered.get((job_id, False))
+
+    @staticmethod
+    def view(job: Job, *, cached: bool = False) -> JobView:
+        url = f"/v1/plans/{job.id}"
+        progress = None
+        if job.status == RUNNING:
+            progress = Progress(
+                best_objective=job.progress_objective, best_bound=job.progress_bound
+            )
+        return JobView(
+            id=job.id,
+            status=job.status,
+            url=url,
+            graph_id=job.graph_hash,
+            budget_bytes=job.budget_bytes,
+            method=job.method,
+            options=job.options,
+            time_limit_s=job.time_limit_s,
+            attempts=job.attempts,
+            cached=cached,
+            created_at=iso(job.created_at) or "",
+            started_at=iso(job.started_at),
+            finished_at=iso(job.finished_at),
+            solve_seconds=job.solve_seconds,
+            worker_pid=job.worker_pid if job.status == RUNNING else None,
+            progress=progress,
+            plan=job.plan,
+            report=job.report,
+            error=job.error,
+            timeline_url=f"{url}/timeline.png" if job.plan and job.plan.get("actions") else None,
+        )

@@ -1,0 +1,77 @@
+"""Service settings: environment variables `PLANNER_*`, an optional settings file, defaults.
+
+Precedence (highest first): keyword arguments, environment variables, the file named by
+`PLANNER_SETTINGS_FILE` (dotenv syntax: `PLANNER_WORKERS=4`), the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///planner-service.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PLANNER_",
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="SQLAlchemy URL; the embedded default is an SQLite file in the working "
+        "directory. PostgreSQL: postgresql+psycopg://user:password@host:5432/db",
+    )
+    workers: int = Field(default=2, ge=1, le=64, description="Solves running at once.")
+    # Handler threads: few, so CPU-bound requests cannot starve the event loop of the GIL.
+    request_threads: int = Field(default=4, ge=1, le=256)
+    solver_threads: int = Field(default=1, ge=1, le=64, description="Threads per solve.")
+    solver_nice: int = Field(
+        default=10, ge=0, le=19, description="Solver processes' niceness: the API stays first."
+    )
+    default_time_limit_s: float = Field(default=60.0, gt=0)
+    max_time_limit_s: float = Field(default=600.0, gt=0, description="Cap on a job's time limit.")
+    # A job that outlives its time limit by this margin is killed and marked failed.
+    kill_grace_s: float = Field(default=15.0, ge=0)
+    max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
+    max_nodes: int = Field(default=20_000, ge=1)
+    max_edges: int = Field(default=200_000, ge=0)
+    response_cache_bytes: int = Field(
+        default=64 * 2**20, ge=0, description="Memory for rendered finished plans."
+    )
+    max_sweep_budgets: int = Field(default=32, ge=1)
+    submissions_per_minute: int = Field(
+        default=120, ge=1, description="Per API key (per client address when auth is off)."
+    )
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Bearer tokens; empty turns authentication off. Env: JSON list.",
+    )
+    # What to do at start-up with jobs a crashed server left running.
+    recover_running: Literal["requeue", "fail"] = "requeue"
+    max_attempts: int = Field(default=2, ge=1, description="Runs of a job across restarts.")
+    extra_methods: dict[str, str] = Field(
+        default_factory=dict,
+        description="Operator-registered methods, name -> 'module:function' (never from requests).",
+    )
+    log_level: str = "info"
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+
+def load_settings(**overrides: object) -> Settings:
+    env_file = os.environ.get("PLANNER_SETTINGS_FILE") or None
+    if env_file is not None and not os.path.isfile(env_file):
+        from planner.errors import InputError
+
+        raise InputError(f"PLANNER_SETTINGS_FILE={env_file}: no such file")
+    return Settings(_env_file=env_file, **overrides)  # type: ignore[arg-type, call-arg]

@@ -1,0 +1,94 @@
+"""What runs inside a solver process: one job, start to finish.
+
+The process is forked from a multiprocessing forkserver (clean, single-threaded, with planner
+preloaded), gets the graph as JSON text (never a pickle from a request), and reports over a pipe:
+("progress", objective, bound) now and then, then ("result", plan_json, report) or
+("error", message). A lifeline pipe whose other end only the server holds ends the process when
+the server dies, so a kill -9 of the server leaves no solver running on.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+PROGRESS_INTERVAL_S = 0.5
+
+
+def _watch_lifeline(lifeline: Connection) -> None:
+    try:
+        lifeline.recv()  # the server never sends: this returns only by EOF
+    except (EOFError, OSError):
+        pass
+    os._exit(70)
+
+
+def run_job(
+    spec: dict[str, Any],
+    graph_json: str,
+    results: Connection,
+    lifeline: Connection,
+    extra_methods: dict[str, str],
+) -> None:
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    nice = int(spec.get("nice", 0))
+    if nice > 0:
+        try:  # CPU-bound solves yield to the API process, which must stay responsive
+            os.nice(nice)
+        except OSError:
+            pass
+    send_lock = threading.Lock()
+    try:
+        from planner.errors import InputError
+        from planner.graph import Graph
+        from planner.methods import register_method
+        from planner.solve import solve
+
+        for name, target in extra_methods.items():
+            register_method(name, target)
+        graph = Graph.model_validate_json(graph_json)
+        last_sent = 0.0
+
+        def progress(objective: float | None, bound: float | None) -> None:
+            nonlocal last_sent
+            now = time.monotonic()
+            if now - last_sent < PROGRESS_INTERVAL_S:
+                return
+            last_sent = now
+            with send_lock:
+                results.send(("progress", objective, bound))
+
+        try:
+            plan = solve(
+                graph,
+                int(spec["budget_bytes"]),
+                str(spec["method"]),
+                time_limit_s=float(spec["time_limit_s"]),
+                threads=int(spec.get("threads", 1)),
+                seed=int(spec.get("seed", 0)),
+                options=dict(spec.get("options") or {}),
+                progress=progress,
+            )
+        except InputError as e:
+            with send_lock:
+                results.send(("error", str(e)))
+            return
+        report = plan_report(plan, graph)
+        with send_lock:
+            results.send(("result", plan.model_dump_json(), report))
+    except Exception as e:  # a solver bug: report it as the job's failure reason
+        last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+        where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+        with send_lock:
+            results.send(("error", f"solver error: {type(e).__name__}: {e}{where}"))
+
+
+def plan_report(plan: Any, graph: Any) -> dict[str, Any]:
+    """The CLI's plan summary (same fields as `planner-cli solve --json`)."""
+    from planner.cli.solve_cmds import plan_summary
+
+    return plan_summary(plan, graph)

@@ -1,0 +1,186 @@
+"""Commands over many budgets: min-budget (the least budget that fits) and sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.budget import format_bytes
+from planner.cli.output import console, key_value_table, print_json
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+GraphArg = Annotated[
+    Path, typer.Argument(metavar="GRAPH", help="graph.json or a Checkmate node-link file")
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("min-budget")(min_budget_cmd)
+    app.command("sweep")(sweep_cmd)
+
+
+def min_budget_cmd(
+    graph_path: GraphArg,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="plan.json to write")
+    ] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds")] = 30.0,
+    threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
+    backend: Annotated[str, typer.Option("--backend", help="cpsat, scip, highs, cbc")] = "cpsat",
+    as_json: JsonFlag = False,
+) -> None:
+    """The least memory budget for which a plan exists: a plan achieving it plus a bound."""
+    from planner.baselines import store_all_peak_bytes
+    from planner.io import load_graph, write_json
+    from planner.methods import MethodResult
+    from planner.plan import PlanStatus
+    from planner.solve import checked_plan
+    from solvers.remat.backends import MIP_BACKENDS
+    from solvers.remat.min_budget import min_budget
+
+    if backend not in MIP_BACKENDS or backend == "pulp-cbc":
+        from planner.errors import InputError
+
+        raise InputError(f"--backend {backend!r}: choose one of cpsat, scip, highs, cbc")
+    graph = load_graph(graph_path)
+    r = min_budget(graph, backend=backend, time_limit_s=time_limit, threads=threads)
+    result = MethodResult(actions=r.actions, status=PlanStatus.feasible, backend=r.method,
+                          details={"min_budget_lower_bound_bytes": r.lower_bound_bytes,
+                                   "min_budget_proven": r.proven})
+    plan = checked_plan(graph, r.peak_bytes, "min-budget", result, r.wall_seconds)
+    store_all = store_all_peak_bytes(graph)
+    summary = {
+        "min_budget_bytes": r.peak_bytes,
+        "lower_bound_bytes": r.lower_bound_bytes,
+        "proven": r.proven,
+        "fraction_of_store_all": r.peak_bytes / store_all if store_all else None,
+        "store_all_peak_bytes": store_all,
+        "found_by": r.method,
+        "overhead_percent": 100 * plan.predicted.overhead if plan.predicted else None,
+        "wall_seconds": round(r.wall_seconds, 3),
+    }
+    if output is not None:
+        write_json(output, plan)
+        summary["output"] = str(output)
+    if as_json:
+        print_json(summary)
+        return
+    rows = [
+        ("least budget found", f"{format_bytes(r.peak_bytes)} ({r.peak_bytes} B)"),
+        ("proven lower bound", f"{format_bytes(r.lower_bound_bytes)} ({r.lower_bound_bytes} B)"
+         + (" — proven optimal" if r.proven else " (frontier-advancing schedules)")),
+        ("of store-all peak", f"{summary['fraction_of_store_all']:.4f}"),
+        ("found by", r.method),
+        ("time", f"{r.wall_seconds:.2f} s"),
+    ]
+    if output is not None:
+        rows.append(("plan written to", str(output)))
+    console.print(key_value_table(str(graph_path), rows))
+
+
+def sweep_cmd(
+    graph_path: GraphArg,
+    budgets: Annotated[str, typer.Option(
+        "--budgets", help="start:stop:step fractions of the store-all peak, or a comma list"
+    )] = "0.3:1.0:0.05",
+    method: Annotated[str, typer.Option("--method", "-m")] = "auto",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds per budget")] = 20.0,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Parallel processes")] = 2,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Table as CSV")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json-out", help="Table as JSON")] = None,
+    png_path: Annotated[Path | None, typer.Option("--png", help="Pareto plot")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Solve a range of budgets in parallel; overhead never rises with the budget."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from planner.baselines import store_all_peak_bytes
+    from planner.io import load_graph
+    from planner.methods import load_method
+    from solvers.remat.sweep import parse_budgets, run_sweep
+
+    graph = load_graph(graph_path)
+    load_method(method)  # unknown method: one line, before any process starts
+    store_all = store_all_peak_bytes(graph)
+    points_in = parse_budgets(budgets, store_all)
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("solving budgets", total=len(points_in))
+        points = run_sweep(graph, points_in, method=method, time_limit_s=time_limit, jobs=jobs,
+                           on_done=lambda _b: progress.advance(task))
+    rows = [
+        {
+            "fraction": p.fraction,
+            "budget_bytes": p.budget_bytes,
+            "status": p.status,
+            "peak_bytes": p.peak_bytes,
+            "overhead_percent": None if p.overhead is None else 100 * p.overhead,
+            "bound_overhead_percent": None if p.lower_bound_overhead is None
+            else 100 * p.lower_bound_overhead,
+            "gap_percent": None if p.gap is None else 100 * p.gap,
+            "plan_from_budget_bytes": p.source_budget_bytes,
+            "wall_seconds": round(p.wall_seconds, 3),
+        }
+        for p in points
+    ]
+    if csv_path is not None:
+        import csv
+
+        with open(csv_path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    if json_path is not None:
+        import json
+
+        json_path.write_text(json.dumps({"graph": str(graph_path), "method": method,
+                                         "store_all_peak_bytes": store_all, "points": rows},
+                                        indent=1))
+    if png_path is not None:
+        _pareto_png(png_path, rows, str(graph_path))
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"{graph_path} — {method}, {time_limit:g} s per budget")
+    for col in ("budget", "bytes", "status", "peak/budget", "overhead", "bound", "gap", "s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        peak = r["peak_bytes"]
+        table.add_row(
+            "-" if r["fraction"] is None else f"{r['fraction']:.3f}",
+            format_bytes(r["budget_bytes"]),  # type: ignore[arg-type]
+            str(r["status"]),
+            "-" if peak is None else f"{peak / r['budget_bytes']:.3f}",  # type: ignore[operator]
+            _pct(r["overhead_percent"]), _pct(r["bound_overhead_percent"]),
+            _pct(r["gap_percent"], signed=False), f"{r['wall_seconds']:.1f}",
+        )
+    console.print(table)
+
+
+def _pct(value: object, signed: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.3f} %" if signed else f"{value:.3f} %"
+
+
+def _pareto_png(path: Path, rows: list[dict[str, object]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["budget_bytes"], r["overhead_percent"]) for r in rows
+           if r["overhead_percent"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if pts:
+        xs = [float(b) / 2**30 for b, _ in pts]  # type: ignore[arg-type]
+        ax.step(xs, [o for _, o in pts], where="post", marker="o")
+    ax.set_xlabel("memory budget (GiB)")
+    ax.set_ylabel("compute overhead (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

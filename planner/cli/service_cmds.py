@@ -1,0 +1,229 @@
+"""Service commands: `serve` (the planning service) and its clients `submit` and `status`.
+
+The clients speak HTTP (httpx) and never import the service; `serve` imports `api` only when run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from planner.cli.output import console, key_value_table, print_json
+from planner.errors import InputError, NoPlanFits
+
+if TYPE_CHECKING:
+    import httpx
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+ServerOpt = Annotated[
+    str,
+    typer.Option("--server", "-s", envvar="PLANNER_SERVER", help="Service URL."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="PLANNER_API_KEY", help="Bearer API key (if the server asks)."),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", help="plan.json to write")]
+FINISHED = ("done", "infeasible", "failed", "cancelled")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("submit")(submit)
+    app.command("status")(status)
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (PLANNER_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (PLANNER_PORT).")] = None,
+    database_url: Annotated[
+        str | None, typer.Option("--database-url", help="SQLAlchemy URL (PLANNER_DATABASE_URL).")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Solves at once (PLANNER_WORKERS).")
+    ] = None,
+) -> None:
+    """Run the planning service (REST API; jobs in worker processes; SQLite file by default)."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from api.app import create_app
+    from api.settings import load_settings
+    from planner.errors import describe_validation_error
+
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in dict(host=host, port=port, database_url=database_url, workers=workers).items()
+        if v is not None
+    }
+    try:
+        settings = load_settings(**overrides)
+    except ValidationError as e:
+        raise InputError(f"settings: {describe_validation_error(e)}") from None
+    console.print(
+        f"planner service on http://{settings.host}:{settings.port} "
+        f"(database {_redact(settings.database_url)}, {settings.workers} workers, "
+        f"auth {'on' if settings.auth_enabled else 'off'})"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+    )
+
+
+def _redact(url: str) -> str:
+    """The database URL without its password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def _client(server: str, token: str | None) -> httpx.Client:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=30.0)
+
+
+def _call(
+    client: httpx.Client, method: str, path: str, **kwargs: Any
+) -> tuple[int, dict[str, Any]]:
+    import httpx
+
+    try:
+        response = client.request(method, path, **kwargs)
+    except httpx.HTTPError as e:
+        raise InputError(f"{client.base_url}: cannot reach the service: {e}") from None
+    try:
+        body = response.json()
+    except ValueError:
+        raise InputError(
+            f"{client.base_url}{path}: HTTP {response.status_code}, not a JSON answer"
+        ) from None
+    if response.status_code >= 400:
+        message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+        raise InputError(f"{client.base_url}: HTTP {response.status_code}: {message or body}")
+    return response.status_code, body
+
+
+def submit(
+    graph_path: Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json to plan")],
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Bytes, 11GiB, or 0.8")],
+    server: ServerOpt = DEFAULT_SERVER,
+    method: Annotated[str, typer.Option("--method", "-m")] = "auto",
+    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Poll until the plan is finished.")] = False,
+    output: OutputOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Send a graph and a budget to the service; with --wait, poll and print the plan summary."""
+    from planner.io import read_json
+
+    document = read_json(graph_path)
+    body: dict[str, Any] = {"graph": document, "budget": _budget_value(budget), "method": method}
+    if time_limit is not None:
+        body["time_limit"] = time_limit
+    with _client(server, token) as client:
+        code, answer = _call(client, "POST", "/v1/plans", json=body)
+        if code == 202 and wait:
+            answer = _poll(client, answer["id"], as_json)
+        elif code == 202:
+            if as_json:
+                print_json(answer)
+            else:
+                console.print(f"queued: {answer['id']}  (planner-cli status {answer['id']})")
+            return
+    _show(answer, as_json, output)
+
+
+def status(
+    plan_id: Annotated[str, typer.Argument(metavar="ID", help="Plan job id from submit")],
+    server: ServerOpt = DEFAULT_SERVER,
+    wait: Annotated[bool, typer.Option("--wait", help="Poll until the plan is finished.")] = False,
+    output: OutputOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show a plan job: status, progress, and the plan summary when finished."""
+    with _client(server, token) as client:
+        if wait:
+            answer = _poll(client, plan_id, as_json)
+        else:
+            _, answer = _call(client, "GET", f"/v1/plans/{plan_id}")
+    _show(answer, as_json, output)
+
+
+def _budget_value(text: str) -> int | float | str:
+    """Send numbers as numbers (0.8 is a fraction, 123456 bytes); anything else as text."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _poll(client: httpx.Client, plan_id: str, quiet: bool) -> dict[str, Any]:
+    delay = 0.2
+    last = None
+    while True:
+        _, answer = _call(client, "GET", f"/v1/plans/{plan_id}")
+        if answer["status"] in FINISHED:
+            return answer
+        if not quiet and answer["status"] != last:
+            console.print(f"{plan_id}: {answer['status']}")
+            last = answer["status"]
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+def _show(answer: dict[str, Any], as_json: bool, output: Path | None) -> None:
+    plan = answer.get("plan")
+    if output is not None and plan is not None and answer["status"] == "done":
+        from planner.io import write_json
+
+        write_json(output, plan)
+    if as_json:
+        print_json(answer)
+    else:
+        report = answer.get("report") or {}
+        rows: list[tuple[str, Any]] = [
+            ("id", answer["id"]),
+            ("status", answer["status"] + (" (from the store)" if answer.get("cached") else "")),
+            ("method", answer["method"]),
+            ("budget bytes", answer["budget_bytes"]),
+        ]
+        if answer.get("progress"):
+            rows.append(("progress", json.dumps(answer["progress"])))
+        for key in ("peak_bytes", "overhead_percent", "gap_percent", "wall_seconds"):
+            if report.get(key) is not None:
+                rows.append((key, report[key]))
+        if answer.get("error"):
+            rows.append(("reason", answer["error"]))
+        if output is not None and plan is not None and answer["status"] == "done":
+            rows.append(("plan written to", str(output)))
+        console.print(key_value_table("plan", rows))
+    if answer["status"] == "infeasible":
+        smallest = (answer.get("report") or {}).get("smallest_feasible_bytes")
+        raise NoPlanFits(
+            f"plan {answer['id']}: no plan within {answer['budget_bytes']} bytes; smallest "
+            f"feasible found: {smallest} bytes",
+            smallest,
+        )
+    if answer["status"] in ("failed", "cancelled"):
+        print(f"plan {answer['id']} {answer['status']}: {answer.get('error')}", file=sys.stderr)
+        raise typer.Exit(1)

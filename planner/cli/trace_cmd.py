@@ -1,0 +1,228 @@
+"""`planner-cli trace MODULE:FACTORY`: one training step of a PyTorch model as graph.json."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from planner.budget import format_bytes
+from planner.cli.output import console, key_value_table, print_json
+from planner.errors import InputError
+
+_INPUT_SPEC = re.compile(r"^\s*(\w+)\[([\d,\s]*)\](?::(\d+))?\s*$")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("trace")(trace_cmd)
+
+
+def parse_input_spec(spec: str) -> Any:
+    """'float32[8,3,224,224]' -> random tensor; 'int64[8,128]:1000' -> integers in [0, 1000)."""
+    import torch
+
+    m = _INPUT_SPEC.match(spec)
+    if not m:
+        raise InputError(
+            f"--input {spec!r}: expected DTYPE[D0,D1,...] such as float32[8,3,224,224] or "
+            "int64[8,128]:1000 (integers below 1000)"
+        )
+    dtype_name, dims, high = m.groups()
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(f"--input {spec!r}: unknown dtype {dtype_name!r} (e.g. float32, int64)")
+    shape = [int(d) for d in dims.split(",") if d.strip()]
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    return torch.randint(0, int(high or 100), shape, dtype=dtype)
+
+
+def load_object(target: str, what: str) -> Any:
+    if ":" not in target:
+        raise InputError(f"{what} {target!r}: expected MODULE:NAME, e.g. planner.zoo:mlp")
+    module_name, attr = target.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))  # so a user's local module is found
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InputError(f"{what} {target!r}: cannot import {module_name!r} ({e})") from e
+    finally:
+        sys.path.pop(0)
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise InputError(f"{what} {target!r}: {module_name!r} has no attribute {attr!r}")
+    return obj
+
+
+def resolve_model(target: str, input_specs: list[str]) -> tuple[Any, tuple[Any, ...]]:
+    """Call the factory; --input specs replace the sample inputs it returns."""
+    import torch
+
+    factory = load_object(target, "model")
+    made = factory() if callable(factory) and not isinstance(factory, torch.nn.Module) else factory
+    model, inputs = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(
+            f"model {target!r}: the factory returned {type(model).__name__}, "
+            "not an nn.Module (or a (model, inputs) pair)"
+        )
+    if input_specs:
+        inputs = tuple(parse_input_spec(s) for s in input_specs)
+    if inputs is None:
+        raise InputError(f"model {target!r}: give sample inputs with --input float32[8,3,224,224]")
+    return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def resolve_loss(spec: str | None) -> Any:
+    if spec is None:
+        return None
+    if spec == "sum":
+        return lambda out: _first(out).float().sum()
+    if spec == "mean":
+        return lambda out: _first(out).float().mean()
+    return load_object(spec, "--loss")
+
+
+def _first(out: Any) -> Any:
+    from planner.tracing.capture import first_tensor
+
+    t = first_tensor(out)
+    if t is None:
+        raise InputError("the model returned no tensor for --loss sum/mean")
+    return t
+
+
+def trace_summary(result: Any) -> dict[str, Any]:
+    from planner.baselines import store_all_peak_bytes
+    from planner.graph import Phase
+
+    g = result.graph
+    fwd = sum(n.compute_ms for n in g.nodes if n.phase is not Phase.backward)
+    bwd = sum(n.compute_ms for n in g.nodes if n.phase is Phase.backward)
+    acts = sorted(
+        (n for n in g.nodes if n.phase is not Phase.backward and n.alias_of is None),
+        key=lambda n: -n.output_bytes,
+    )[:10]
+    return {
+        "level": result.level,
+        "nodes": len(g.nodes),
+        "edges": len(g.edges),
+        "nodes_before_fusion": g.metadata.extra.get("nodes_before_fusion"),
+        "forward_ms": round(fwd, 4),
+        "backward_ms": round(bwd, 4),
+        "cost_source": g.nodes[0].cost_source.value,
+        "fixed_bytes": g.fixed_bytes,
+        "store_all_peak_bytes": store_all_peak_bytes(g),
+        "largest_activations": [
+            {"node": n.id, "name": n.name, "module": n.module_path, "bytes": n.output_bytes}
+            for n in acts
+        ],
+    }
+
+
+def trace_cmd(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="MODULE:FACTORY returning a model or (model, inputs), e.g. planner.zoo:gpt"
+        ),
+    ],
+    input_spec: Annotated[
+        list[str] | None,
+        typer.Option("--input", help="Sample input DTYPE[dims][:high], repeatable."),
+    ] = None,
+    loss: Annotated[
+        str | None,
+        typer.Option(
+            help="sum, mean or MODULE:FN (default: the model's loss, else the output's sum)."
+        ),
+    ] = None,
+    level: Annotated[
+        str, typer.Option(help="op (joint aten graph) or module (leaf modules / blocks).")
+    ] = "op",
+    block_pattern: Annotated[
+        str | None, typer.Option(help="Module level: blocks as one node, e.g. 'transformer.h.*'.")
+    ] = None,
+    costs: Annotated[
+        str, typer.Option(help="estimate (roofline) or measure (run each node).")
+    ] = "estimate",
+    device_profile: Annotated[
+        str, typer.Option(help="h100, h200, a100, cpu or a JSON file.")
+    ] = "cpu",
+    optimizer: Annotated[
+        str, typer.Option(help="sgd, adam or adamw (optimizer state in fixed memory).")
+    ] = "sgd",
+    fuse: Annotated[
+        bool, typer.Option("--fuse/--no-fuse", help="Fuse views, getitem, metadata ops.")
+    ] = True,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats for --costs measure.")] = 5,
+    clock: Annotated[
+        str, typer.Option(help="--costs measure on CPU: wall, or cpu (this thread's CPU time).")
+    ] = "wall",
+    dropout_masks: Annotated[
+        str, typer.Option(help="eager (CPU eager keeps float masks) or graph (bool masks).")
+    ] = "eager",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write graph.json here.")
+    ] = None,
+    chain_out: Annotated[
+        Path | None, typer.Option(help="Module level: write chain.json here.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+) -> None:
+    """Trace one training step (forward, loss, backward) of a PyTorch model into graph.json."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from planner.io import write_json
+    from planner.tracing import trace
+
+    model, inputs = resolve_model(target, input_spec or [])
+    loss_fn = resolve_loss(loss)
+    with console.status("tracing…", spinner="dots") as status:
+
+        def progress(stage: str, done: int, total: int) -> None:
+            status.update(f"{stage} {done}/{total}")
+
+        result = trace(
+            model,
+            inputs,
+            loss_fn=loss_fn,
+            level=level,
+            block_pattern=block_pattern,
+            costs=costs,
+            device_profile=device_profile,
+            optimizer=optimizer,
+            fuse=fuse,
+            dropout_masks=dropout_masks,
+            clock=clock,
+            repeats=repeats,
+            model_name=target.split(":")[-1],
+            progress=progress,
+        )
+    if output is not None:
+        write_json(output, result.graph)
+    if chain_out is not None:
+        if result.level != "module":
+            raise InputError("--chain-out needs --level module")
+        write_json(chain_out, result.details["chain"])
+    summary = trace_summary(result)
+    if as_json:
+        print_json(summary)
+        return
+    rows = [(k, v) for k, v in summary.items() if k != "largest_activations"]
+    rows = [(k, format_bytes(v) if k.endswith("_bytes") else v) for k, v in rows]
+    if output is not None:
+        rows.append(("written", str(output)))
+    console.print(key_value_table(f"trace {target}", rows))
+    if result.level == "module" and not result.details.get("is_chain", True):
+        console.print(f"not a chain: skip edges {result.details['skip_edges'][:4]}")
+    console.print("largest activations:")
+    for a in summary["largest_activations"]:
+        console.print(f"  {format_bytes(a['bytes']):>10}  {a['name']}  ({a['module'] or '-'})")

@@ -1,0 +1,268 @@
+"""`trace(model, inputs)`: one training step of a PyTorch model as a graph.json `Graph`."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import InputError
+from planner.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+OPTIMIZER_STATES = {"sgd": 0, "adam": 2, "adamw": 2}  # state tensors per parameter
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """A traced step. For level "op" the joint fx graph and how graph nodes map onto it."""
+
+    graph: Graph
+    level: str
+    joint: Any = None  # torch.fx.GraphModule of the joint forward+backward (op level)
+    node_fx_names: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # the fx node whose output storage the graph node's output_bytes measure
+    owner_fx_names: dict[int, str] = field(default_factory=dict)
+    primal_kinds: dict[str, str] = field(default_factory=dict)  # fx name -> parameter/buffer/input
+    primal_names: dict[str, str] = field(default_factory=dict)  # fx name -> FQN / "inputs.K"
+    tangent_fx_names: tuple[str, ...] = ()
+    loss_fx_name: str = ""
+    gradient_fx_names: dict[str, str] = field(default_factory=dict)  # param FQN -> fx name
+    nodes_before_fusion: int = 0
+    details: dict[str, Any] = field(default_factory=dict)  # module level: per-block quantities
+    capture: Any = None  # planner.tracing.capture.JointCapture (op level)
+
+    @property
+    def fx_to_node(self) -> dict[str, int]:
+        return {name: nid for nid, names in self.node_fx_names.items() for name in names}
+
+
+def trace(
+    model: Any,
+    inputs: tuple[Any, ...],
+    *,
+    loss_fn: Any = None,
+    level: str = "op",
+    block_pattern: str | None = None,
+    costs: str = "estimate",
+    device_profile: str = "cpu",
+    optimizer: str = "sgd",
+    fuse: bool = True,
+    dropout_masks: str = "eager",
+    clock: str = "wall",
+    repeats: int = 5,
+    warmup: int = 1,
+    model_name: str = "",
+    progress: Progress | None = None,
+) -> TraceResult:
+    """Trace one step (forward, loss, backward) of `model(*inputs)`; see planner.tracing."""
+    if level not in ("op", "module"):
+        raise InputError(f"--level {level}: use 'op' or 'module'")
+    if costs not in ("estimate", "measure"):
+        raise InputError(f"--costs {costs}: use 'estimate' or 'measure'")
+    if clock not in ("wall", "cpu"):
+        raise InputError(f"clock {clock!r}: use 'wall' or 'cpu' (CPU time of this thread)")
+    if dropout_masks not in ("eager", "graph"):
+        raise InputError(f"dropout_masks {dropout_masks!r}: use 'eager' or 'graph'")
+    if optimizer not in OPTIMIZER_STATES:
+        raise InputError(f"--optimizer {optimizer}: use one of {', '.join(OPTIMIZER_STATES)}")
+    if not isinstance(inputs, tuple):
+        inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    model.train()
+    name = model_name or type(model).__name__
+    if level == "module":
+        from planner.tracing.modules import trace_modules
+
+        return trace_modules(
+            model, inputs, loss_fn=loss_fn, block_pattern=block_pattern, costs=costs,
+            device_profile=device_profile, optimizer=optimizer, repeats=repeats, warmup=warmup,
+            model_name=name, progress=progress, clock=clock,
+        )
+    return _trace_ops(
+        model, inputs, loss_fn, costs, device_profile, optimizer, fuse, dropout_masks, repeats,
+        warmup, name, progress, clock,
+    )
+
+
+def _trace_ops(
+    model: Any, inputs: tuple[Any, ...], loss_fn: Any, costs: str, device_profile: str,
+    optimizer: str, fuse: bool, dropout_masks: str, repeats: int, warmup: int, name: str,
+    progress: Progress | None, clock: str = "wall",
+) -> TraceResult:
+    from planner.tracing.capture import capture_joint
+    from planner.tracing.costs import estimate_record_ms, joint_arguments, measure_fx_ms
+    from planner.tracing.fusion import group_records
+    from planner.tracing.profiles import load_profile
+    from planner.tracing.records import build_records
+
+    profile = load_profile(device_profile) if costs == "estimate" else None
+    if progress:
+        progress("capture", 0, 1)
+    cap = capture_joint(model, inputs, loss_fn)
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    records = build_records(cap, cpu_eager_dropout=dropout_masks == "eager" and on_cpu)
+    if progress:
+        progress("capture", 1, 1)
+    by_name = {r.name: r for r in records}
+    if costs == "measure":
+        args = joint_arguments(cap, model, inputs)
+        report = (lambda d, t: progress("measure", d, t)) if progress else None
+        fx_ms = measure_fx_ms(
+            cap, args, warmup=warmup, repeats=repeats, progress=report, clock=clock
+        )
+        source = CostSource.measured
+        profile_name = f"measured:{args[0].device.type if args else 'cpu'}"
+    else:
+        assert profile is not None
+        fx_ms = {r.name: estimate_record_ms(r, profile) for r in records}
+        source = CostSource.estimated
+        profile_name = profile.name
+    groups = group_records(records, fuse=fuse)
+    order = _execution_order(groups, by_name)
+    ids = {g.primary: i for i, g in enumerate(order)}
+    nodes: list[Node] = []
+    edges: list[Edge] = []
+    for i, g in enumerate(order):
+        primary = by_name[g.primary]
+        # The node is named after the op that does the work (a multi-output op, not getitem).
+        workers = [by_name[m] for m in g.members if not by_name[m].trivial]
+        head = next((r for r in workers if r.op != "getitem"), primary)
+        nodes.append(
+            Node(
+                id=i,
+                name=head.name,
+                op=head.op,
+                phase=Phase(primary.phase),
+                compute_ms=sum(fx_ms.get(m, 0.0) for m in g.members),
+                cost_source=source,
+                output_bytes=primary.output_bytes,
+                module_path=primary.module_path,
+                random=any(by_name[m].random for m in g.members),
+                alias_of=ids[g.alias_of] if g.alias_of is not None else None,
+            )
+        )
+        edges.extend(Edge(source=ids[u], target=i) for u in g.inputs)
+    fx_to_id = {m: ids[g.primary] for g in order for m in g.members}
+    outputs = [fx_to_id[cap.loss_node]] if cap.loss_node in fx_to_id else []
+    outputs += [fx_to_id[n] for n in cap.gradient_nodes.values() if n in fx_to_id]
+    fixed, extra = _fixed_memory(model, inputs, cap, optimizer)
+    extra.update(
+        level="op",
+        fuse=fuse,
+        fx_call_nodes=len(records),
+        nodes_before_fusion=len(records),
+        nodes_after_fusion=len(order),
+        costs=costs,
+        optimizer=optimizer,
+        clock=clock if costs == "measure" else "",
+        dropout_masks=dropout_masks if on_cpu else "graph",
+    )
+    graph = Graph(
+        nodes=nodes,
+        edges=edges,
+        fixed=fixed,
+        order=list(range(len(nodes))),
+        outputs=list(dict.fromkeys(outputs)) or None,
+        metadata=GraphMetadata(
+            model_name=name,
+            batch_size=_batch_size(inputs),
+            dtype=_dtype(model),
+            device_profile=profile_name,
+            source="planner.tracing (AOTAutograd joint graph)",
+            extra=extra,
+        ),
+    )
+    return TraceResult(
+        graph=graph,
+        level="op",
+        joint=cap.gm,
+        node_fx_names={ids[g.primary]: g.members for g in order},
+        owner_fx_names={ids[g.primary]: g.primary for g in order},
+        capture=cap,
+        primal_kinds=dict(cap.primal_kinds),
+        primal_names=dict(cap.primal_names),
+        tangent_fx_names=tuple(cap.tangent_nodes),
+        loss_fx_name=cap.loss_node,
+        gradient_fx_names=dict(cap.gradient_nodes),
+        nodes_before_fusion=len(records),
+        details={
+            "eager_sized_nodes": [
+                fx_to_id[r.name] for r in records if r.extra.get("eager_sized")
+            ],
+        },
+    )
+
+
+def _execution_order(groups: list[Any], by_name: dict[str, Any]) -> list[Any]:
+    """Topological order preferring forward before backward, then fx order."""
+    index = {g.primary: g for g in groups}
+    indegree = {g.primary: 0 for g in groups}
+    succs: dict[str, list[str]] = {g.primary: [] for g in groups}
+    for g in groups:
+        for u in g.inputs:
+            succs[u].append(g.primary)
+            indegree[g.primary] += 1
+
+    def key(name: str) -> tuple[int, int]:
+        r = by_name[name]
+        return (1 if r.phase == "backward" else 0, r.index)
+
+    heap = [(key(n), n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        out.append(index[n])
+        for s in succs[n]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(heap, (key(s), s))
+    return out
+
+
+def tensor_bytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if hasattr(t, "element_size") else 0
+
+
+def _fixed_memory(
+    model: Any, inputs: tuple[Any, ...], cap: Any, optimizer: str
+) -> tuple[FixedMemory, dict[str, Any]]:
+    """Parameters, gradients (one per trainable parameter), optimizer state, inputs, buffers.
+
+    Gradient nodes also carry their real output bytes; the fixed gradient bytes stand for the
+    .grad buffers that stay allocated across steps (the simulator frees sink outputs).
+    """
+    params = list(model.parameters())
+    params_bytes = sum(tensor_bytes(p) for p in params)
+    trainable_bytes = sum(tensor_bytes(p) for p in params if p.requires_grad)
+    buffers_bytes = sum(tensor_bytes(b) for b in model.buffers())
+    inputs_bytes = sum(tensor_bytes(x) for x in inputs if hasattr(x, "element_size"))
+    optimizer_bytes = OPTIMIZER_STATES[optimizer] * trainable_bytes
+    extra = {
+        "buffers_bytes": buffers_bytes,
+        "trainable_parameters_bytes": trainable_bytes,
+    }
+    fixed = FixedMemory(
+        parameters_bytes=params_bytes,
+        gradients_bytes=trainable_bytes,
+        optimizer_bytes=optimizer_bytes,
+        inputs_bytes=inputs_bytes,
+        other_bytes=buffers_bytes,
+    )
+    return fixed, extra
+
+
+def _batch_size(inputs: tuple[Any, ...]) -> int | None:
+    for x in inputs:
+        shape = getattr(x, "shape", None)
+        if shape is not None and len(shape) > 0 and int(shape[0]) >= 1:
+            return int(shape[0])
+    return None
+
+
+def _dtype(model: Any) -> str:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).replace("torch.", "")
+    return ""

@@ -1,0 +1,217 @@
+"""Small models written in the project (no downloads) for tracing, tests and benchmarks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(
+        self, in_features: int = 256, hidden: int = 512, depth: int = 4, classes: int = 10
+    ):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_features
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.GELU(), nn.Dropout(0.1)]
+            width = hidden
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.body(x)), target)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-style CNN: a stem, stages of basic blocks, global pooling, a classifier."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 32, 64), blocks: int = 2, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
+        )
+        layers: list[nn.Module] = []
+        c = widths[0]
+        for i, w in enumerate(widths):
+            for b in range(blocks):
+                layers.append(BasicBlock(c, w, stride=2 if (i > 0 and b == 0) else 1))
+                c = w
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = self.layers(self.stem(x))
+        return F.cross_entropy(self.fc(h.mean(dim=(2, 3))), target)
+
+
+class DoubleConv(nn.Sequential):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(
+            nn.Conv2d(c_in, c_out, 3, padding=1),
+            nn.GroupNorm(4, c_out),
+            nn.SiLU(),
+            nn.Conv2d(c_out, c_out, 3, padding=1),
+            nn.GroupNorm(4, c_out),
+            nn.SiLU(),
+        )
+
+
+class UNet(nn.Module):
+    """U-Net: an encoder, a decoder, skip connections by concatenation."""
+
+    def __init__(self, channels: int = 3, base: int = 16, depth: int = 3, classes: int = 2):
+        super().__init__()
+        widths = [base * 2**i for i in range(depth + 1)]
+        self.down = nn.ModuleList()
+        c = channels
+        for w in widths[:-1]:
+            self.down.append(DoubleConv(c, w))
+            c = w
+        self.bottom = DoubleConv(c, widths[-1])
+        self.up = nn.ModuleList()
+        self.dec = nn.ModuleList()
+        for w in reversed(widths[:-1]):
+            self.up.append(nn.ConvTranspose2d(w * 2, w, 2, stride=2))
+            self.dec.append(DoubleConv(w * 2, w))
+        self.out = nn.Conv2d(widths[0], classes, 1)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        skips = []
+        for block in self.down:
+            x = block(x)
+            skips.append(x)
+            x = F.max_pool2d(x, 2)
+        x = self.bottom(x)
+        for up, dec, skip in zip(self.up, self.dec, reversed(skips), strict=True):
+            x = dec(torch.cat([up(x), skip], dim=1))
+        return F.cross_entropy(self.out(x), target)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = nn.Dropout(dropout)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = self.attn_drop(att.masked_fill(~mask, float("-inf")).softmax(dim=-1))
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        return self.resid_drop(self.proj(y))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, dropout)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A GPT-style decoder with dropout; returns the language-model loss."""
+
+    def __init__(
+        self,
+        vocab: int = 512,
+        dim: int = 128,
+        layers: int = 4,
+        heads: int = 4,
+        context: int = 64,
+        dropout: float = 0.1,
+    ):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(context, dim)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(DecoderBlock(dim, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok(idx) + self.pos(pos))
+        for block in self.h:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class ViT(nn.Module):
+    """A Vision Transformer: patch embedding, class token, encoder blocks, a classifier."""
+
+    def __init__(
+        self,
+        image: int = 32,
+        patch: int = 4,
+        dim: int = 128,
+        layers: int = 4,
+        heads: int = 4,
+        classes: int = 10,
+    ):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+        n = (image // patch) ** 2
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
+        self.blocks = nn.ModuleList(ViTBlock(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.head(self.ln(x[:, 0])), target)

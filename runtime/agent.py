@@ -1,0 +1,321 @@
+"""The runtime agent: a plan for this model and budget, applied, with honest numbers.
+
+`plan_for(model, inputs, budget, server=URL | None)`:
+1. traces one training step (op level);
+2. gets a plan: from the service when `server` is given (POST /v1/plans, polled until done),
+   else from the on-disk cache or an in-process solve. When the service is unreachable, slow or
+   failing, it falls back to the cache, then to a local baseline plan, and says so;
+3. caches the plan on disk by graph hash, budget and method;
+4. applies it and measures one calibration step (exact live storage on CPU, allocator peak on
+   CUDA; RNG and buffers restored afterwards), then logs the measured step time of the first
+   training steps next to the prediction.
+Every decision is a line in `module.agent_report.messages` and on the `runtime.agent` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.budget import format_bytes, parse_budget
+from planner.errors import InputError, NoPlanFits
+from planner.graph import Graph
+from planner.io import plan_from_dict, write_json
+from planner.plan import Plan, PlanStatus
+from runtime.apply import PlannedModule, apply
+
+log = logging.getLogger("runtime.agent")
+FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
+USABLE = (PlanStatus.optimal, PlanStatus.feasible)
+
+
+class ServiceUnavailable(RuntimeError):
+    """The service could not give a plan in time (unreachable, slow, failing)."""
+
+
+@dataclass
+class AgentReport:
+    source: str  # service / cache / local / fallback-cache / fallback-baseline
+    plan: Plan
+    graph: Graph
+    budget_bytes: int
+    messages: list[str] = field(default_factory=list)
+    measured_peak_bytes: int | None = None  # calibration step, everything the step allocated
+    measured_activation_peak_bytes: int | None = None  # the same without gradients
+    calibration_ms: float | None = None
+    step_ms: list[float] = field(default_factory=list)  # first training steps, forward to forward
+
+    @property
+    def predicted_activation_bytes(self) -> int | None:
+        if self.plan.predicted is None:
+            return None
+        return self.plan.predicted.peak_bytes - self.graph.fixed_bytes
+
+    def say(self, message: str) -> None:
+        self.messages.append(message)
+        log.info(message)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("PLANNER_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "planner" / "plans"
+
+
+def plan_for(
+    model: nn.Module,
+    inputs: tuple[Any, ...] | Any,
+    budget: int | str | float,
+    server: str | None = None,
+    *,
+    loss_fn: Any = None,
+    method: str = "auto",
+    cache_dir: str | Path | None = None,
+    timeout_s: float = 60.0,
+    time_limit_s: float = 30.0,
+    token: str | None = None,
+    calibrate: bool = True,
+    log_steps: int = 3,
+) -> PlannedModule:
+    """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all)."""
+    from planner.baselines import store_all_peak_bytes
+    from planner.tracing.api import trace as trace_fn
+
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    traced = trace_fn(model, inputs, loss_fn=loss_fn, level="op")
+    graph = traced.graph
+    budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
+    cache = PlanCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    report = _obtain(graph, budget_bytes, method, server, cache, timeout_s, time_limit_s, token)
+    plan = report.plan
+    if plan.status not in USABLE:
+        smallest = plan.details.get("smallest_feasible_bytes")
+        raise NoPlanFits(
+            f"no plan fits {format_bytes(budget_bytes)} ({plan.method}: {plan.status.value}); "
+            f"smallest feasible found: {format_bytes(smallest)}",
+            smallest,
+        )
+    cache.put(graph, budget_bytes, method, plan)
+    module = apply(model, plan, inputs, trace=traced)
+    object.__setattr__(module, "agent_report", report)
+    predicted = plan.predicted
+    report.say(
+        f"plan {plan.summary()} from {report.source}; predicted peak "
+        f"{format_bytes(predicted.peak_bytes if predicted else None)} incl. "
+        f"{format_bytes(graph.fixed_bytes)} fixed"
+    )
+    if calibrate:
+        _calibrate(module, model, inputs, report)
+    if log_steps > 0:
+        _StepTimer(module, report, log_steps).install()
+    return module
+
+
+# -- getting a plan ------------------------------------------------------------------------------
+def _obtain(
+    graph: Graph, budget_bytes: int, method: str, server: str | None, cache: PlanCache,
+    timeout_s: float, time_limit_s: float, token: str | None,
+) -> AgentReport:
+    def report(source: str, plan: Plan) -> AgentReport:
+        return AgentReport(source, plan, graph, budget_bytes)
+
+    if server is not None:
+        try:
+            plan = ask_service(server, graph, budget_bytes, method, timeout_s, time_limit_s, token)
+            out = report("service", plan)
+            out.say(f"plan from the service at {server}")
+            return out
+        except ServiceUnavailable as e:
+            reason = str(e)
+        cached = cache.get(graph, budget_bytes, method)
+        if cached is not None:
+            out = report("fallback-cache", cached)
+            path = cache.path_of(graph, budget_bytes, method)
+            out.say(f"service unavailable ({reason}); using the cached plan {path}")
+            return out
+        from planner.solve import solve
+
+        plan = solve(graph, budget_bytes, FALLBACK_METHOD, time_limit_s=time_limit_s)
+        out = report("fallback-baseline", plan)
+        out.say(
+            f"service unavailable ({reason}); no cached plan: using the local baseline "
+            f"{FALLBACK_METHOD} ({plan.details.get('backend', plan.backend)})"
+        )
+        return out
+    cached = cache.get(graph, budget_bytes, method)
+    if cached is not None:
+        out = report("cache", cached)
+        out.say(f"cached plan {cache.path_of(graph, budget_bytes, method)}")
+        return out
+    from planner.solve import solve
+
+    started = time.perf_counter()
+    plan = solve(graph, budget_bytes, method, time_limit_s=time_limit_s)
+    out = report("local", plan)
+    out.say(f"solved in-process with {method} in {time.perf_counter() - started:.2f} s")
+    return out
+
+
+def ask_service(
+    server: str, graph: Graph, budget_bytes: int, method: str, timeout_s: float,
+    time_limit_s: float, token: str | None = None,
+) -> Plan:
+    """POST /v1/plans and poll until the job finishes; ServiceUnavailable on any failure."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout_s
+    body = {
+        "graph": graph.model_dump(mode="json"),
+        "budget": budget_bytes,
+        "method": method,
+        "time_limit": time_limit_s,
+    }
+    try:
+        with httpx.Client(
+            base_url=server.rstrip("/"), headers=headers, timeout=min(timeout_s, 30)
+        ) as client:
+            answer = client.post("/v1/plans", json=body)
+            _check(answer)
+            job = answer.json()
+            while job.get("status") not in ("done", "infeasible", "failed", "cancelled"):
+                if time.monotonic() > deadline:
+                    _cancel(client, str(job.get("id")))
+                    raise ServiceUnavailable(
+                        f"no plan after {timeout_s:g} s (job {job.get('id')}, cancelled)"
+                    )
+                time.sleep(0.1)
+                answer = client.get(f"/v1/plans/{job['id']}")
+                _check(answer)
+                job = answer.json()
+    except httpx.HTTPError as e:
+        raise ServiceUnavailable(f"{type(e).__name__}: {e}") from None
+    if job["status"] in ("failed", "cancelled") or not job.get("plan"):
+        raise ServiceUnavailable(f"job {job.get('id')} {job['status']}: {job.get('error') or ''}")
+    plan = plan_from_dict(job["plan"], where=f"{server} job {job.get('id')}")
+    if plan.graph_hash != graph.content_hash():
+        raise ServiceUnavailable("the service answered with a plan for another graph")
+    return plan
+
+
+def _cancel(client: Any, job_id: str) -> None:
+    """Best effort: a solve nobody waits for should not keep a service worker busy."""
+    try:
+        client.delete(f"/v1/plans/{job_id}", timeout=5)
+    except Exception as e:  # the fallback matters more than the cancel
+        log.warning("could not cancel job %s: %s", job_id, e)
+
+
+def _check(answer: Any) -> None:
+    if answer.status_code >= 400:
+        try:
+            message = answer.json()["error"]["message"]
+        except Exception:
+            message = answer.text[:200]
+        raise ServiceUnavailable(f"HTTP {answer.status_code}: {message}")
+
+
+class PlanCache:
+    """plan.json files under `root/<graph hash>/<method>-<budget>.json`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path_of(self, graph: Graph, budget_bytes: int, method: str) -> Path:
+        digest = graph.content_hash().split(":")[-1][:40]
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in method)
+        return self.root / digest / f"{safe}-{budget_bytes}.json"
+
+    def get(self, graph: Graph, budget_bytes: int, method: str) -> Plan | None:
+        path = self.path_of(graph, budget_bytes, method)
+        if not path.is_file():
+            return None
+        try:
+            import json
+
+            plan = plan_from_dict(json.loads(path.read_text()), where=str(path))
+        except (InputError, ValueError, OSError) as e:
+            log.warning("ignoring unreadable cached plan %s: %s", path, e)
+            return None
+        if plan.graph_hash != graph.content_hash() or plan.status not in USABLE:
+            return None
+        return plan
+
+    def put(self, graph: Graph, budget_bytes: int, method: str, plan: Plan) -> None:
+        path = self.path_of(graph, budget_bytes, method)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, plan)
+        except (InputError, OSError) as e:  # a cache that cannot be written is not fatal
+            log.warning("cannot cache the plan at %s: %s", path, e)
+
+
+# -- measuring ------------------------------------------------------------------------------------
+def _calibrate(
+    module: PlannedModule, model: nn.Module, inputs: tuple[Any, ...], report: AgentReport
+) -> None:
+    """One measured step; the RNG, buffers and gradients are as before afterwards."""
+    from runtime.measure import measure_step, training_step
+
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    try:
+        measured = measure_step(training_step(module, inputs), model, device)
+    finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                v.copy_(buffers[k])
+        for n, p in model.named_parameters():
+            p.grad = grads[n]
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
+    report.measured_peak_bytes = measured.peak_bytes
+    report.measured_activation_peak_bytes = measured.activation_peak_bytes
+    report.calibration_ms = measured.duration_ms
+    predicted = report.predicted_activation_bytes
+    ratio = (
+        f" ({measured.activation_peak_bytes / predicted:.2f}× predicted)" if predicted else ""
+    )
+    report.say(
+        f"measured step: activations {format_bytes(measured.activation_peak_bytes)}{ratio}, "
+        f"predicted {format_bytes(predicted)}; with gradients "
+        f"{format_bytes(measured.peak_bytes)}; budget {format_bytes(report.budget_bytes)}"
+    )
+
+
+class _StepTimer:
+    """Times the first steps (forward to next forward) and logs them once."""
+
+    def __init__(self, module: PlannedModule, report: AgentReport, steps: int) -> None:
+        self.module, self.report, self.steps = module, report, steps
+        self.last: float | None = None
+        self.handle: Any = None
+
+    def install(self) -> None:
+        self.handle = self.module.register_forward_pre_hook(self._tick)
+
+    def _tick(self, *_: Any) -> None:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.report.step_ms.append((now - self.last) * 1e3)
+        self.last = now
+        if len(self.report.step_ms) >= self.steps:
+            self.handle.remove()
+            predicted = self.report.plan.predicted
+            overhead = f"{100 * predicted.overhead:+.1f}%" if predicted else "?"
+            self.report.say(
+                f"first {len(self.report.step_ms)} steps: median "
+                f"{statistics.median(self.report.step_ms):.1f} ms per step; predicted "
+                f"recomputation overhead {overhead}"
+            )

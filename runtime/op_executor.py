@@ -1,0 +1,277 @@
+"""Executing an op-level plan on the traced joint forward+backward fx graph.
+
+A graph node is a group of fx nodes (`TraceResult.node_fx_names`). `compute(v)` runs the
+group's fx nodes in fx order and keeps their values; `free(v)` drops them, so the tensors die
+when nothing else holds them. The plan is split at the first computation that needs the loss's
+tangent: the prefix runs in the autograd forward, what is resident at the split is what stays
+alive between forward and backward, and the suffix (with its recomputations, in the plan's
+order) runs in the autograd backward.
+
+View-like fx nodes of parameters or tangents (`t(weight)`, `expand(tangent)`) belong to no
+producing group in the graph model: they are re-derived on the spot when a group reads them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from planner.plan import Action, ActionOp
+from runtime.rng import RngStates
+
+_VIEW_OPS = {"_unsafe_view", "alias", "detach", "lift_fresh", "t", "view", "expand"}
+
+
+class PlanExecutionError(RuntimeError):
+    """The plan asked for something the joint graph cannot do (names the action and node)."""
+
+
+def _is_view(node: fx.Node) -> bool:
+    """Costs no storage of its own: getitem, or an op whose schema returns an alias."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target.overloadpacket.__name__ in _VIEW_OPS:
+        return True
+    return any(r.alias_info is not None for r in target._schema.returns)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Actions of one autograd phase: the forward prefix or the backward suffix."""
+
+    start: int  # index of the first action in the plan
+    actions: tuple[Action, ...]
+
+
+class JointProgram:
+    """The joint fx graph indexed for plan execution; built once per applied plan."""
+
+    def __init__(self, trace: Any, actions: Sequence[Action]) -> None:
+        gm: fx.GraphModule = trace.joint
+        self.fx_nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
+        self.members: dict[int, tuple[str, ...]] = {
+            int(k): tuple(v) for k, v in trace.node_fx_names.items()
+        }
+        self.group_of: dict[str, int] = {m: g for g, ms in self.members.items() for m in ms}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.tangents: tuple[str, ...] = tuple(trace.tangent_fx_names)
+        self.primals: tuple[str, ...] = tuple(
+            n.name for n in placeholders if n.name not in self.tangents
+        )
+        self.primal_kinds: dict[str, str] = dict(trace.primal_kinds)
+        self.primal_names: dict[str, str] = dict(trace.primal_names)
+        self.loss_fx: str = trace.loss_fx_name
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.grad_fx, self.mutations = _outputs(output, len(self.primals))
+        self.output_fx: set[str] = {self.loss_fx, *self.grad_fx.values(), *self.mutations}
+        self.grad_of: dict[str, int] = {name: k for k, name in self.grad_fx.items()}
+        self.derivable: set[str] = self._derivable(gm)
+        self.random: set[str] = {
+            n.name
+            for n in gm.graph.nodes
+            if isinstance(n.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in n.target.tags
+        }
+        self.forward, self.backward = self._split(actions)
+
+    def _derivable(self, gm: fx.GraphModule) -> set[str]:
+        """View-like fx nodes computed from placeholders only: cheap to re-derive anywhere."""
+        out: set[str] = set()
+        for n in gm.graph.nodes:
+            if n.op != "call_function" or not _is_view(n):
+                continue
+            if all(a.op == "placeholder" or a.name in out for a in n.all_input_nodes):
+                out.add(n.name)
+        return out
+
+    def _split(self, actions: Sequence[Action]) -> tuple[Segment, Segment]:
+        needs_tangent: set[str] = set(self.tangents)
+        for n in self.fx_nodes.values():
+            if any(a.name in needs_tangent for a in n.all_input_nodes):
+                needs_tangent.add(n.name)
+        tangent_groups = {self.group_of[m] for m in needs_tangent if m in self.group_of}
+        loss_group = self.group_of.get(self.loss_fx)
+        if loss_group is None:
+            raise PlanExecutionError(f"the loss fx node {self.loss_fx!r} is in no graph node")
+        split = len(actions)
+        loss_at: int | None = None
+        for i, a in enumerate(actions):
+            if a.op is not ActionOp.compute:
+                continue
+            if a.node == loss_group and loss_at is None:
+                loss_at = i
+            if a.node in tangent_groups:
+                split = i
+                break
+        if loss_at is None:
+            raise PlanExecutionError(
+                f"the plan computes no loss (node {loss_group}) before the first backward "
+                f"computation (action {split}): it cannot run as forward then backward"
+            )
+        return (
+            Segment(0, tuple(actions[:split])),
+            Segment(split, tuple(actions[split:])),
+        )
+
+
+class PlanRun:
+    """The state of one training step under a plan: resident values, primals, RNG record."""
+
+    def __init__(self, program: JointProgram, primals: Sequence[torch.Tensor]) -> None:
+        self.program = program
+        self.values: dict[str, Any] = dict(zip(program.primals, primals, strict=True))
+        self.resident: set[int] = set()
+        self.kept_outputs: dict[str, Any] = {}  # loss/gradients/mutations of freed groups
+        device = next(
+            (p.device for p in primals if isinstance(p, torch.Tensor)), torch.device("cpu")
+        )
+        self.rng = RngStates(device)
+        self.mutated: set[str] = set()  # buffer updates already copied back
+        self.computations = 0
+
+    # -- segments -------------------------------------------------------------------------
+    def run_forward(self) -> torch.Tensor:
+        self._run(self.program.forward)
+        loss = self.output(self.program.loss_fx)
+        self._apply_mutations()
+        return loss
+
+    def run_backward(self, tangents: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The plan's suffix; gradients in primal order (None for primals without one)."""
+        self.values.update(zip(self.program.tangents, tangents, strict=True))
+        self._run(self.program.backward)
+        self._apply_mutations()
+        grads: list[torch.Tensor | None] = []
+        for k in range(len(self.program.primals)):
+            name = self.program.grad_fx.get(k)
+            grads.append(None if name is None else self.output(name))
+        self.values.clear()
+        self.resident.clear()
+        self.kept_outputs.clear()
+        return grads
+
+    def output(self, fx_name: str) -> Any:
+        if fx_name in self.kept_outputs:
+            return self.kept_outputs[fx_name]
+        if fx_name not in self.values:
+            group = self.program.group_of.get(fx_name)
+            raise PlanExecutionError(
+                f"output {fx_name} (node {group}) was never computed by the plan"
+            )
+        return self.values[fx_name]
+
+    # -- actions --------------------------------------------------------------------------
+    def _run(self, segment: Segment) -> None:
+        for offset, action in enumerate(segment.actions):
+            if action.op is ActionOp.compute:
+                self._compute(action.node, segment.start + offset)
+            elif action.op is ActionOp.free:
+                self._free(action.node, segment.start + offset)
+            else:  # offload/prefetch are not remat actions: refuse rather than ignore
+                raise PlanExecutionError(
+                    f"action {segment.start + offset} ({action}): {action.op} is not supported "
+                    "by the remat executor"
+                )
+
+    def _compute(self, node: int, index: int) -> None:
+        program = self.program
+        if node in self.resident:
+            raise PlanExecutionError(f"action {index}: node {node} is already resident")
+        members = program.members.get(node)
+        if members is None:
+            raise PlanExecutionError(f"action {index}: node {node} is not in the traced graph")
+        local: dict[str, Any] = {}
+        for name in members:
+            fx_node = program.fx_nodes[name]
+            local[name] = self._eval(fx_node, local, node, index)
+            if name in program.grad_of:
+                local[name] = self._in_parameter_layout(local[name], program.grad_of[name])
+        self.values.update(local)
+        self.resident.add(node)
+        self.computations += 1
+
+    def _eval(self, fx_node: fx.Node, local: dict[str, Any], node: int, index: int) -> Any:
+        def lookup(arg: fx.Node) -> Any:
+            name = arg.name
+            if name in local:
+                return local[name]
+            if name in self.values:
+                return self.values[name]
+            if name in self.program.derivable:
+                local[name] = self._eval(arg, local, node, index)
+                return local[name]
+            owner = self.program.group_of.get(name)
+            raise PlanExecutionError(
+                f"action {index} (C{node}): reads {name} of node {owner}, which is not resident"
+            )
+
+        args, kwargs = fx.node.map_arg((fx_node.args, fx_node.kwargs), lookup)
+        target: Any = fx_node.target
+        if fx_node.name in self.program.random:
+            return self.rng.run(fx_node.name, lambda: target(*args, **kwargs))
+        return target(*args, **kwargs)
+
+    def _in_parameter_layout(self, grad: Any, primal_index: int) -> Any:
+        """A gradient with its parameter's strides, so that autograd adopts it as `.grad`.
+
+        A gradient that is a transposed view (Linear weights) would otherwise be copied by
+        gradient accumulation at the end of the backward, while the plan counted it once.
+        """
+        param = self.values.get(self.program.primals[primal_index])
+        if not isinstance(grad, torch.Tensor) or not isinstance(param, torch.Tensor):
+            return grad
+        if grad.stride() == param.stride() and grad.storage_offset() == 0:
+            return grad
+        out = torch.empty_strided(param.shape, param.stride(), dtype=grad.dtype, device=grad.device)
+        return out.copy_(grad)
+
+    def _free(self, node: int, index: int) -> None:
+        if node not in self.resident:
+            raise PlanExecutionError(f"action {index}: frees node {node}, which is not resident")
+        self.resident.discard(node)
+        for name in self.program.members[node]:
+            value = self.values.pop(name, None)
+            # Outputs the step must hand back live on even when the plan frees their node.
+            if name in self.program.output_fx and name not in self.kept_outputs:
+                self.kept_outputs[name] = value
+
+    def _apply_mutations(self) -> None:
+        """Copy new buffer values (e.g. BatchNorm running stats) into the buffers once."""
+        for name, primal_index in list(self.program.mutations.items()):
+            value = self.kept_outputs.get(name, self.values.get(name))
+            if value is None or name in self.mutated:
+                continue
+            buffer = self.values.get(self.program.primals[primal_index])
+            if isinstance(buffer, torch.Tensor):
+                with torch.no_grad():
+                    buffer.copy_(value)
+            self.mutated.add(name)
+
+
+def _outputs(output: fx.Node, num_primals: int) -> tuple[dict[int, str], dict[str, int]]:
+    """Joint outputs: primal index -> gradient fx name; mutated-buffer fx name -> primal index."""
+    outs: list[Any] = list(output.args[0])  # type: ignore[arg-type]
+    descs = output.meta.get("desc") or [None] * len(outs)
+    grads: dict[int, str] = {}
+    mutations: dict[str, int] = {}
+    for out, desc in zip(outs, descs, strict=False):
+        if out is None or desc is None:
+            continue
+        kind = type(desc).__name__
+        if kind.startswith("Grad"):
+            idx = getattr(getattr(desc, "grad_of", None), "idx", None)
+            if isinstance(idx, int) and idx < num_primals:
+                grads[idx] = out.name
+        elif "Mutation" in kind:
+            idx = getattr(getattr(desc, "mutated_input", None), "idx", None)
+            if isinstance(idx, int) and idx < num_primals:
+                mutations[out.name] = idx
+    return grads, mutations

@@ -1,0 +1,191 @@
+"""Planner methods on chains: `rotor`, `revolve`, `chain-chen-sqrt` (see planner.methods).
+
+A graph built from a chain.json (`solvers.chain.layout.chain_graph`) is solved on that exact
+chain; any other graph is linearised first (`solvers.chain.linearize`). The operation sequence
+is translated to plan actions and judged by the simulator in `planner.solve`; the chain model's
+own prediction, the operation sequence and the block-level plan travel in `details`.
+
+Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500) and
+`refine` (extra DP runs that win back rounding loss, default 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InputError
+from planner.graph import Graph
+from planner.methods import MethodResult, SolveRequest
+from planner.plan import PlanStatus
+from planner.simulator import PlanError, simulate
+from solvers.chain.blocks import BlockPlan
+from solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
+from solvers.chain.model import Chain
+from solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    chain: Chain
+    layout: ChainLayout
+    source: str  # "chain.json" or "linearized"
+    non_recomputable_stages: frozenset[int]  # stages (1-based) that must run forward once
+    notes: tuple[str, ...] = ()
+
+
+def chain_problem(graph: Graph) -> ChainProblem:
+    chain = chain_of_graph(graph)
+    if chain is not None:
+        _, layout = chain_graph(chain)
+        return ChainProblem(chain, layout, "chain.json", frozenset())
+    from solvers.chain.linearize import linearize
+
+    lin = linearize(graph)
+    fixed = set(lin.non_recomputable)
+    stages = frozenset(
+        i for i in range(1, lin.chain.length + 1) if fixed & set(lin.layout.forward[i])
+    )
+    note = (
+        f"linearised into {lin.chain.length} segments at {len(lin.joints)} of "
+        f"{lin.candidate_joints} joints (others merged: backward reads across them)"
+    )
+    return ChainProblem(lin.chain, lin.layout, "linearized", stages, (note,))
+
+
+def _forward_runs(ops: tuple[Op, ...] | list[Op], length: int) -> list[int]:
+    return list(BlockPlan.from_ops(length, ops).forward_runs)
+
+
+def plan_result(
+    request: SolveRequest,
+    problem: ChainProblem,
+    ops: list[Op] | tuple[Op, ...],
+    backend: str,
+    extra: dict[str, Any] | None = None,
+) -> MethodResult:
+    """Translate a sequence into actions and report what the chain model predicts."""
+    from solvers.chain.translate import translate
+
+    chain = problem.chain
+    runs = _forward_runs(ops, chain.length)
+    twice = sorted(i for i in problem.non_recomputable_stages if runs[i - 1] > 1)
+    if twice:
+        return MethodResult(
+            actions=None,
+            status=PlanStatus.error,
+            backend=backend,
+            notes=list(problem.notes)
+            + [f"segments {twice} hold nodes that are not recomputable but would run twice"],
+        )
+    run = run_sequence(chain, ops)
+    blocks = BlockPlan.from_ops(chain.length, ops)
+    one_level = run_sequence(chain, blocks.one_level_ops())
+    details: dict[str, Any] = {
+        "chain": {"source": problem.source, "stages": chain.length},
+        "chain_ops": ops_text(ops),
+        "block_plan": blocks.to_json(),
+        "block_plan_text": blocks.text(),
+        # what applying the block plan with one level of checkpointing costs (chain model)
+        "block_plan_one_level": {
+            "peak_bytes": one_level.peak_bytes,
+            "compute_cost": one_level.cost,
+        },
+        "chain_predicted": {"peak_bytes": run.peak_bytes, "compute_cost": run.cost},
+    }
+    details.update(extra or {})
+    return MethodResult(
+        actions=translate(request.graph, problem.layout, ops),
+        status=PlanStatus.feasible,
+        backend=backend,
+        lower_bound=request.graph.total_compute_ms,
+        notes=list(problem.notes),
+        details=details,
+    )
+
+
+def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str) -> MethodResult:
+    return MethodResult(
+        actions=None,
+        status=PlanStatus.infeasible,
+        backend=backend,
+        smallest_feasible_bytes=smallest,
+        notes=list(problem.notes) + [why],
+    )
+
+
+def rotor(request: SolveRequest) -> MethodResult:
+    from solvers.chain.rotor import DEFAULT_SLOTS, solve_rotor
+
+    problem = chain_problem(request.graph)
+    try:
+        slots = int(request.options.get("slots", DEFAULT_SLOTS))
+        refine = int(request.options.get("refine", 2))
+    except (TypeError, ValueError):
+        raise InputError("options: 'slots' and 'refine' must be integers") from None
+    if slots < 1 or refine < 0:
+        raise InputError(f"options: slots {slots} must be ≥ 1 and refine {refine} ≥ 0")
+    budget = request.budget_bytes
+    result: MethodResult | None = None
+    # the model is exact or an upper bound; retry only where the simulator disagrees (views)
+    for _ in range(3):
+        sol = solve_rotor(problem.chain, budget, slots, refine=refine)
+        if sol.ops is None:
+            return result or _no_plan(
+                problem,
+                "rotor-dp",
+                sol.smallest_feasible_bytes,
+                f"no chain schedule within {request.budget_bytes} bytes; the least-memory one "
+                f"peaks at {sol.smallest_feasible_bytes} bytes",
+            )
+        disc = sol.discretisation
+        extra = {
+            "rotor": {
+                "slots": disc.available_slots if disc else None,
+                "slot_bytes": disc.slot_bytes if disc else None,
+                "exact_slots": disc.exact if disc else None,
+                "dp_seconds": round(sol.solve_seconds, 4),
+                "dp_cost": sol.dp_cost,
+            }
+        }
+        result = plan_result(request, problem, sol.ops, "rotor-dp", extra)
+        if result.actions is None:
+            return result
+        try:
+            peak = simulate(request.graph, result.actions).peak_bytes
+        except PlanError:
+            return result  # solve() reports the simulator's error
+        if peak <= request.budget_bytes:
+            return result
+        budget -= peak - request.budget_bytes
+    assert result is not None
+    return result
+
+
+def revolve(request: SolveRequest) -> MethodResult:
+    from solvers.chain.revolve import solve_revolve
+
+    problem = chain_problem(request.graph)
+    sol = solve_revolve(problem.chain, request.budget_bytes)
+    if sol.ops is None:
+        return _no_plan(
+            problem,
+            "revolve",
+            sol.smallest_feasible_bytes,
+            f"no binomial schedule within {request.budget_bytes} bytes",
+        )
+    return plan_result(request, problem, sol.ops, "revolve", {"revolve": {"slots": sol.slots}})
+
+
+def chain_chen_sqrt(request: SolveRequest) -> MethodResult:
+    problem = chain_problem(request.graph)
+    ops = chen_sqrt_ops(problem.chain.length)
+    return plan_result(request, problem, ops, "chain-chen-sqrt")
+
+
+METHOD_FUNCTIONS: dict[str, Callable[[SolveRequest], MethodResult]] = {
+    "rotor": rotor,
+    "revolve": revolve,
+    "chain-chen-sqrt": chain_chen_sqrt,
+}

@@ -1,0 +1,151 @@
+"""`auto`: a fast feasible plan first, then exact improvement, with a proven bound.
+
+1. Baselines, dynamic eviction (DTR-style) and greedy checkpoint eviction, in the graph's
+   order and in memory-aware reorderings (store-all in a better order often fits at no extra
+   compute): in-budget plans within seconds on the Checkmate graphs.
+2. The LP relaxation (HiGHS) of the frontier-advancing MILP, on graphs small enough for it to
+   finish: a lower bound and LP-rounded plans.
+3. The CP-SAT interval model (Moccasin-style), hinted with the best plan, using every thread for
+   the time left. Its bound counts only when every node may be computed as often as the MILP
+   allows (small graphs); on larger graphs recomputations per node are capped, which makes the
+   model small and fast but its bound no proof.
+The best in-budget plan found in time is returned with its gap. Bounds are over schedules whose
+first computations follow the graph's topological order (the space of Checkmate's MILP).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from planner.baselines import BASELINES, store_all
+from planner.graph import Graph
+from planner.plan import Action
+from planner.simulator import lower_bound_peak_bytes, simulate
+from solvers.remat.dtr import best_dtr
+from solvers.remat.greedy import greedy_eviction
+from solvers.remat.intervals import solve_intervals
+from solvers.remat.lp_rounding import lp_relaxation, round_lp
+from solvers.remat.orders import explore_orders, with_order
+from solvers.remat.problem import problem_from_graph, staged_actions
+
+EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation
+LP_MAX_NODES = 120
+RECOMPUTATIONS_CAP = 2  # computations per node in the interval model on larger graphs
+
+
+@dataclass
+class AutoResult:
+    actions: list[Action] | None
+    cost: float | None
+    source: str
+    bound: float
+    proven_optimal: bool
+    proven_infeasible: bool = False
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
+               threads: int = 2, seed: int = 0) -> AutoResult:
+    started = time.perf_counter()
+    deadline = started + time_limit_s * 0.93
+
+    def left() -> float:
+        return deadline - time.perf_counter()
+
+    problem = problem_from_graph(graph, budget_bytes)
+    least = lower_bound_peak_bytes(graph)
+    if least > budget_bytes:  # some node's inputs, output and workspace alone exceed it
+        return AutoResult(None, None, "none", problem.total_cost, False, True,
+                          [f"no schedule fits: computing one node needs {least} bytes"])
+    best: tuple[float, list[Action], str] | None = None
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+
+    def offer(actions: list[Action] | None, source: str) -> None:
+        nonlocal best
+        if actions is None:
+            return
+        sim = simulate(graph, actions)
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.compute_cost < best[0]):
+            best = (sim.compute_cost, actions, source)
+
+    for name, fn in BASELINES.items():
+        offer(fn(graph, budget_bytes), f"baseline:{name}")
+    given = list(graph.index.topological_order)
+    order_of: dict[str, list[int]] = {}
+    lowest: tuple[int, str, list[int]] | None = None  # random order with the least peak
+    for name, order in explore_orders(graph, budget_bytes, started + 0.25 * time_limit_s, seed):
+        ordered = with_order(graph, order)
+        order_of[f"store-all@{name}"] = order_of[f"dtr@{name}"] = order
+        plan = store_all(ordered)
+        offer(plan, f"store-all@{name}")
+        if name.startswith("random"):  # many of these: only the most promising gets DTR
+            peak = simulate(graph, plan).peak_bytes
+            if lowest is None or peak < lowest[0]:
+                lowest = (peak, name, order)
+            continue
+        offer(best_dtr(problem_from_graph(ordered, budget_bytes),
+                       time_limit_s=max(0.2, 0.03 * time_limit_s)), f"dtr@{name}")
+    if lowest is not None and (best is None or not best[2].startswith("store-all")):
+        _, name, order = lowest
+        offer(best_dtr(problem_from_graph(with_order(graph, order), budget_bytes),
+                       time_limit_s=max(0.2, 0.03 * time_limit_s)), f"dtr@{name}")
+    if best is None or best[0] > problem.total_cost * (1 + 1e-12):  # else nothing to improve
+        offer(greedy_eviction(graph, budget_bytes, time_limit_s=max(0.3, 0.1 * time_limit_s)),
+              "greedy")
+    timings["first_plans_s"] = time.perf_counter() - started
+    bound = problem.total_cost
+    zero = best is not None and best[0] <= bound * (1 + 1e-12)
+    if problem.n <= LP_MAX_NODES and left() > 2 and not zero:
+        t0 = time.perf_counter()
+        lp_time = min(left() * 0.5, 0.2 * time_limit_s)
+        lp = lp_relaxation(problem, backend="highs-lp", time_limit_s=lp_time)
+        if lp.bound is not None:
+            bound = max(bound, lp.bound)
+            sched, _ = round_lp(problem, lp)
+            if sched is not None:
+                offer(staged_actions(problem, sched)[0], "lp-rounding")
+        else:
+            notes.append(f"LP relaxation: {lp.status} within {lp_time:.1f} s")
+        timings["lp_s"] = time.perf_counter() - t0
+    proven = best is not None and best[0] <= bound * (1 + 1e-9)
+    if not proven and left() > 1.0:
+        t0 = time.perf_counter()
+        # Improve within the order of the best plan so far (its hint then fits the model).
+        order = order_of.get(best[2], given) if best is not None else given
+        exact = problem.n <= EXACT_INTERVALS_MAX_NODES and order == given
+        r = solve_intervals(problem_from_graph(with_order(graph, order), budget_bytes),
+                            max_computations=None if exact else RECOMPUTATIONS_CAP,
+                            time_limit_s=left(), threads=threads, seed=seed,
+                            hint=best[1] if best is not None else None)
+        timings["intervals_s"] = time.perf_counter() - t0
+        if exact and r.bound is not None:
+            bound = max(bound, r.bound)
+        if exact and r.status == "infeasible":
+            notes.append("the interval model proves no plan fits")
+        offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
+    if best is None:
+        infeasible = any("proves no plan fits" in note for note in notes)
+        return AutoResult(None, None, "none", bound, False, infeasible, notes, timings)
+    cost, actions, source = best
+    if not _follows(actions, given):
+        # Bounds above hold for schedules in the graph's order; this plan reorders, so only
+        # the universal bound (every node once) is claimed.
+        notes.append("the plan reorders first computations; bound = every node computed once")
+        bound = problem.total_cost
+    bound = min(bound, cost)
+    return AutoResult(actions, cost, source, bound, cost <= bound * (1 + 1e-9), False, notes,
+                      timings)
+
+
+def _follows(actions: list[Action], order: list[int]) -> bool:
+    """Whether the plan's first computations follow `order`."""
+    seen: set[int] = set()
+    firsts = []
+    for a in actions:
+        if a.op.value == "compute" and a.node not in seen:
+            seen.add(a.node)
+            firsts.append(a.node)
+    return firsts == order

@@ -1,0 +1,237 @@
+"""Backend adapters: one LinearModel, solved by CP-SAT, SCIP/HiGHS/CBC (pywraplp) or PuLP CBC.
+
+Every adapter honours a time limit, threads, a seed and a hint where the solver supports them,
+and reports status, objective, best bound and wall time in one typed result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from solvers.remat.linear import LinearModel
+
+MIP_BACKENDS = ("cpsat", "scip", "highs", "cbc", "pulp-cbc")
+LP_BACKENDS = ("glop", "highs-lp", "pdlp")
+_PYWRAPLP_ID = {"scip": "SCIP", "highs": "HIGHS", "cbc": "CBC", "glop": "GLOP",
+                "highs-lp": "HIGHS_LP", "pdlp": "PDLP"}
+
+
+@dataclass(frozen=True)
+class BackendResult:
+    backend: str
+    status: str  # optimal | feasible | infeasible | unknown
+    values: list[float] | None  # one per model variable when a solution exists
+    objective: float | None  # Σ objective·values, recomputed from the values
+    bound: float | None  # best proven lower bound on the objective
+    wall_seconds: float
+
+
+def solve_linear(
+    model: LinearModel,
+    backend: str = "cpsat",
+    *,
+    time_limit_s: float = 60.0,
+    threads: int = 2,
+    seed: int = 0,
+    hint: Mapping[int, float] | None = None,
+) -> BackendResult:
+    started = time.perf_counter()
+    if backend == "cpsat":
+        status, values, bound = _cpsat(model, time_limit_s, threads, seed, hint)
+    elif backend in _PYWRAPLP_ID:
+        status, values, bound = _pywraplp(model, backend, time_limit_s, threads, seed, hint)
+    elif backend == "pulp-cbc":
+        status, values, bound = _pulp(model, time_limit_s, threads, seed, hint)
+    else:
+        known = ", ".join((*MIP_BACKENDS, *LP_BACKENDS))
+        raise ValueError(f"unknown backend {backend!r}; choose one of: {known}")
+    objective = None
+    if values is not None:
+        objective = math.fsum(c * values[v] for v, c in model.objective.items())
+        if status == "optimal":
+            bound = objective if bound is None else min(bound, objective)
+    return BackendResult(backend, status, values, objective, bound, time.perf_counter() - started)
+
+
+def _cpsat(model, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-def]
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    cp = cp_model.CpModel()
+    proto = cp.proto  # filled directly: the expression API is too slow for 10⁵ rows
+    for lo, hi in zip(model.lower, model.upper, strict=True):
+        # Continuous variables are integral here: every row of our models has integer data.
+        proto.variables.add().domain.extend([math.ceil(lo - 1e-9), math.floor(hi + 1e-9)])
+    for idx, coef, lo, hi in model.rows:
+        icoef = [int(round(c)) for c in coef]
+        if any(abs(c - ic) > 1e-9 for c, ic in zip(coef, icoef, strict=True)):
+            raise ValueError("CP-SAT needs integer row coefficients")
+        lin = proto.constraints.add().linear
+        lin.vars.extend(idx)
+        lin.coeffs.extend(icoef)
+        lin.domain.extend([
+            math.ceil(lo - 1e-9) if lo > -math.inf else -(2**62),
+            math.floor(hi + 1e-9) if hi < math.inf else 2**62,
+        ])
+    # Costs scaled and rounded down: the scaled optimum bounds the true one from below.
+    top = max((abs(c) for c in model.objective.values()), default=1.0) or 1.0
+    scale = 1e9 / top
+    for v, c in model.objective.items():
+        proto.objective.vars.append(v)
+        proto.objective.coeffs.append(math.floor(c * scale))
+    xs = [cp.get_int_var_from_proto_index(i) for i in range(model.num_vars)]
+    if hint:
+        for v, val in hint.items():
+            cp.add_hint(xs[v], int(round(val)))
+    solver = cp_model.CpSolver()
+    # Building the model counts against the limit.
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s - (time.perf_counter() - t0))
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    code = solver.solve(cp)
+    status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+              cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
+    values = None
+    bound = None
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        values = [float(solver.value(x)) for x in xs]
+    if code != cp_model.INFEASIBLE and code != cp_model.MODEL_INVALID:
+        bound = solver.best_objective_bound / scale
+    if status == "optimal" and values is not None:
+        # Optimal for the rounded costs only: keep the proven bound, not the objective.
+        objective = _obj(model, values)
+        closed = bound is not None and bound >= objective - 1e-9 * max(1.0, abs(objective))
+        status = "optimal" if closed else "feasible"
+    return status, values, bound
+
+
+def _obj(model: LinearModel, values: list[float]) -> float:
+    return math.fsum(c * values[v] for v, c in model.objective.items())
+
+
+def _pywraplp(model, backend, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-def]
+    from ortools.linear_solver import pywraplp
+
+    t0 = time.perf_counter()
+    solver = pywraplp.Solver.CreateSolver(_PYWRAPLP_ID[backend])
+    if solver is None:
+        raise RuntimeError(f"OR-Tools has no {backend} solver here")
+    inf = solver.infinity()
+    xs = []
+    for lo, hi, integral in zip(model.lower, model.upper, model.integer, strict=True):
+        xs.append(solver.IntVar(lo, hi, "") if integral else solver.NumVar(lo, hi, ""))
+    lp_only = not any(model.integer)
+    for idx, coef, lo, hi in model.rows:
+        # LPs are equilibrated (rows scaled to unit max coefficient) for the simplex's sake;
+        # MIP rows keep their integer data so that tolerances cannot admit an overshoot.
+        k = 1.0 / max(abs(c) for c in coef) if lp_only else 1.0
+        ct = solver.RowConstraint(lo * k if lo > -math.inf else -inf,
+                                  hi * k if hi < math.inf else inf, "")
+        for v, c in zip(idx, coef, strict=True):
+            ct.SetCoefficient(xs[v], c * k)
+    obj = solver.Objective()
+    top = max((abs(c) for c in model.objective.values()), default=1.0) or 1.0
+    for v, c in model.objective.items():
+        obj.SetCoefficient(xs[v], c / top)
+    obj.SetMinimization()
+    solver.SetTimeLimit(max(1, int((time_limit_s - (time.perf_counter() - t0)) * 1000)))
+    solver.SuppressOutput()
+    if backend in ("scip", "highs"):
+        solver.SetNumThreads(max(1, threads))
+    if backend == "highs":
+        solver.SetSolverSpecificParametersAsString("output_flag = false\nlog_to_console = false\n")
+    if backend == "scip":
+        solver.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {seed}\n")
+    if hint and backend != "highs":  # pywraplp's HiGHS crashes on hints (OR-Tools 9.15)
+        keys = list(hint)
+        solver.SetHint([xs[v] for v in keys], [float(hint[v]) for v in keys])
+    with _quiet_stdout(backend.startswith("highs")):  # HiGHS prints a banner regardless
+        code = solver.Solve()
+    status = {pywraplp.Solver.OPTIMAL: "optimal", pywraplp.Solver.FEASIBLE: "feasible",
+              pywraplp.Solver.INFEASIBLE: "infeasible"}.get(code, "unknown")
+    values = None
+    bound = None
+    if code in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        values = [x.solution_value() for x in xs]
+        if not lp_only:
+            bound = obj.BestBound() * top
+        elif code == pywraplp.Solver.OPTIMAL:
+            bound = obj.Value() * top
+    return status, values, bound
+
+
+def _pulp(model, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-def]
+    import pulp
+
+    prob = pulp.LpProblem("remat", pulp.LpMinimize)
+    xs = [
+        prob.add_variable(f"x{i}", lo, hi, pulp.LpInteger if integral else pulp.LpContinuous)
+        for i, (lo, hi, integral) in enumerate(
+            zip(model.lower, model.upper, model.integer, strict=True)
+        )
+    ]
+    prob += pulp.LpAffineExpression([(xs[v], c) for v, c in model.objective.items()])
+    for r, (idx, coef, lo, hi) in enumerate(model.rows):
+        expr = pulp.LpAffineExpression(list(zip((xs[v] for v in idx), coef, strict=True)))
+        if lo == hi:
+            prob += pulp.LpConstraint(expr, pulp.LpConstraintEQ, f"r{r}", lo)
+        else:
+            if lo > -math.inf:
+                prob += pulp.LpConstraint(expr, pulp.LpConstraintGE, f"r{r}l", lo)
+            if hi < math.inf:
+                prob += pulp.LpConstraint(expr, pulp.LpConstraintLE, f"r{r}u", hi)
+    if hint:
+        for v, val in hint.items():
+            xs[v].setInitialValue(val)
+    with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled-CBC entry point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cmd = _pulp_cbc(
+            msg=False,
+            timeLimit=max(1, time_limit_s),
+            threads=max(1, threads),
+            warmStart=bool(hint),
+            options=[f"randomSeed {seed + 1}"],
+        )
+        prob.solve(cmd)
+    code = pulp.LpStatus[prob.status]
+    has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    values = [float(x.value() or 0.0) for x in xs] if has_solution else None
+    if code == "Infeasible":
+        status = "infeasible"
+    elif prob.sol_status == pulp.LpSolutionOptimal:
+        status = "optimal"
+    elif has_solution:
+        status = "feasible"
+    else:
+        status = "unknown"
+    return status, values, None
+
+
+def _pulp_cbc(**kwargs):  # type: ignore[no-untyped-def]
+    import pulp
+
+    return pulp.PULP_CBC_CMD(**kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_stdout(enabled: bool) -> Iterator[None]:
+    """Silence native code writing to file descriptor 1 (not Python's sys.stdout object)."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -1,0 +1,207 @@
+"""A CP-SAT interval model in the spirit of Moccasin (Bartan et al. 2023).
+
+Time is a sequence of steps, one computation per step. Node v may be computed up to C_v times;
+computation c of v has a presence literal, a start step s (when it runs) and an end step e (the
+step after whose computation it is freed): its retention interval [s, e] holds mem(v) bytes.
+While a step runs, memory holds every retention interval covering it plus the workspace of the
+node it runs: a cumulative constraint. Each input of a computation is covered by a retention
+interval of one of its producer's computations that started earlier. First computations follow
+the graph's topological order (as in Checkmate's frontier form); recomputations are free to go
+anywhere, so this model's optimum is never worse than the frontier-advancing MILP's once every
+C_v is large enough. O(C·n) intervals instead of the MILP's O(n²) binaries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from planner.plan import Action, ActionOp, compute, free
+from solvers.remat.exact import RematResult
+from solvers.remat.problem import RematProblem
+
+
+@dataclass(frozen=True)
+class IntervalSolution:
+    actions: list[Action]
+    peak_bytes: int
+
+
+def plan_peak_and_cost(problem: RematProblem, actions: list[Action]) -> tuple[int, float]:
+    """Peak bytes (the simulator's accounting, views charged as in the problem) and cost."""
+    pos = {v: i for i, v in enumerate(problem.node_ids)}
+    live = peak = problem.fixed_bytes
+    cost = 0.0
+    for a in actions:
+        p = pos[a.node]
+        if a.op is ActionOp.compute:
+            live += problem.mem_bytes[p]
+            peak = max(peak, live + problem.workspace_bytes[p])
+            cost += problem.cost[p]
+        else:
+            live -= problem.mem_bytes[p]
+    return peak, cost
+
+
+def _peak(problem: RematProblem, actions: list[Action]) -> int:
+    return plan_peak_and_cost(problem, actions)[0]
+
+
+def solve_intervals(
+    problem: RematProblem,
+    *,
+    max_computations: int | None = None,
+    time_limit_s: float = 60.0,
+    threads: int = 2,
+    seed: int = 0,
+    hint: list[Action] | None = None,
+) -> RematResult:
+    """Solve; max_computations caps C_v (default: every stage it could appear in)."""
+    from ortools.sat.python import cp_model
+
+    started = time.perf_counter()
+    n, unit = problem.n, problem.memory_unit
+    mem = [b // unit for b in problem.mem_bytes]
+    ws = [b // unit for b in problem.workspace_bytes]
+    capacity = problem.budget_units - problem.fixed_bytes // unit
+    if capacity < 0:
+        return RematResult("infeasible", "cpsat-intervals", bound=None,
+                           wall_seconds=time.perf_counter() - started)
+    count = [
+        1 if not problem.recomputable[v] or not problem.users[v]
+        else min(n - v, max_computations or n) for v in range(n)
+    ]
+    if hint is not None:  # room for every computation the hint makes
+        pos = {v: i for i, v in enumerate(problem.node_ids)}
+        made = [0] * n
+        for a in hint:
+            if a.op is ActionOp.compute:
+                made[pos[a.node]] += 1
+        count = [max(c, k) for c, k in zip(count, made, strict=True)]
+    horizon = sum(count)
+    m = cp_model.CpModel()
+    # (v, c): computation c of node v is present / runs at step s / is freed after step e.
+    P: dict[tuple[int, int], cp_model.IntVar] = {}
+    S: dict[tuple[int, int], cp_model.IntVar] = {}
+    E: dict[tuple[int, int], cp_model.IntVar] = {}
+    run_intervals, keep_intervals, keep_demands, ws_intervals, ws_demands = [], [], [], [], []
+    for v in range(n):
+        for c in range(count[v]):
+            p = m.new_constant(1) if c == 0 else m.new_bool_var(f"p{v}_{c}")
+            s = m.new_int_var(v if c == 0 else v + 1, horizon - 1, f"s{v}_{c}")
+            e = m.new_int_var(v if c == 0 else v + 1, horizon - 1, f"e{v}_{c}")
+            P[(v, c)], S[(v, c)], E[(v, c)] = p, s, e
+            m.add(e >= s)
+            # One computation per step.
+            run_intervals.append(m.new_optional_fixed_size_interval_var(s, 1, p, f"r{v}_{c}"))
+            if mem[v]:
+                size = m.new_int_var(1, horizon, f"len{v}_{c}")
+                m.add(size == e - s + 1)
+                keep_intervals.append(
+                    m.new_optional_interval_var(s, size, e + 1, p, f"k{v}_{c}"))
+                keep_demands.append(mem[v])
+            if ws[v]:
+                ws_intervals.append(run_intervals[-1])
+                ws_demands.append(ws[v])
+            if c > 0:
+                # Computations of a node come in order, present ones first, and never overlap
+                # (the simulator refuses to compute a resident value).
+                m.add_implication(p, P[(v, c - 1)])
+                m.add(s > E[(v, c - 1)]).only_enforce_if(p)
+            if not problem.users[v]:
+                m.add(e == s)  # outputs nobody reads are freed at once
+    m.add_no_overlap(run_intervals)
+    # Memory: retention intervals plus the running node's workspace within the budget.
+    m.add_cumulative(keep_intervals + ws_intervals, keep_demands + ws_demands, capacity)
+    # First computations follow the topological order.
+    for v in range(1, n):
+        m.add(S[(v, 0)] > S[(v - 1, 0)])
+    # Inputs: each computation of v is covered by a retention interval of every producer u.
+    for v in range(n):
+        for c in range(count[v]):
+            for u in problem.deps[v]:
+                covers = []
+                for d in range(count[u]):
+                    z = m.new_bool_var(f"z{u}_{d}_{v}_{c}")
+                    m.add_implication(z, P[(u, d)])
+                    m.add(S[(u, d)] < S[(v, c)]).only_enforce_if(z)
+                    m.add(E[(u, d)] >= S[(v, c)]).only_enforce_if(z)
+                    covers.append(z)
+                m.add_bool_or(covers).only_enforce_if(P[(v, c)])
+    m.minimize(sum(int(round(problem.cost[v] * _scale(problem))) * P[(v, c)]
+                   for v in range(n) for c in range(count[v])))
+    if hint is not None:
+        _add_hint(m, problem, hint, count, P, S, E)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - started))
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    code = solver.solve(m)
+    wall = time.perf_counter() - started
+    if code == cp_model.INFEASIBLE:
+        return RematResult("infeasible", "cpsat-intervals", wall_seconds=wall)
+    bound = None
+    if code != cp_model.MODEL_INVALID:
+        bound = solver.best_objective_bound / _scale(problem)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return RematResult("unknown", "cpsat-intervals", bound=bound, wall_seconds=wall)
+    present = sorted(
+        (solver.value(S[k]), k[0], solver.value(E[k]))
+        for k in P if solver.value(P[k])
+    )
+    actions: list[Action] = []
+    pending: list[tuple[int, int]] = []  # (end step, node position)
+    for idx, (_, v, end) in enumerate(present):
+        actions.append(compute(problem.node_ids[v]))
+        pending.append((end, v))
+        nxt = present[idx + 1][0] if idx + 1 < len(present) else horizon
+        for end_step, u in sorted(pending):
+            if end_step < nxt:
+                actions.append(free(problem.node_ids[u]))
+        pending = [(e, u) for e, u in pending if e >= nxt]
+    cost = sum(problem.cost[v] for _, v, _ in present)
+    status = "optimal" if code == cp_model.OPTIMAL and _integral_costs(problem) else "feasible"
+    if bound is not None and bound >= cost - 1e-9 * max(1.0, cost):
+        status = "optimal"
+    return RematResult(status, "cpsat-intervals", actions, None, cost, _peak(problem, actions),
+                       min(bound, cost) if bound is not None else None, wall)
+
+
+def _scale(problem: RematProblem) -> float:
+    top = max(problem.cost) or 1.0
+    return 1e9 / top
+
+
+def _integral_costs(problem: RematProblem) -> bool:
+    s = _scale(problem)
+    return all(abs(c * s - round(c * s)) < 1e-6 for c in problem.cost)
+
+
+def _add_hint(m, problem, hint, count, P, S, E) -> None:  # type: ignore[no-untyped-def]
+    pos = {v: i for i, v in enumerate(problem.node_ids)}
+    comps: dict[int, list[list[int]]] = {}
+    step = -1
+    open_: dict[int, list[int]] = {}
+    for a in hint:
+        v = pos[a.node]
+        if a.op is ActionOp.compute:
+            step += 1
+            rec = [step, step]
+            comps.setdefault(v, []).append(rec)
+            open_[v] = rec
+        else:
+            rec = open_.pop(v)
+            rec[1] = step
+    for rec in open_.values():
+        rec[1] = sum(count) - 1
+    if any(len(cs) > count[v] for v, cs in comps.items()):
+        return
+    for v, cs in comps.items():
+        for c in range(count[v]):
+            if c < len(cs):
+                if c > 0:
+                    m.add_hint(P[(v, c)], 1)
+                m.add_hint(S[(v, c)], cs[c][0])
+                m.add_hint(E[(v, c)], cs[c][1])
+            elif c > 0:
+                m.add_hint(P[(v, c)], 0)

@@ -1,0 +1,126 @@
+"""Checkmate's LP relaxation with two-phase rounding, made budget-safe.
+
+Phase 1 rounds the retention variables S of the LP optimum at a threshold; phase 2 rebuilds the
+least recomputation R for that retention (each stage computes its target, the non-resident
+ancestors it needs, and whatever it must hand to the next stage). Rounding can overshoot the
+budget (Checkmate's did on fcn8), so several thresholds are tried and only plans within budget
+are kept; with none, the caller falls back. The LP optimum is a proven lower bound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from solvers.remat.backends import solve_linear
+from solvers.remat.exact import RematResult, schedule_result
+from solvers.remat.milp import build_checkmate
+from solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
+
+THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.2, 0.4, 0.6, 0.8, 0.05, 0.95, 0.01, 0.99)
+
+
+@dataclass(frozen=True)
+class LpBound:
+    status: str  # optimal | unknown
+    bound: float | None
+    retained: dict[tuple[int, int], float] | None  # (t, i) -> fractional S
+    wall_seconds: float
+
+
+def lp_relaxation(problem: RematProblem, *, backend: str = "glop", time_limit_s: float = 60.0,
+                  threads: int = 1) -> LpBound:
+    started = time.perf_counter()
+    milp = build_checkmate(problem, relax=True)
+    raw = solve_linear(milp.model, backend, time_limit_s=time_limit_s, threads=threads)
+    if raw.status != "optimal" or raw.values is None:
+        return LpBound(raw.status, None, None, time.perf_counter() - started)
+    retained = {key: raw.values[v] for key, v in milp.S.items()}
+    return LpBound("optimal", raw.objective, retained, time.perf_counter() - started)
+
+
+def rebuild(problem: RematProblem, retained: list[set[int]]) -> StagedSchedule:
+    """The least recomputation for a retention choice (made consistent going backwards)."""
+    n, deps = problem.n, problem.deps
+    keep = [set(r) for r in retained] + [set()]
+    keep[0] = set()
+    computed: list[frozenset[int]] = []
+    for t in range(n):
+        keep[t + 1] = {i for i in keep[t + 1] if i <= t}
+        if not all(problem.recomputable[i] for i in keep[t + 1] - keep[t] - {t}):
+            keep[t + 1] &= keep[t] | {t}
+        stage: set[int] = set()
+        stack = [t, *(keep[t + 1] - keep[t])]
+        while stack:
+            v = stack.pop()
+            if v in stage or v in keep[t]:
+                continue
+            stage.add(v)
+            stack.extend(deps[v])
+        if any(not problem.recomputable[i] for i in stage - {t}):
+            # A value that must not run twice stays resident instead (kept from its stage on).
+            for i in stage - {t}:
+                if not problem.recomputable[i]:
+                    for s in range(i + 1, t + 1):
+                        keep[s].add(i)
+            return rebuild(problem, keep[:n])
+        computed.append(frozenset(stage))
+    return StagedSchedule(tuple(computed), tuple(frozenset(k) for k in keep[:n]))
+
+
+def round_lp(problem: RematProblem, lp: LpBound, thresholds: tuple[float, ...] = THRESHOLDS
+             ) -> tuple[StagedSchedule | None, int]:
+    """The cheapest in-budget rounding over the thresholds, and how many were tried."""
+    assert lp.retained is not None
+    best: tuple[float, StagedSchedule] | None = None
+    for threshold in thresholds:
+        retained = [set() for _ in range(problem.n)]
+        for (t, i), value in lp.retained.items():
+            if value >= threshold:
+                retained[t].add(i)
+        sched = rebuild(problem, retained)
+        try:
+            _, peak = staged_actions(problem, sched)
+        except ValueError:
+            continue
+        if peak <= problem.budget_bytes:
+            cost = sched.cost(problem)
+            if best is None or cost < best[0]:
+                best = (cost, sched)
+    return (best[1] if best else None), len(thresholds)
+
+
+TIGHTEN = (1.0, 0.97, 0.93, 0.88, 0.8, 0.7)
+
+
+def solve_lp_rounding(problem: RematProblem, *, backend: str = "glop",
+                      time_limit_s: float = 60.0, threads: int = 1) -> RematResult:
+    """Rounded plan within budget (or none) with the LP optimum as its bound.
+
+    When no rounding fits, the LP is solved again for a tightened budget (rounding overshoots
+    by a few percent) and its roundings are judged against the real budget.
+    """
+    started = time.perf_counter()
+    name = f"lp-rounding:{backend}"
+    bound: float | None = None
+    notes: list[str] = []
+    for factor in TIGHTEN:
+        left = time_limit_s - (time.perf_counter() - started)
+        if left <= 0:
+            notes.append("time ran out")
+            break
+        tight = problem.with_budget(int(problem.budget_bytes * factor))
+        lp = lp_relaxation(tight, backend=backend, time_limit_s=left, threads=threads)
+        if lp.retained is None:
+            notes.append(f"the LP relaxation at {factor:g} x budget did not finish ({lp.status})")
+            break
+        if factor == 1.0:
+            bound = lp.bound
+        sched, tried = round_lp(problem, lp)
+        if sched is not None:
+            if factor < 1.0:
+                notes.append(f"rounded the LP for {factor:g} x budget")
+            return schedule_result(problem, sched, "feasible", name, bound, started, tuple(notes))
+        notes.append(f"no rounding of {tried} of the LP at {factor:g} x budget fits")
+    return RematResult("unknown", name, bound=bound, notes=tuple(notes),
+                       wall_seconds=time.perf_counter() - started)

@@ -1,0 +1,100 @@
+"""Planning methods (planner.methods registry) backed by the remat solvers."""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+from planner.methods import MethodResult, SolveRequest
+from planner.plan import PlanStatus
+from solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
+from solvers.remat.exact import RematResult, solve_milp
+from solvers.remat.problem import problem_from_graph, staged_from_actions
+
+_STATUS = {"optimal": PlanStatus.optimal, "feasible": PlanStatus.feasible,
+           "infeasible": PlanStatus.infeasible, "unknown": PlanStatus.timeout}
+
+
+def _backend(request: SolveRequest, default: str, allowed: tuple[str, ...]) -> str:
+    backend = str(request.options.get("backend") or default)
+    if backend not in allowed:
+        raise InputError(f"backend {backend!r}: choose one of {', '.join(allowed)}")
+    return backend
+
+
+def _smallest(request: SolveRequest, time_limit_s: float) -> int | None:
+    from solvers.remat.min_budget import min_budget
+
+    return min_budget(request.graph, time_limit_s=time_limit_s, threads=request.threads).peak_bytes
+
+
+def _result(request: SolveRequest, r: RematResult) -> MethodResult:
+    smallest = None
+    if r.actions is None and r.status == "infeasible":
+        smallest = _smallest(request, min(30.0, request.time_limit_s))
+    return MethodResult(
+        actions=r.actions,
+        status=_STATUS[r.status],
+        backend=r.backend,
+        objective=r.cost,
+        lower_bound=r.bound,
+        smallest_feasible_bytes=smallest,
+        notes=list(r.notes),
+        details={"solver_status": r.status, "solver_wall_seconds": round(r.wall_seconds, 3)},
+    )
+
+
+def _baseline_hint(request: SolveRequest, problem):  # type: ignore[no-untyped-def]
+    from planner.baseline_methods import best_baseline
+
+    base = best_baseline(request)
+    if base.actions is None:
+        return None
+    return staged_from_actions(problem, base.actions)
+
+
+def milp(request: SolveRequest) -> MethodResult:
+    """Checkmate's MILP; options: backend (cpsat, scip, highs, cbc, pulp-cbc), hint (bool)."""
+    backend = _backend(request, "cpsat", MIP_BACKENDS)
+    problem = problem_from_graph(request.graph, request.budget_bytes)
+    hint = _baseline_hint(request, problem) if request.options.get("hint", True) else None
+    r = solve_milp(problem, backend, time_limit_s=request.time_limit_s, threads=request.threads,
+                   seed=request.seed, hint=hint)
+    return _result(request, r)
+
+
+def lp_rounding(request: SolveRequest) -> MethodResult:
+    """LP relaxation + two-phase rounding; never over budget (falls back to the best baseline)."""
+    from planner.baseline_methods import best_baseline
+    from solvers.remat.lp_rounding import solve_lp_rounding
+
+    backend = _backend(request, "highs-lp", LP_BACKENDS)
+    problem = problem_from_graph(request.graph, request.budget_bytes)
+    r = solve_lp_rounding(problem, backend=backend, time_limit_s=request.time_limit_s,
+                          threads=request.threads)
+    if r.actions is not None:
+        return _result(request, r)
+    base = best_baseline(request)
+    return MethodResult(
+        actions=base.actions, status=PlanStatus.feasible, backend=f"{r.backend}+{base.backend}",
+        lower_bound=r.bound, notes=[*r.notes, "fell back to the best baseline"],
+    )
+
+
+def auto(request: SolveRequest) -> MethodResult:
+    from solvers.remat.auto import solve_auto
+
+    r = solve_auto(request.graph, request.budget_bytes, time_limit_s=request.time_limit_s,
+                   threads=request.threads, seed=request.seed)
+    details = {"source": r.source, "timings_s": {k: round(v, 3) for k, v in r.timings.items()}}
+    if r.actions is None:
+        if not r.proven_infeasible:  # nothing found in time: the CLI reports what fits
+            return MethodResult(actions=None, status=PlanStatus.timeout, backend="auto",
+                                lower_bound=r.bound, notes=r.notes, details=details)
+        smallest = _smallest(request, min(10.0, request.time_limit_s))
+        return MethodResult(actions=None, status=PlanStatus.infeasible, backend="auto",
+                            lower_bound=r.bound, notes=r.notes, details=details,
+                            smallest_feasible_bytes=smallest)
+    return MethodResult(
+        actions=r.actions, status=PlanStatus.optimal if r.proven_optimal else PlanStatus.feasible,
+        backend=f"auto:{r.source}", objective=r.cost, lower_bound=r.bound, notes=r.notes,
+        details=details,
+    )

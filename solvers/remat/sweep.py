@@ -1,0 +1,151 @@
+"""Budget sweeps: solve many budgets in parallel processes; overhead never rises with budget.
+
+A plan that fits a budget fits every larger one, so each budget reports the cheapest plan
+found for it or for any smaller budget: the curve is non-increasing by construction, and a
+larger budget never looks worse because its own solve was unlucky.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+
+from planner.errors import InputError
+from planner.graph import Graph
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    fraction: float | None  # of the store-all peak, when the budget was given as a fraction
+    budget_bytes: int
+    status: str
+    peak_bytes: int | None
+    overhead: float | None  # fraction of extra compute
+    lower_bound_overhead: float | None
+    gap: float | None
+    wall_seconds: float
+    source_budget_bytes: int | None  # budget whose plan is reported (≤ budget_bytes)
+    actions: str = ""  # plan in text form
+
+
+def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, int]]:
+    """'0.3:1.0:0.05' (start:stop:step fractions, stop included) or a comma list of
+    fractions / byte sizes; returns (fraction or None, bytes) sorted by bytes."""
+    from planner.budget import parse_budget
+
+    items: list[tuple[float | None, int]] = []
+    if ":" in spec:
+        parts = spec.split(":")
+        try:
+            start, stop, step = (float(p) for p in parts)
+        except ValueError:
+            raise InputError(
+                f"--budgets {spec!r}: expected start:stop:step fractions, e.g. 0.3:1.0:0.05"
+            ) from None
+        if len(parts) != 3 or step <= 0 or not 0 < start <= stop <= 1:
+            raise InputError(
+                f"--budgets {spec!r}: need 0 < start ≤ stop ≤ 1 and step > 0, e.g. 0.3:1.0:0.05"
+            )
+        count = int(math.floor((stop - start) / step + 1e-9)) + 1
+        for k in range(count):
+            f = round(start + k * step, 10)
+            items.append((f, math.ceil(f * store_all_peak)))
+    else:
+        for token in spec.split(","):
+            b = parse_budget(token.strip(), store_all_peak)
+            value = float(token) if _is_fraction(token) else None
+            items.append((value, b))
+    return sorted(set(items), key=lambda x: x[1])
+
+
+def _is_fraction(token: str) -> bool:
+    try:
+        return float(token) <= 1.0
+    except ValueError:
+        return False
+
+
+def _solve_one(graph_json: str, budget: int, method: str, time_limit_s: float, threads: int,
+               seed: int) -> dict[str, object]:
+    from planner.graph import Graph as _Graph
+    from planner.solve import solve
+
+    graph = _Graph.model_validate_json(graph_json)
+    plan = solve(graph, budget, method, time_limit_s=time_limit_s, threads=threads, seed=seed)
+    pred = plan.predicted
+    fits = plan.status.value in ("optimal", "feasible")
+    base = graph.total_compute_ms
+    return {
+        "budget": budget,
+        "status": plan.status.value,
+        "peak": pred.peak_bytes if pred and fits else None,
+        "cost": pred.compute_cost if pred and fits else None,
+        "overhead": pred.overhead if pred and fits else None,
+        "bound_overhead": (plan.lower_bound - base) / base if plan.lower_bound and base else None,
+        "wall": plan.wall_seconds,
+        "actions": plan.text if fits else "",
+    }
+
+
+def run_sweep(
+    graph: Graph,
+    budgets: list[tuple[float | None, int]],
+    *,
+    method: str = "auto",
+    time_limit_s: float = 20.0,
+    jobs: int = 2,
+    threads_per_job: int = 1,
+    seed: int = 0,
+    on_done: Callable[[int], None] | None = None,
+) -> list[SweepPoint]:
+    """Solve every budget (in `jobs` processes) and make overhead non-increasing in budget."""
+    graph_json = graph.model_dump_json()
+    raw: dict[int, dict[str, object]] = {}
+    if jobs <= 1:
+        for _, b in budgets:
+            raw[b] = _solve_one(graph_json, b, method, time_limit_s, threads_per_job, seed)
+            if on_done:
+                on_done(b)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {
+                pool.submit(_solve_one, graph_json, b, method, time_limit_s, threads_per_job,
+                            seed): b
+                for _, b in budgets
+            }
+            for fut in as_completed(futures):
+                raw[futures[fut]] = fut.result()
+                if on_done:
+                    on_done(futures[fut])
+    return monotone(budgets, raw)
+
+
+def monotone(budgets: list[tuple[float | None, int]], raw: dict[int, dict[str, object]]
+             ) -> list[SweepPoint]:
+    points: list[SweepPoint] = []
+    best: SweepPoint | None = None
+    for fraction, b in sorted(budgets, key=lambda x: x[1]):
+        r = raw[b]
+        own = SweepPoint(
+            fraction, b, str(r["status"]), r["peak"], r["overhead"],  # type: ignore[arg-type]
+            r["bound_overhead"], None, float(r["wall"]), b if r["peak"] is not None else None,  # type: ignore[arg-type]
+            str(r["actions"]),
+        )
+        if own.overhead is not None and (best is None or best.overhead is None
+                                         or own.overhead <= best.overhead):
+            best = own
+        if best is not None and best.overhead is not None:
+            chosen = best if best is not own else own
+            lb = own.lower_bound_overhead
+            gap = None
+            if lb is not None:
+                cost, bound = 1 + chosen.overhead, 1 + lb  # type: ignore[operator]
+                gap = max(0.0, (cost - bound) / cost)
+            status = own.status if chosen is own else "feasible"
+            points.append(replace(chosen, fraction=fraction, budget_bytes=b, status=status,
+                                  lower_bound_overhead=lb, gap=gap, wall_seconds=own.wall_seconds))
+        else:
+            points.append(own)
+    return points

@@ -1,0 +1,88 @@
+"""Shared fixtures: small hand-built graphs, the shared benchmark folder, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.graph import Edge, FixedMemory, Graph, Node
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# ../shared next to the repository: benchmark graphs that a user's clone does not have.
+SHARED_DIR = REPO_ROOT.parent / "shared"
+CHECKMATE_DIR = SHARED_DIR / "graphs" / "checkmate"
+
+
+def make_graph(
+    sizes: dict[int, int],
+    edges: list[tuple[int, int]],
+    *,
+    costs: dict[int, float] | None = None,
+    fixed_bytes: int = 0,
+    **node_fields: dict[int, Any],
+) -> Graph:
+    """A graph from {id: output_bytes} and edge pairs; extra per-node fields as {id: value}."""
+    nodes = []
+    for node_id, size in sizes.items():
+        extra = {k: v[node_id] for k, v in node_fields.items() if node_id in v}
+        cost = (costs or {}).get(node_id, 1.0)
+        nodes.append(
+            Node(id=node_id, name=f"n{node_id}", compute_ms=cost, output_bytes=size, **extra)
+        )
+    return Graph(
+        nodes=nodes,
+        edges=[Edge(source=u, target=v) for u, v in edges],
+        fixed=FixedMemory(other_bytes=fixed_bytes),
+    )
+
+
+@pytest.fixture
+def chain3() -> Graph:
+    """0 -> 1 -> 2 with 10/20/30 bytes, node 1 needs 50 bytes of workspace, 100 fixed."""
+    return make_graph(
+        {0: 10, 1: 20, 2: 30},
+        [(0, 1), (1, 2)],
+        costs={0: 1.0, 1: 2.0, 2: 3.0},
+        fixed_bytes=100,
+        workspace_bytes={1: 50},
+    )
+
+
+@pytest.fixture
+def shared_checkmate_dir() -> Path:
+    if not CHECKMATE_DIR.is_dir():
+        pytest.skip(f"{CHECKMATE_DIR} is absent (benchmark graphs are not part of the repository)")
+    return CHECKMATE_DIR
+
+
+@dataclass(frozen=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str | Path, cwd: Path | None = None, timeout: float = 120) -> CliResult:
+    """planner-cli in a subprocess, as a user runs it."""
+    env = dict(os.environ, MPLBACKEND="Agg", COLUMNS="200", NO_COLOR="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli() -> Callable[..., CliResult]:
+    return run_cli

@@ -1,0 +1,64 @@
+"""The CP-SAT interval model (Moccasin-style) and the heuristics that seed auto."""
+
+from __future__ import annotations
+
+import pytest
+from test_remat_milp import varied_dag
+
+from planner.baselines import store_all_peak_bytes
+from planner.simulator import lower_bound_peak_bytes, simulate
+from planner.synthetic import random_dag, training_graph
+from solvers.remat.dtr import best_dtr
+from solvers.remat.exact import solve_milp
+from solvers.remat.intervals import solve_intervals
+from solvers.remat.problem import problem_from_graph
+
+
+def _cases() -> list[tuple[int, int]]:
+    out = []
+    for seed in range(10):
+        g = varied_dag(seed)
+        lo, hi = lower_bound_peak_bytes(g), store_all_peak_bytes(g)
+        out += [(seed, lo + (hi - lo) // 3), (seed, hi)]
+    return out
+
+
+def test_interval_optimum_equals_milp_optimum() -> None:
+    for seed, budget in _cases():
+        g = varied_dag(seed)
+        problem = problem_from_graph(g, budget)
+        milp = solve_milp(problem, "cpsat", time_limit_s=20, threads=1)
+        r = solve_intervals(problem, time_limit_s=20, threads=1)
+        where = f"seed {seed}, budget {budget}"
+        if milp.cost is None:
+            assert milp.status == "infeasible", where
+            assert r.actions is None, where
+            continue
+        assert r.status == "optimal", where
+        assert r.cost == pytest.approx(milp.cost), where
+        sim = simulate(g, r.actions)
+        assert sim.peak_bytes == r.peak_bytes <= budget, where
+        assert sim.compute_cost == pytest.approx(r.cost), where
+
+
+def test_interval_model_takes_a_hint_and_keeps_it_feasible() -> None:
+    g = training_graph(8, skip=2, seed=5)
+    budget = (lower_bound_peak_bytes(g) + store_all_peak_bytes(g)) // 2
+    problem = problem_from_graph(g, budget)
+    hint = best_dtr(problem)
+    assert hint is not None and simulate(g, hint).peak_bytes <= budget
+    r = solve_intervals(problem, max_computations=2, time_limit_s=10, threads=2, hint=hint)
+    assert r.actions is not None
+    assert simulate(g, r.actions).peak_bytes <= budget
+    assert r.cost <= simulate(g, hint).compute_cost + 1e-9
+
+
+def test_dtr_plans_are_within_budget_or_absent() -> None:
+    for seed in range(8):
+        g = random_dag(12, seed=seed, edge_probability=0.3)
+        lo, hi = lower_bound_peak_bytes(g), store_all_peak_bytes(g)
+        for k in range(5):
+            budget = lo + (hi - lo) * k // 4
+            actions = best_dtr(problem_from_graph(g, budget))
+            if actions is not None:
+                assert simulate(g, actions).peak_bytes <= budget

@@ -1,0 +1,90 @@
+"""runtime.agent.plan_for: against a real service on loopback, no service, and a dead URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from runtime_helpers import TINY, eager_step, planned_step  # noqa: E402
+
+from planner.errors import NoPlanFits  # noqa: E402
+from runtime.agent import plan_for  # noqa: E402
+
+
+def _check_module(module, model, inputs) -> None:
+    ref_loss, ref_grads = eager_step(model, inputs, seed=3)
+    loss, grads = planned_step(module, inputs, seed=3)
+    torch.testing.assert_close(loss, ref_loss)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad)
+
+
+def test_local_solve_then_cache_then_dead_url(tmp_path: Path) -> None:
+    model, inputs = TINY["mlp"]()
+    module = plan_for(model, inputs, 0.97, cache_dir=tmp_path, method="auto", time_limit_s=3)
+    report = module.agent_report
+    assert report.source == "local"
+    assert report.plan.predicted.peak_bytes <= report.budget_bytes
+    assert report.measured_activation_peak_bytes is not None
+    assert report.measured_activation_peak_bytes <= 1.10 * report.predicted_activation_bytes
+    assert any("measured step" in m for m in report.messages)
+    assert list(tmp_path.rglob("*.json")), "the plan should be cached on disk"
+    _check_module(module, model, inputs)
+    # The first steps are timed and logged.
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    for _ in range(4):
+        optimizer.zero_grad()
+        module(*inputs).backward()
+        optimizer.step()
+    assert len(report.step_ms) == 3
+    assert any("first 3 steps" in m for m in report.messages)
+
+    # Same model and budget again: the cached plan, no solve.
+    model.zero_grad(set_to_none=True)
+    again = plan_for(model, inputs, report.budget_bytes, cache_dir=tmp_path, log_steps=0)
+    assert again.agent_report.source == "cache"
+    assert again.plan.actions == report.plan.actions
+
+    # A dead URL: falls back to the cache, and says so.
+    dead = plan_for(model, inputs, report.budget_bytes, server="http://127.0.0.1:9",
+                    cache_dir=tmp_path, timeout_s=3, log_steps=0)
+    assert dead.agent_report.source == "fallback-cache"
+    assert "service unavailable" in dead.agent_report.messages[0]
+    # A dead URL and an empty cache: the local baseline, and says so.
+    empty = tmp_path / "empty"
+    base = plan_for(model, inputs, report.budget_bytes, server="http://127.0.0.1:9",
+                    cache_dir=empty, timeout_s=3, log_steps=0)
+    assert base.agent_report.source == "fallback-baseline"
+    assert "local baseline" in base.agent_report.messages[0]
+    _check_module(base, model, inputs)
+
+
+def test_budget_below_every_plan_says_so(tmp_path: Path) -> None:
+    model, inputs = TINY["mlp"]()
+    with pytest.raises(NoPlanFits, match="no plan fits"):
+        plan_for(model, inputs, 1000, cache_dir=tmp_path, method="best-baseline", log_steps=0)
+
+
+def test_against_a_real_service(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    api_server = pytest.importorskip("api_server")
+    model, inputs = TINY["gpt"]()
+    with api_server.running_server(tmp_path, f"sqlite:///{tmp_path / 'service.db'}") as server:
+        module = plan_for(model, inputs, 0.9, server=server.url, cache_dir=tmp_path / "cache",
+                          method="auto", time_limit_s=3, timeout_s=90, log_steps=0)
+        report = module.agent_report
+        assert report.source == "service", report.messages
+        assert report.plan.predicted.peak_bytes <= report.budget_bytes
+        _check_module(module, model, inputs)
+        # The service's answer is cached locally for when the service is away.
+        assert list((tmp_path / "cache").rglob("*.json"))
+        # A slow service (a method that takes 5 s): the agent stops waiting, cancels the job,
+        # falls back to a local baseline and says so.
+        slow = plan_for(model, inputs, 0.9, server=server.url, cache_dir=tmp_path / "cache",
+                        method="slow-test", timeout_s=1.5, log_steps=0, calibrate=False)
+        assert slow.agent_report.source == "fallback-baseline"
+        assert "no plan after 1.5 s" in slow.agent_report.messages[0]
+        assert "cancelled" in slow.agent_report.messages[0]
