@@ -99,6 +99,17 @@ def main() -> int:
             "",
             *lines,
             "",
+            "Notes:",
+            "- `auto` = baselines, DTR-style dynamic eviction and greedy checkpoint eviction in",
+            "  the graph's order and in memory-aware reorderings, the LP relaxation bound (≤ 120",
+            "  nodes), then the CP-SAT interval model hinted with the best plan (2 workers).",
+            "- The source in brackets is the step that produced the returned plan.",
+            "- Bounds (LP, CP-SAT) hold for schedules whose first computations follow the graph's",
+            "  order (Checkmate's space). When the returned plan reorders, only the universal",
+            "  bound (every node computed once) is claimed.",
+            "- `timeout` = no plan within budget found in time; `infeasible` = proven: some node's",
+            "  inputs + output alone exceed the budget.",
+            "",
         ]
         args.write.write_text("\n".join(text))
     return 0

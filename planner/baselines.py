@@ -114,23 +114,28 @@ def forward_nodes(graph: Graph) -> list[int]:
     return [v for v in index.topological_order if index.node(v).phase is not Phase.backward]
 
 
-def cut_points(graph: Graph) -> list[int]:
-    """Forward nodes every later forward node depends on only through them (chain joints).
-
-    These are where a DAG linearises into a chain of segments: residual and skip connections
-    stay inside segments. Falls back to every forward node when the graph has no joints.
-    """
-    fwd = forward_nodes(graph)
-    pos = {v: i for i, v in enumerate(fwd)}
+def joint_positions(graph: Graph, forward: list[int]) -> list[int]:
+    """Positions in `forward` of the chain joints: nodes every later forward node depends on
+    only through them (never the last forward node)."""
+    pos = {v: i for i, v in enumerate(forward)}
     succs = graph.index.successors
     cuts: list[int] = []
     reach = -1  # furthest forward position an edge from before the current node reaches
-    for i, v in enumerate(fwd):
-        if reach <= i and i < len(fwd) - 1:
-            cuts.append(v)
+    for i, v in enumerate(forward):
+        if reach <= i and i < len(forward) - 1:
+            cuts.append(i)
         for w in succs[v]:
             if w in pos:
                 reach = max(reach, pos[w])
+    return cuts
+
+
+def cut_points(graph: Graph) -> list[int]:
+    """Forward nodes at the chain joints, where a DAG linearises into a chain of segments
+    (residual and skip connections stay inside segments). Falls back to every forward node
+    when the graph has no joints."""
+    fwd = forward_nodes(graph)
+    cuts = [fwd[i] for i in joint_positions(graph, fwd)]
     return cuts if len(cuts) >= 2 else fwd
 
 

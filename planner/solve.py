@@ -14,7 +14,7 @@ from planner.errors import InputError
 from planner.graph import Graph
 from planner.methods import MethodResult, SolveRequest, load_method
 from planner.plan import Plan, PlanStatus, relative_gap
-from planner.simulator import PlanError, simulate
+from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 
 OPTIMAL_GAP = 1e-9
 BOUND_TOLERANCE = 1e-6  # relative: solvers may round costs when scaling them to integers
@@ -36,6 +36,22 @@ def solve(
     if time_limit_s <= 0:
         raise InputError(f"time limit {time_limit_s}: must be > 0 seconds")
     fn = load_method(method)
+    started = time.perf_counter()
+    floor_bytes = lower_bound_peak_bytes(graph)
+    if budget_bytes < floor_bytes:
+        # Proven without solving: some node's inputs, output and workspace alone exceed it.
+        proof = MethodResult(
+            actions=None,
+            status=PlanStatus.infeasible,
+            backend="proof",
+            notes=[
+                f"proven infeasible: computing some node needs {floor_bytes} bytes (its inputs, "
+                f"output, workspace and fixed memory), more than the budget of {budget_bytes}"
+            ],
+            details={"budget_lower_bound_bytes": floor_bytes},
+            smallest_feasible_bytes=smallest_baseline_peak_bytes(graph),
+        )
+        return checked_plan(graph, budget_bytes, method, proof, time.perf_counter() - started)
     request = SolveRequest(
         graph=graph,
         budget_bytes=budget_bytes,
@@ -45,10 +61,16 @@ def solve(
         options=dict(options or {}),
         progress=progress,
     )
-    started = time.perf_counter()
     result = fn(request)
     wall = time.perf_counter() - started
     return checked_plan(graph, budget_bytes, method, result, wall)
+
+
+def smallest_baseline_peak_bytes(graph: Graph) -> int:
+    """The least peak any baseline reaches: a budget known to work (cheap to compute)."""
+    from planner.baselines import BASELINES
+
+    return min(simulate(graph, fn(graph, None)).peak_bytes for fn in BASELINES.values())
 
 
 def checked_plan(

@@ -47,6 +47,11 @@ def test_solve_reports_the_simulated_peak(method: str, graph_index: int) -> None
     for fraction in (1.0, 0.7, 0.3):
         budget = math.ceil(fraction * reference)
         plan = solve(graph, budget, method)
+        if budget < lower_bound_peak_bytes(graph):  # proven infeasible before any method runs
+            assert plan.status is PlanStatus.infeasible and plan.backend == "proof"
+            assert not plan.actions
+            assert plan.details["smallest_feasible_bytes"] >= lower_bound_peak_bytes(graph)
+            continue
         sim = simulate(graph, plan)  # also checks the graph hash
         assert plan.predicted is not None
         assert plan.predicted.peak_bytes == sim.peak_bytes
@@ -200,6 +205,9 @@ def test_every_baseline_is_valid_on_random_dags(graph: Graph, fraction: float) -
         assert lower <= sim.peak_bytes, name
         assert sim.compute_cost >= graph.total_compute_ms, name
     plan = solve(graph, budget, "best-baseline")
+    if budget < lower:  # proven infeasible without running the method
+        assert plan.status is PlanStatus.infeasible and plan.predicted is None
+        return
     assert plan.predicted is not None
     assert (plan.status is PlanStatus.infeasible) == (plan.predicted.peak_bytes > budget)
 

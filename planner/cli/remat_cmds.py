@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -110,7 +110,7 @@ def sweep_cmd(
         task = progress.add_task("solving budgets", total=len(points_in))
         points = run_sweep(graph, points_in, method=method, time_limit_s=time_limit, jobs=jobs,
                            on_done=lambda _b: progress.advance(task))
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "fraction": p.fraction,
             "budget_bytes": p.budget_bytes,
@@ -150,9 +150,9 @@ def sweep_cmd(
         peak = r["peak_bytes"]
         table.add_row(
             "-" if r["fraction"] is None else f"{r['fraction']:.3f}",
-            format_bytes(r["budget_bytes"]),  # type: ignore[arg-type]
+            format_bytes(r["budget_bytes"]),
             str(r["status"]),
-            "-" if peak is None else f"{peak / r['budget_bytes']:.3f}",  # type: ignore[operator]
+            "-" if peak is None else f"{peak / r['budget_bytes']:.3f}",
             _pct(r["overhead_percent"]), _pct(r["bound_overhead_percent"]),
             _pct(r["gap_percent"], signed=False), f"{r['wall_seconds']:.1f}",
         )
@@ -165,7 +165,7 @@ def _pct(value: object, signed: bool = True) -> str:
     return f"{value:+.3f} %" if signed else f"{value:.3f} %"
 
 
-def _pareto_png(path: Path, rows: list[dict[str, object]], title: str) -> None:
+def _pareto_png(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,7 +175,7 @@ def _pareto_png(path: Path, rows: list[dict[str, object]], title: str) -> None:
            if r["overhead_percent"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     if pts:
-        xs = [float(b) / 2**30 for b, _ in pts]  # type: ignore[arg-type]
+        xs = [float(b) / 2**30 for b, _ in pts]
         ax.step(xs, [o for _, o in pts], where="post", marker="o")
     ax.set_xlabel("memory budget (GiB)")
     ax.set_ylabel("compute overhead (%)")

@@ -51,14 +51,13 @@ def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:
 
 def smallest_budget_tried(graph: Graph, plan: Plan) -> int | None:
     """The least peak among the plan's own report and every baseline: a budget that works."""
-    from planner.baselines import BASELINES
-    from planner.simulator import simulate
+    from planner.solve import smallest_baseline_peak_bytes
 
-    candidates = [simulate(graph, fn(graph, None)).peak_bytes for fn in BASELINES.values()]
+    candidates = [smallest_baseline_peak_bytes(graph)]
     known = plan.details.get("smallest_feasible_bytes")
     if known is not None:
         candidates.append(int(known))
-    return min(candidates) if candidates else None
+    return min(candidates)
 
 
 def run_solve(

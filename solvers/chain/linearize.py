@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.baselines import joint_positions
 from planner.graph import Graph, Phase
 from planner.plan import Action, ActionOp
 from solvers.chain.layout import ChainLayout
@@ -39,21 +40,6 @@ class Linearization:
     joints: tuple[int, ...]  # joint node ids kept (a^1..a^{L-1})
     candidate_joints: int  # joints before merging
     non_recomputable: tuple[int, ...]  # forward nodes that must not run twice
-
-
-def joint_positions(graph: Graph, forward: list[int]) -> list[int]:
-    """Positions in `forward` of the chain joints (never the last forward node)."""
-    pos = {v: i for i, v in enumerate(forward)}
-    succs = graph.index.successors
-    cuts: list[int] = []
-    reach = -1  # furthest forward position an edge from before the current node reaches
-    for i, v in enumerate(forward):
-        if reach <= i and i < len(forward) - 1:
-            cuts.append(i)
-        for w in succs[v]:
-            if w in pos:
-                reach = max(reach, pos[w])
-    return cuts
 
 
 def linearize(graph: Graph) -> Linearization:

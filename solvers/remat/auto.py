@@ -4,7 +4,8 @@
    order and in memory-aware reorderings (store-all in a better order often fits at no extra
    compute): in-budget plans within seconds on the Checkmate graphs.
 2. The LP relaxation (HiGHS) of the frontier-advancing MILP, on graphs small enough for it to
-   finish: a lower bound and LP-rounded plans.
+   finish: a lower bound and LP-rounded plans; then the MILP itself on CP-SAT, hinted with the
+   best plan, for half the time left (≤ 100 nodes): it often proves optimality fast.
 3. The CP-SAT interval model (Moccasin-style), hinted with the best plan, using every thread for
    the time left. Its bound counts only when every node may be computed as often as the MILP
    allows (small graphs); on larger graphs recomputations per node are capped, which makes the
@@ -23,14 +24,16 @@ from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import lower_bound_peak_bytes, simulate
 from solvers.remat.dtr import best_dtr
+from solvers.remat.exact import solve_milp
 from solvers.remat.greedy import greedy_eviction
 from solvers.remat.intervals import solve_intervals
 from solvers.remat.lp_rounding import lp_relaxation, round_lp
 from solvers.remat.orders import explore_orders, with_order
-from solvers.remat.problem import problem_from_graph, staged_actions
+from solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
 
 EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation
 LP_MAX_NODES = 120
+MILP_MAX_NODES = 100
 RECOMPUTATIONS_CAP = 2  # computations per node in the interval model on larger graphs
 
 
@@ -111,21 +114,40 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
             notes.append(f"LP relaxation: {lp.status} within {lp_time:.1f} s")
         timings["lp_s"] = time.perf_counter() - t0
     proven = best is not None and best[0] <= bound * (1 + 1e-9)
-    if not proven and left() > 1.0:
-        t0 = time.perf_counter()
-        # Improve within the order of the best plan so far (its hint then fits the model).
-        order = order_of.get(best[2], given) if best is not None else given
-        exact = problem.n <= EXACT_INTERVALS_MAX_NODES and order == given
-        r = solve_intervals(problem_from_graph(with_order(graph, order), budget_bytes),
-                            max_computations=None if exact else RECOMPUTATIONS_CAP,
-                            time_limit_s=left(), threads=threads, seed=seed,
-                            hint=best[1] if best is not None else None)
-        timings["intervals_s"] = time.perf_counter() - t0
-        if exact and r.bound is not None:
+    # Improve within the order of the best plan so far (its hint then fits the model); when the
+    # capped model is solved to optimality, allow more recomputations and go again.
+    order = given
+    if best is not None:
+        order = order_of.get(best[2], given)
+    if not proven and problem.n <= MILP_MAX_NODES and order == given and left() > 2.0:
+        # The frontier MILP often proves optimality fast on mid-sized graphs.
+        t1 = time.perf_counter()
+        hint = staged_from_actions(problem, best[1]) if best is not None else None
+        r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=threads, seed=seed,
+                       hint=hint)
+        if r.bound is not None:
             bound = max(bound, r.bound)
-        if exact and r.status == "infeasible":
-            notes.append("the interval model proves no plan fits")
+        offer(r.actions, "milp:cpsat")
+        proven = best is not None and best[0] <= bound * (1 + 1e-9)
+        timings["milp_s"] = time.perf_counter() - t1
+    cap: int | None = None if problem.n <= EXACT_INTERVALS_MAX_NODES else RECOMPUTATIONS_CAP
+    ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
+    t0 = time.perf_counter()
+    while not proven and left() > 1.0:
+        r = solve_intervals(ordered_problem, max_computations=cap, time_limit_s=left(),
+                            threads=threads, seed=seed, hint=best[1] if best is not None else None)
         offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
+        if cap is None and order == given:  # every recomputation allowed: a real bound
+            if r.bound is not None:
+                bound = max(bound, r.bound)
+            if r.status == "infeasible":
+                notes.append("the interval model proves no plan fits")
+        if cap is None or r.status != "optimal":
+            break
+        cap = cap + 1 if cap + 1 < problem.n // 2 else None
+        notes.append(f"capped interval model optimal; recomputations per node now {cap or 'any'}")
+        proven = best is not None and best[0] <= bound * (1 + 1e-9)
+    timings["intervals_s"] = time.perf_counter() - t0
     if best is None:
         infeasible = any("proves no plan fits" in note for note in notes)
         return AutoResult(None, None, "none", bound, False, infeasible, notes, timings)

@@ -60,7 +60,7 @@ def solve_linear(
     return BackendResult(backend, status, values, objective, bound, time.perf_counter() - started)
 
 
-def _cpsat(model, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-def]
+def _cpsat(model, time_limit_s, threads, seed, hint):
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -116,7 +116,7 @@ def _obj(model: LinearModel, values: list[float]) -> float:
     return math.fsum(c * values[v] for v, c in model.objective.items())
 
 
-def _pywraplp(model, backend, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-def]
+def _pywraplp(model, backend, time_limit_s, threads, seed, hint):
     from ortools.linear_solver import pywraplp
 
     t0 = time.perf_counter()
@@ -167,7 +167,7 @@ def _pywraplp(model, backend, time_limit_s, threads, seed, hint):  # type: ignor
     return status, values, bound
 
 
-def _pulp(model, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-def]
+def _pulp(model, time_limit_s, threads, seed, hint):
     import pulp
 
     prob = pulp.LpProblem("remat", pulp.LpMinimize)
@@ -214,7 +214,7 @@ def _pulp(model, time_limit_s, threads, seed, hint):  # type: ignore[no-untyped-
     return status, values, None
 
 
-def _pulp_cbc(**kwargs):  # type: ignore[no-untyped-def]
+def _pulp_cbc(**kwargs):
     import pulp
 
     return pulp.PULP_CBC_CMD(**kwargs)

@@ -177,7 +177,7 @@ def _integral_costs(problem: RematProblem) -> bool:
     return all(abs(c * s - round(c * s)) < 1e-6 for c in problem.cost)
 
 
-def _add_hint(m, problem, hint, count, P, S, E) -> None:  # type: ignore[no-untyped-def]
+def _add_hint(m, problem, hint, count, P, S, E) -> None:
     pos = {v: i for i, v in enumerate(problem.node_ids)}
     comps: dict[int, list[list[int]]] = {}
     step = -1

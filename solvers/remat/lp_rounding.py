@@ -74,7 +74,7 @@ def round_lp(problem: RematProblem, lp: LpBound, thresholds: tuple[float, ...] =
     assert lp.retained is not None
     best: tuple[float, StagedSchedule] | None = None
     for threshold in thresholds:
-        retained = [set() for _ in range(problem.n)]
+        retained: list[set[int]] = [set() for _ in range(problem.n)]
         for (t, i), value in lp.retained.items():
             if value >= threshold:
                 retained[t].add(i)

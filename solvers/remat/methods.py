@@ -42,7 +42,7 @@ def _result(request: SolveRequest, r: RematResult) -> MethodResult:
     )
 
 
-def _baseline_hint(request: SolveRequest, problem):  # type: ignore[no-untyped-def]
+def _baseline_hint(request: SolveRequest, problem):
     from planner.baseline_methods import best_baseline
 
     base = best_baseline(request)

@@ -86,9 +86,10 @@ def explore_orders(graph: Graph, budget_bytes: int, deadline: float, seed: int =
     k = 0
     while time.perf_counter() < deadline and k < 200:
         amplitude = rng.choice((0.1, 0.3, 1.0)) * mean
-        order = greedy_order(
-            graph, lambda d, p, pos, a=amplitude: (d + a * rng.random(), pos)
-        )
+        def noisy(d: int, p: int, pos: int, a: float = amplitude) -> tuple[float, ...]:
+            return (d + a * rng.random(), pos)
+
+        order = greedy_order(graph, noisy)
         k += 1
         yield f"random{k}", order
         if store_all_peak_bytes(with_order(graph, order)) <= budget_bytes:
