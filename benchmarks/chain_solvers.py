@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import random
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from _common import machine
+
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "graphs" / "checkmate"
 
 
-def random_chain(length: int, seed: int = 0):  # type: ignore[no-untyped-def]
+def random_chain(length: int, seed: int = 0):
     from solvers.chain.model import Chain, Stage
 
     rng = random.Random(seed)
@@ -80,7 +80,7 @@ def timing_table(lengths: list[int], slot_counts: list[int]) -> list[str]:
     return rows
 
 
-def cell(plan, graph) -> str:  # type: ignore[no-untyped-def]
+def cell(plan, graph) -> str:
     from planner.plan import PlanStatus
 
     if plan.status in (PlanStatus.optimal, PlanStatus.feasible) and plan.predicted is not None:
@@ -120,18 +120,6 @@ def corpus_table(methods: list[str], time_limit: float) -> list[str]:
             )
             print(rows[-1], flush=True)
     return rows
-
-
-def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
 
 
 def main() -> int:

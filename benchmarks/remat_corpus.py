@@ -12,29 +12,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
+from _common import machine
+
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "graphs" / "checkmate"
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import ortools
-
-    return (f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
-            f"OR-Tools {ortools.__version__}, {platform.system()} {platform.release()}")
 
 
 def main() -> int:
@@ -102,7 +87,8 @@ def main() -> int:
             "Notes:",
             "- `auto` = baselines, DTR-style dynamic eviction and greedy checkpoint eviction in",
             "  the graph's order and in memory-aware reorderings, the LP relaxation bound (≤ 120",
-            "  nodes), then the CP-SAT interval model hinted with the best plan (2 workers).",
+            "  nodes), the frontier MILP on CP-SAT hinted with the best plan (≤ 100 nodes, half",
+            "  the time left), then the CP-SAT interval model hinted likewise (2 workers).",
             "- The source in brackets is the step that produced the returned plan.",
             "- Bounds (LP, CP-SAT) hold for schedules whose first computations follow the graph's",
             "  order (Checkmate's space). When the returned plan reorders, only the universal",

@@ -54,6 +54,7 @@ METHODS: dict[str, str] = {
     "best-baseline": "planner.baseline_methods:best_baseline",
     "milp": "solvers.remat.methods:milp",
     "lp-rounding": "solvers.remat.methods:lp_rounding",
+    "cpsat-intervals": "solvers.remat.methods:cpsat_intervals",
     "auto": "solvers.remat.methods:auto",
     "rotor": "solvers.chain.methods:rotor",
     "revolve": "solvers.chain.methods:revolve",

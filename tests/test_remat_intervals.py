@@ -62,3 +62,15 @@ def test_dtr_plans_are_within_budget_or_absent() -> None:
             actions = best_dtr(problem_from_graph(g, budget))
             if actions is not None:
                 assert simulate(g, actions).peak_bytes <= budget
+
+
+def test_interval_model_returns_the_hint_when_it_finds_nothing_in_time() -> None:
+    g = training_graph(30, skip=3, seed=2)
+    budget = int(0.8 * store_all_peak_bytes(g))
+    problem = problem_from_graph(g, budget)
+    hint = best_dtr(problem)
+    assert hint is not None
+    r = solve_intervals(problem, time_limit_s=0.01, threads=1, hint=hint)
+    assert r.actions is not None and r.status in ("feasible", "optimal")
+    assert simulate(g, r.actions).peak_bytes <= budget
+    assert r.cost <= simulate(g, hint).compute_cost + 1e-9

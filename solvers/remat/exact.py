@@ -55,9 +55,12 @@ def solve_milp(
 ) -> RematResult:
     started = time.perf_counter()
     milp = build_checkmate(problem)
-    remaining = max(0.1, time_limit_s - (time.perf_counter() - started))
-    raw = solve_linear(milp.model, backend, time_limit_s=remaining, threads=threads, seed=seed,
-                       hint=milp.hint(hint) if hint is not None else None)
+    remaining = time_limit_s - (time.perf_counter() - started)
+    if remaining <= 0.05 and hint is not None:  # building took the whole limit
+        return schedule_result(problem, hint, "feasible", backend, None, started,
+                               ("no time left to solve the MILP; returning the hint",))
+    raw = solve_linear(milp.model, backend, time_limit_s=max(0.05, remaining), threads=threads,
+                       seed=seed, hint=milp.hint(hint) if hint is not None else None)
     found = (schedule_result(problem, milp.schedule(raw.values), raw.status, backend, raw.bound,
                              started) if raw.values is not None else None)
     if hint is not None and (found is None or found.actions is None):

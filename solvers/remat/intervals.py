@@ -144,7 +144,9 @@ def solve_intervals(
     if code != cp_model.MODEL_INVALID:
         bound = solver.best_objective_bound / _scale(problem)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return RematResult("unknown", "cpsat-intervals", bound=bound, wall_seconds=wall)
+        fallback = _hint_result(problem, hint, bound, wall)
+        return fallback or RematResult("unknown", "cpsat-intervals", bound=bound,
+                                       wall_seconds=wall)
     present = sorted(
         (solver.value(S[k]), k[0], solver.value(E[k]))
         for k in P if solver.value(P[k])
@@ -163,8 +165,26 @@ def solve_intervals(
     status = "optimal" if code == cp_model.OPTIMAL and _integral_costs(problem) else "feasible"
     if bound is not None and bound >= cost - 1e-9 * max(1.0, cost):
         status = "optimal"
+    fallback = _hint_result(problem, hint, bound, wall)
+    if fallback is not None and fallback.cost is not None and fallback.cost < cost:
+        return fallback
     return RematResult(status, "cpsat-intervals", actions, None, cost, _peak(problem, actions),
                        min(bound, cost) if bound is not None else None, wall)
+
+
+def _hint_result(
+    problem: RematProblem, hint: list[Action] | None, bound: float | None, wall: float,
+) -> RematResult | None:
+    """The hint as a result when it fits the budget: the solver may miss it (its hint is
+    partial), yet it stays the best plan known."""
+    if hint is None:
+        return None
+    peak, cost = plan_peak_and_cost(problem, hint)
+    if peak > problem.budget_bytes:
+        return None
+    return RematResult("feasible", "cpsat-intervals", list(hint), None, cost, peak,
+                       min(bound, cost) if bound is not None else None, wall,
+                       ("the solver found nothing better in time; returning the hint",))
 
 
 def _scale(problem: RematProblem) -> float:

@@ -98,3 +98,31 @@ def auto(request: SolveRequest) -> MethodResult:
         backend=f"auto:{r.source}", objective=r.cost, lower_bound=r.bound, notes=r.notes,
         details=details,
     )
+
+
+def cpsat_intervals(request: SolveRequest) -> MethodResult:
+    """Moccasin-style CP-SAT interval model; options: max_computations (int, caps each node's
+    computations: then its bound is not claimed), hint (bool, from the best baseline)."""
+    from planner.baseline_methods import best_baseline
+    from solvers.remat.intervals import solve_intervals
+
+    cap = request.options.get("max_computations")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise InputError(f"option max_computations {cap!r}: must be an integer ≥ 1")
+    hint = None
+    if request.options.get("hint", True):
+        base = best_baseline(request)
+        hint = base.actions
+    problem = problem_from_graph(request.graph, request.budget_bytes)
+    r = solve_intervals(problem, max_computations=cap, time_limit_s=request.time_limit_s,
+                        threads=request.threads, seed=request.seed, hint=hint)
+    result = _result(request, r)
+    if cap is not None:  # a capped model bounds only the capped plans
+        result = MethodResult(
+            actions=result.actions, status=PlanStatus.feasible if result.actions else result.status,
+            backend=result.backend, objective=result.objective, lower_bound=None,
+            smallest_feasible_bytes=result.smallest_feasible_bytes,
+            notes=[*result.notes, f"computations per node capped at {cap}: no bound claimed"],
+            details=result.details,
+        )
+    return result
