@@ -2,7 +2,8 @@
 
 A graph node is a group of fx nodes (`TraceResult.node_fx_names`). `compute(v)` runs the
 group's fx nodes in fx order and keeps their values; `free(v)` drops them, so the tensors die
-when nothing else holds them. The plan is split at the first computation that needs the loss's
+when nothing else holds them. Each segment is compiled to straight-line Python once per applied
+plan (`runtime.op_codegen`). The plan is split at the first computation that needs the loss's
 tangent: the prefix runs in the autograd forward, what is resident at the split is what stays
 alive between forward and backward, and the suffix (with its recomputations, in the plan's
 order) runs in the autograd backward.
@@ -22,13 +23,12 @@ import torch
 from torch import fx
 
 from planner.plan import Action, ActionOp
+from runtime.op_codegen import CompiledSegment, PlanExecutionError, SegmentCompiler
 from runtime.rng import RngStates
 
+__all__ = ["JointProgram", "PlanExecutionError", "PlanRun", "Segment"]
+
 _VIEW_OPS = {"_unsafe_view", "alias", "detach", "lift_fresh", "t", "view", "expand"}
-
-
-class PlanExecutionError(RuntimeError):
-    """The plan asked for something the joint graph cannot do (names the action and node)."""
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -81,6 +81,10 @@ class JointProgram:
             and torch.Tag.nondeterministic_seeded in n.target.tags
         }
         self.forward, self.backward = self._split(actions)
+        # Residency is checked here, once: a plan that cannot run is refused before any step.
+        compiler = SegmentCompiler(self)
+        self.forward_code = compiler.compile(self.forward)
+        self.backward_code = compiler.compile(self.backward, self.tangents)
 
     def _derivable(self, gm: fx.GraphModule) -> set[str]:
         """View-like fx nodes computed from placeholders only: cheap to re-derive anywhere."""
@@ -123,12 +127,11 @@ class JointProgram:
 
 
 class PlanRun:
-    """The state of one training step under a plan: resident values, primals, RNG record."""
+    """The state of one training step under a plan: values held, primals, RNG record."""
 
     def __init__(self, program: JointProgram, primals: Sequence[torch.Tensor]) -> None:
         self.program = program
         self.values: dict[str, Any] = dict(zip(program.primals, primals, strict=True))
-        self.resident: set[int] = set()
         self.kept_outputs: dict[str, Any] = {}  # loss/gradients/mutations of freed groups
         device = next(
             (p.device for p in primals if isinstance(p, torch.Tensor)), torch.device("cpu")
@@ -139,7 +142,7 @@ class PlanRun:
 
     # -- segments -------------------------------------------------------------------------
     def run_forward(self) -> torch.Tensor:
-        self._run(self.program.forward)
+        self._run(self.program.forward_code)
         loss = self.output(self.program.loss_fx)
         self._apply_mutations()
         return loss
@@ -147,14 +150,13 @@ class PlanRun:
     def run_backward(self, tangents: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
         """The plan's suffix; gradients in primal order (None for primals without one)."""
         self.values.update(zip(self.program.tangents, tangents, strict=True))
-        self._run(self.program.backward)
+        self._run(self.program.backward_code)
         self._apply_mutations()
         grads: list[torch.Tensor | None] = []
         for k in range(len(self.program.primals)):
             name = self.program.grad_fx.get(k)
             grads.append(None if name is None else self.output(name))
         self.values.clear()
-        self.resident.clear()
         self.kept_outputs.clear()
         return grads
 
@@ -168,56 +170,9 @@ class PlanRun:
             )
         return self.values[fx_name]
 
-    # -- actions --------------------------------------------------------------------------
-    def _run(self, segment: Segment) -> None:
-        for offset, action in enumerate(segment.actions):
-            if action.op is ActionOp.compute:
-                self._compute(action.node, segment.start + offset)
-            elif action.op is ActionOp.free:
-                self._free(action.node, segment.start + offset)
-            else:  # offload/prefetch are not remat actions: refuse rather than ignore
-                raise PlanExecutionError(
-                    f"action {segment.start + offset} ({action}): {action.op} is not supported "
-                    "by the remat executor"
-                )
-
-    def _compute(self, node: int, index: int) -> None:
-        program = self.program
-        if node in self.resident:
-            raise PlanExecutionError(f"action {index}: node {node} is already resident")
-        members = program.members.get(node)
-        if members is None:
-            raise PlanExecutionError(f"action {index}: node {node} is not in the traced graph")
-        local: dict[str, Any] = {}
-        for name in members:
-            fx_node = program.fx_nodes[name]
-            local[name] = self._eval(fx_node, local, node, index)
-            if name in program.grad_of:
-                local[name] = self._in_parameter_layout(local[name], program.grad_of[name])
-        self.values.update(local)
-        self.resident.add(node)
-        self.computations += 1
-
-    def _eval(self, fx_node: fx.Node, local: dict[str, Any], node: int, index: int) -> Any:
-        def lookup(arg: fx.Node) -> Any:
-            name = arg.name
-            if name in local:
-                return local[name]
-            if name in self.values:
-                return self.values[name]
-            if name in self.program.derivable:
-                local[name] = self._eval(arg, local, node, index)
-                return local[name]
-            owner = self.program.group_of.get(name)
-            raise PlanExecutionError(
-                f"action {index} (C{node}): reads {name} of node {owner}, which is not resident"
-            )
-
-        args, kwargs = fx.node.map_arg((fx_node.args, fx_node.kwargs), lookup)
-        target: Any = fx_node.target
-        if fx_node.name in self.program.random:
-            return self.rng.run(fx_node.name, lambda: target(*args, **kwargs))
-        return target(*args, **kwargs)
+    def _run(self, code: CompiledSegment) -> None:
+        code.function(self.values, self.kept_outputs, self.rng.run, self._in_parameter_layout)
+        self.computations += code.computations
 
     def _in_parameter_layout(self, grad: Any, primal_index: int) -> Any:
         """A gradient with its parameter's strides, so that autograd adopts it as `.grad`.
@@ -232,16 +187,6 @@ class PlanRun:
             return grad
         out = torch.empty_strided(param.shape, param.stride(), dtype=grad.dtype, device=grad.device)
         return out.copy_(grad)
-
-    def _free(self, node: int, index: int) -> None:
-        if node not in self.resident:
-            raise PlanExecutionError(f"action {index}: frees node {node}, which is not resident")
-        self.resident.discard(node)
-        for name in self.program.members[node]:
-            value = self.values.pop(name, None)
-            # Outputs the step must hand back live on even when the plan frees their node.
-            if name in self.program.output_fx and name not in self.kept_outputs:
-                self.kept_outputs[name] = value
 
     def _apply_mutations(self) -> None:
         """Copy new buffer values (e.g. BatchNorm running stats) into the buffers once."""

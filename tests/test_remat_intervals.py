@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from test_remat_milp import varied_dag
 
 from planner.baselines import store_all_peak_bytes
 from planner.simulator import lower_bound_peak_bytes, simulate
 from planner.synthetic import random_dag, training_graph
-from solvers.remat.dtr import best_dtr
+from solvers.remat.dtr import SCORES, best_dtr, dtr_depth_first_plan, dtr_plan
 from solvers.remat.exact import solve_milp
 from solvers.remat.intervals import solve_intervals
 from solvers.remat.problem import problem_from_graph
@@ -51,6 +54,22 @@ def test_interval_model_takes_a_hint_and_keeps_it_feasible() -> None:
     assert r.actions is not None
     assert simulate(g, r.actions).peak_bytes <= budget
     assert r.cost <= simulate(g, hint).compute_cost + 1e-9
+
+
+@pytest.mark.parametrize("plan_fn", [dtr_plan, dtr_depth_first_plan])
+def test_each_dtr_variant_gives_valid_plans(plan_fn: Callable[..., Any]) -> None:
+    found = 0
+    for seed in range(8):
+        g = random_dag(14, seed=seed, edge_probability=0.3)
+        lo, hi = lower_bound_peak_bytes(g), store_all_peak_bytes(g)
+        for k in range(4):
+            problem = problem_from_graph(g, lo + (hi - lo) * k // 3)
+            for score in SCORES.values():
+                actions = plan_fn(problem, score)
+                if actions is not None:  # the simulator accepts it; within budget by design
+                    found += 1
+                    assert simulate(g, actions).peak_bytes <= problem.budget_bytes
+    assert found > 0
 
 
 def test_dtr_plans_are_within_budget_or_absent() -> None:

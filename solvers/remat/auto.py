@@ -10,12 +10,16 @@
    the time left. Its bound counts only when every node may be computed as often as the MILP
    allows (small graphs); on larger graphs recomputations per node are capped, which makes the
    model small and fast but its bound no proof.
-The best in-budget plan found in time is returned with its gap. Bounds are over schedules whose
-first computations follow the graph's topological order (the space of Checkmate's MILP).
+The best in-budget plan found in time is returned with its gap, against the bound that covers
+it: LP/MILP bounds cover Checkmate's staged schedules (first computations in the graph's order,
+ascending recomputations between them); the uncapped interval model's bound covers any schedule
+whose first computations follow the graph's order; a plan that reorders gets the universal
+bound (every node computed once).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -24,16 +28,23 @@ from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import lower_bound_peak_bytes, simulate
 from solvers.remat.dtr import best_dtr
-from solvers.remat.exact import solve_milp
+from solvers.remat.exact import RematResult, solve_milp
 from solvers.remat.greedy import greedy_eviction
 from solvers.remat.intervals import solve_intervals
 from solvers.remat.lp_rounding import lp_relaxation, round_lp
 from solvers.remat.orders import explore_orders, with_order
-from solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
+from solvers.remat.problem import (
+    RematProblem,
+    problem_from_graph,
+    staged_actions,
+    staged_from_actions,
+)
+from solvers.remat.stop import SearchStop
 
 EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation
 LP_MAX_NODES = 120
 MILP_MAX_NODES = 100
+GAP_TO_STOP = 1e-4  # HiGHS's gap tolerance: a proof this close ends the other searches
 RECOMPUTATIONS_CAP = 2  # computations per node in the interval model on larger graphs
 
 
@@ -99,7 +110,10 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         offer(greedy_eviction(graph, budget_bytes, time_limit_s=max(0.3, 0.1 * time_limit_s)),
               "greedy")
     timings["first_plans_s"] = time.perf_counter() - started
-    bound = problem.total_cost
+    # Two bounds, valid over different spaces: `bound` (LP, MILP) over Checkmate's staged
+    # schedules only; `order_bound` (the uncapped interval model) over every schedule whose
+    # first computations follow the graph's order, staged or not.
+    bound = order_bound = problem.total_cost
     zero = best is not None and best[0] <= bound * (1 + 1e-12)
     if problem.n <= LP_MAX_NODES and left() > 2 and not zero:
         t0 = time.perf_counter()
@@ -119,12 +133,19 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     order = given
     if best is not None:
         order = order_of.get(best[2], given)
+    stop = SearchStop()
+    race: _HighsRace | None = None
+    workers = threads
     if not proven and problem.n <= MILP_MAX_NODES and order == given and left() > 2.0:
-        # The frontier MILP often proves optimality fast on mid-sized graphs.
+        # The frontier MILP often proves optimality fast on mid-sized graphs: HiGHS (its own
+        # thread, no hint) races the CP-SAT searches below and stops them once it has a proof.
+        if threads >= 2:
+            race = _HighsRace(problem, left(), seed, stop)
+            workers = threads - 1
         t1 = time.perf_counter()
         hint = staged_from_actions(problem, best[1]) if best is not None else None
-        r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=threads, seed=seed,
-                       hint=hint)
+        r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=workers, seed=seed,
+                       hint=hint, stop=stop)
         if r.bound is not None:
             bound = max(bound, r.bound)
         offer(r.actions, "milp:cpsat")
@@ -133,33 +154,79 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     cap: int | None = None if problem.n <= EXACT_INTERVALS_MAX_NODES else RECOMPUTATIONS_CAP
     ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
     t0 = time.perf_counter()
-    while not proven and left() > 1.0:
+    while not proven and not stop.stopped and left() > 1.0:
         r = solve_intervals(ordered_problem, max_computations=cap, time_limit_s=left(),
-                            threads=threads, seed=seed, hint=best[1] if best is not None else None)
+                            threads=workers, seed=seed, hint=best[1] if best is not None else None,
+                            stop=stop)
         offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
         if cap is None and order == given:  # every recomputation allowed: a real bound
             if r.bound is not None:
+                order_bound = max(order_bound, r.bound)
                 bound = max(bound, r.bound)
-            if r.status == "infeasible":
-                notes.append("the interval model proves no plan fits")
+            if r.status == "infeasible":  # in this order only: a reordering may still fit
+                notes.append("the interval model proves no plan in the graph's order fits")
         if cap is None or r.status != "optimal":
             break
         cap = cap + 1 if cap + 1 < problem.n // 2 else None
         notes.append(f"capped interval model optimal; recomputations per node now {cap or 'any'}")
         proven = best is not None and best[0] <= bound * (1 + 1e-9)
     timings["intervals_s"] = time.perf_counter() - t0
+    if race is not None:
+        raced = race.result(timeout_s=max(0.0, left()) + 0.05 * time_limit_s)
+        if raced is None:
+            notes.append("the HiGHS MILP overran the time limit; its result is not used")
+        else:
+            if raced.bound is not None:
+                bound = max(bound, raced.bound)
+            offer(raced.actions, "milp:highs")
+        timings["milp_highs_s"] = race.wall_seconds
     if best is None:
-        infeasible = any("proves no plan fits" in note for note in notes)
-        return AutoResult(None, None, "none", bound, False, infeasible, notes, timings)
+        return AutoResult(None, None, "none", bound, False, False, notes, timings)
     cost, actions, source = best
     if not _follows(actions, given):
         # Bounds above hold for schedules in the graph's order; this plan reorders, so only
         # the universal bound (every node once) is claimed.
         notes.append("the plan reorders first computations; bound = every node computed once")
         bound = problem.total_cost
+    elif bound > order_bound and staged_from_actions(problem, actions) is None:
+        # Cheaper than Checkmate's staged form allows, or just outside it: the LP/MILP bound
+        # covers staged schedules only.
+        notes.append(f"the plan is not in Checkmate's staged form; the staged-space bound "
+                     f"{_increase(bound, problem.total_cost)} does not cover it")
+        bound = order_bound
     bound = min(bound, cost)
     return AutoResult(actions, cost, source, bound, cost <= bound * (1 + 1e-9), False, notes,
                       timings)
+
+
+class _HighsRace:
+    """The Checkmate MILP on HiGHS in a background thread (the solve releases the GIL); stops
+    the other searches when it proves optimality."""
+
+    def __init__(self, problem: RematProblem, time_limit_s: float, seed: int,
+                 stop: SearchStop) -> None:
+        self._outcome: list[RematResult] = []
+        self.wall_seconds = 0.0
+
+        def run() -> None:
+            started = time.perf_counter()
+            r = solve_milp(problem, "highs", time_limit_s=time_limit_s, threads=1, seed=seed)
+            self.wall_seconds = time.perf_counter() - started
+            self._outcome.append(r)
+            if (r.cost is not None and r.bound is not None
+                    and r.cost - r.bound <= GAP_TO_STOP * r.cost):
+                stop.stop()
+
+        self._thread = threading.Thread(target=run, name="auto-highs", daemon=True)
+        self._thread.start()
+
+    def result(self, timeout_s: float) -> RematResult | None:
+        self._thread.join(timeout_s)
+        return self._outcome[0] if self._outcome else None
+
+
+def _increase(cost: float, total: float) -> str:
+    return f"+{100 * (cost / total - 1):.3f} %"
 
 
 def _follows(actions: list[Action], order: list[int]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import product
 
 from planner.plan import Action, compute, free
 from solvers.remat.problem import RematProblem
@@ -104,16 +105,108 @@ def dtr_plan(problem: RematProblem, score: Score) -> list[Action] | None:
     return actions
 
 
+def dtr_depth_first_plan(problem: RematProblem, score: Score) -> list[Action] | None:
+    """Like dtr_plan, but a missing input is rematerialized depth-first (as DTR does): only the
+    inputs of the nodes on the current recomputation path are pinned, not a whole batch of
+    ancestors, so deep recomputation cascades fit far smaller budgets."""
+    n, deps, users = problem.n, problem.deps, problem.users
+    mem, ws, cost = problem.mem_bytes, problem.workspace_bytes, problem.cost
+    budget, ids = problem.budget_bytes, problem.node_ids
+    actions: list[Action] = []
+    resident: set[int] = set()
+    pins = [0] * n  # how many nodes on the recomputation path hold this value as an input
+    wanted = [0] * n  # how many nodes on the path still have to read it
+    live = problem.fixed_bytes
+    frontier = 0
+    computed = [0]
+    max_computations = 20 * n + 1000
+
+    def distance(u: int) -> int:
+        if wanted[u]:
+            return 1  # the current path reads it next
+        for j in users[u]:
+            if j >= frontier:
+                return j - frontier + 1
+        return n + 1
+
+    def release(u: int) -> None:
+        nonlocal live
+        resident.discard(u)
+        live -= mem[u]
+        actions.append(free(ids[u]))
+
+    def make_room(needed: int) -> None:
+        while live + needed > budget:
+            candidates = [u for u in resident if not pins[u] and mem[u] > 0
+                          and (problem.recomputable[u] or distance(u) > n)]
+            if not candidates:
+                raise _Stuck("evict")
+            # Cost of bringing a value back: itself plus its evicted ancestors (DTR's e*),
+            # so that evictions that would start long cascades are avoided.
+            remat = [0.0] * (max(candidates) + 1)
+            for u in range(len(remat)):
+                remat[u] = cost[u] + sum(remat[w] for w in deps[u] if w not in resident)
+            release(min(candidates, key=lambda u: score(remat[u] + 1e-12, mem[u], distance(u))))
+
+    def materialize(v: int) -> None:
+        nonlocal live
+        path: list[tuple[int, int]] = [(v, 0)]  # (node, index of its next input to secure)
+        for u in deps[v]:
+            wanted[u] += 1
+        while path:
+            x, i = path[-1]
+            if i < len(deps[x]):
+                path[-1] = (x, i + 1)
+                u = deps[x][i]
+                if u in resident:
+                    pins[u] += 1
+                    continue
+                if not problem.recomputable[u]:
+                    raise _Stuck("a non-recomputable input was evicted")
+                path.append((u, 0))
+                for w in deps[u]:
+                    wanted[w] += 1
+                continue
+            make_room(mem[x] + ws[x])
+            actions.append(compute(ids[x]))
+            computed[0] += 1
+            if computed[0] > max_computations:  # thrashing: cascades that grow without end
+                raise _Stuck("too many recomputations")
+            resident.add(x)
+            live += mem[x]
+            path.pop()
+            for u in deps[x]:
+                pins[u] -= 1
+                wanted[u] -= 1
+                if not pins[u] and not wanted[u] and u in resident and distance(u) > n:
+                    release(u)  # read by nothing left: free at once
+            if path:
+                pins[x] += 1  # secured for its caller
+
+    try:
+        for t in range(n):
+            frontier = t
+            if t not in resident:
+                materialize(t)
+            frontier = t + 1
+            for u in sorted(resident):
+                if distance(u) > n:
+                    release(u)
+    except _Stuck:
+        return None
+    return actions
+
+
 def best_dtr(problem: RematProblem, *, time_limit_s: float = 10.0) -> list[Action] | None:
     """The cheapest plan within budget over the scoring variants (simulator-exact memory)."""
     from solvers.remat.intervals import plan_peak_and_cost
 
     started = time.perf_counter()
     best: tuple[float, list[Action]] | None = None
-    for score in SCORES.values():
+    for plan_fn, score in product((dtr_depth_first_plan, dtr_plan), SCORES.values()):
         if time.perf_counter() - started > time_limit_s:
             break
-        actions = dtr_plan(problem, score)
+        actions = plan_fn(problem, score)
         if actions is None:
             continue
         peak, c = plan_peak_and_cost(problem, actions)

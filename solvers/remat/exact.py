@@ -9,6 +9,7 @@ from planner.plan import Action
 from solvers.remat.backends import solve_linear
 from solvers.remat.milp import build_checkmate
 from solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
+from solvers.remat.stop import SearchStop
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ def solve_milp(
     threads: int = 2,
     seed: int = 0,
     hint: StagedSchedule | None = None,
+    stop: SearchStop | None = None,
 ) -> RematResult:
     started = time.perf_counter()
     milp = build_checkmate(problem)
@@ -60,7 +62,7 @@ def solve_milp(
         return schedule_result(problem, hint, "feasible", backend, None, started,
                                ("no time left to solve the MILP; returning the hint",))
     raw = solve_linear(milp.model, backend, time_limit_s=max(0.05, remaining), threads=threads,
-                       seed=seed, hint=milp.hint(hint) if hint is not None else None)
+                       seed=seed, hint=milp.hint(hint) if hint is not None else None, stop=stop)
     found = (schedule_result(problem, milp.schedule(raw.values), raw.status, backend, raw.bound,
                              started) if raw.values is not None else None)
     if hint is not None and (found is None or found.actions is None):

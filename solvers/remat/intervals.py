@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from planner.plan import Action, ActionOp, compute, free
 from solvers.remat.exact import RematResult
 from solvers.remat.problem import RematProblem
+from solvers.remat.stop import SearchStop
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,10 @@ def solve_intervals(
     threads: int = 2,
     seed: int = 0,
     hint: list[Action] | None = None,
+    stop: SearchStop | None = None,
 ) -> RematResult:
-    """Solve; max_computations caps C_v (default: every stage it could appear in)."""
+    """Solve; max_computations caps C_v (default: every stage it could appear in); `stop` ends
+    the search early from another thread."""
     from ortools.sat.python import cp_model
 
     started = time.perf_counter()
@@ -136,7 +139,14 @@ def solve_intervals(
     solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - started))
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
-    code = solver.solve(m)
+    if stop is not None and not stop.register(solver):
+        return _hint_result(problem, hint, None, time.perf_counter() - started) or RematResult(
+            "unknown", "cpsat-intervals", wall_seconds=time.perf_counter() - started)
+    try:
+        code = solver.solve(m)
+    finally:
+        if stop is not None:
+            stop.unregister(solver)
     wall = time.perf_counter() - started
     if code == cp_model.INFEASIBLE:
         return RematResult("infeasible", "cpsat-intervals", wall_seconds=wall)

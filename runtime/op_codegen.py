@@ -1,0 +1,144 @@
+"""Compiling a plan segment into one Python function: the plan is fixed, so which fx values are
+resident at every action is known before the step runs.
+
+Interpreting the joint graph node by node (argument mapping, residency checks, lookups) cost
+about 10 µs per fx node, ~15 % of a small GPT's step on CPU. Here residency is checked once, at
+compile time (errors name the action and node), and the step runs straight-line code:
+`V['mm_3'] = T[7](V['view_2'], V['t_1'])`, `K.setdefault('mm_3', V.pop('mm_3', None))`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx
+
+from planner.plan import ActionOp
+
+# The generated function: (values, kept outputs, random-op runner, gradient layout fixer).
+SegmentFunction = Callable[
+    [dict[str, Any], dict[str, Any], Callable[..., Any], Callable[[Any, int], Any]], None
+]
+
+
+class PlanExecutionError(RuntimeError):
+    """The plan asked for something the joint graph cannot do (names the action and node)."""
+
+
+@dataclass(frozen=True)
+class CompiledSegment:
+    function: SegmentFunction
+    computations: int  # compute actions in the segment
+    source: str  # the generated code, for debugging
+
+
+class _Emitter:
+    """Static residency of fx values while a segment's code is generated."""
+
+    def __init__(self, program: Any, available: set[str]) -> None:
+        self.program = program
+        self.available = available  # fx names held in V when the segment reaches this point
+        self.resident: set[int] = set()
+        self.lines: list[str] = []
+        self.constants: list[Any] = []
+        self.const_index: dict[int, int] = {}
+
+    def const(self, value: Any) -> str:
+        key = id(value)
+        if key not in self.const_index:
+            self.const_index[key] = len(self.constants)
+            self.constants.append(value)
+        return f"C[{self.const_index[key]}]"
+
+    def ref(self, node: fx.Node, where: str) -> str:
+        name = node.name
+        if name not in self.available:
+            if name not in self.program.derivable:
+                owner = self.program.group_of.get(name)
+                raise PlanExecutionError(
+                    f"{where}: reads {name} of node {owner}, which is not resident")
+            self.emit_call(node, where)  # a view of a primal or tangent: derived on the spot
+        return f"V[{name!r}]"
+
+    def expr(self, arg: Any, where: str) -> str:
+        if isinstance(arg, fx.Node):
+            return self.ref(arg, where)
+        if isinstance(arg, (list, tuple)) and _has_node(arg):
+            inner = ", ".join(self.expr(a, where) for a in arg)
+            return f"[{inner}]" if isinstance(arg, list) else f"({inner},)"
+        if isinstance(arg, dict) and _has_node(arg.values()):
+            items = ", ".join(f"{k!r}: {self.expr(v, where)}" for k, v in arg.items())
+            return "{" + items + "}"
+        return self.const(arg)
+
+    def emit_call(self, node: fx.Node, where: str) -> None:
+        args = [self.expr(a, where) for a in node.args]
+        args += [f"{k}={self.expr(v, where)}" for k, v in node.kwargs.items()]
+        call = f"{self.const(node.target)}({', '.join(args)})"
+        if node.name in self.program.random:  # replays its RNG state when recomputed
+            call = f"R({node.name!r}, lambda: {call})"
+        self.lines.append(f"V[{node.name!r}] = {call}")
+        if node.name in self.program.grad_of:
+            self.lines.append(f"V[{node.name!r}] = L(V[{node.name!r}], "
+                              f"{self.program.grad_of[node.name]})")
+        self.available.add(node.name)
+
+    def compute(self, group: int, index: int) -> None:
+        where = f"action {index} (C{group})"
+        if group in self.resident:
+            raise PlanExecutionError(f"action {index}: node {group} is already resident")
+        members = self.program.members.get(group)
+        if members is None:
+            raise PlanExecutionError(f"action {index}: node {group} is not in the traced graph")
+        for name in members:
+            self.emit_call(self.program.fx_nodes[name], where)
+        self.resident.add(group)
+
+    def free(self, group: int, index: int) -> None:
+        if group not in self.resident:
+            raise PlanExecutionError(f"action {index}: frees node {group}, which is not resident")
+        self.resident.discard(group)
+        for name in self.program.members[group]:
+            if name not in self.available:
+                continue
+            self.available.discard(name)
+            if name in self.program.output_fx:  # handed back by the step even when freed
+                self.lines.append(f"K.setdefault({name!r}, V.pop({name!r}, None))")
+            else:
+                self.lines.append(f"del V[{name!r}]")
+
+
+def _has_node(values: Iterable[Any]) -> bool:
+    return any(isinstance(v, fx.Node) or (isinstance(v, (list, tuple)) and _has_node(v))
+               for v in values)
+
+
+class SegmentCompiler:
+    """Compiles the forward prefix, then the backward suffix, of one plan (in that order: the
+    suffix starts from what the prefix left resident)."""
+
+    def __init__(self, program: Any) -> None:
+        self.emitter = _Emitter(program, set(program.primals))
+
+    def compile(self, segment: Any, extra_inputs: Iterable[str] = ()) -> CompiledSegment:
+        em = self.emitter
+        em.available.update(extra_inputs)
+        em.lines = []
+        computations = 0
+        for offset, action in enumerate(segment.actions):
+            index = segment.start + offset
+            if action.op is ActionOp.compute:
+                em.compute(action.node, index)
+                computations += 1
+            elif action.op is ActionOp.free:
+                em.free(action.node, index)
+            else:  # offload/prefetch are not remat actions: refuse rather than ignore
+                raise PlanExecutionError(f"action {index} ({action}): {action.op} is not "
+                                         "supported by the remat executor")
+        body = "\n".join(f"    {line}" for line in em.lines) or "    pass"
+        source = f"def segment(V, K, R, L):\n{body}\n"
+        namespace: dict[str, Any] = {"C": list(em.constants)}
+        exec(compile(source, "<plan segment>", "exec"), namespace)  # noqa: S102 - our own code
+        return CompiledSegment(namespace["segment"], computations, source)

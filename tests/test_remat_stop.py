@@ -1,0 +1,51 @@
+"""Ending CP-SAT searches from another thread (auto's HiGHS race stops them on a proof)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from planner.baselines import store_all_peak_bytes
+from planner.simulator import simulate
+from planner.synthetic import training_graph
+from solvers.remat.dtr import best_dtr
+from solvers.remat.exact import solve_milp
+from solvers.remat.intervals import solve_intervals
+from solvers.remat.problem import problem_from_graph
+from solvers.remat.stop import SearchStop
+
+
+def _hard_problem():  # type: ignore[no-untyped-def]
+    g = training_graph(40, skip=3, seed=3)
+    return g, problem_from_graph(g, int(0.6 * store_all_peak_bytes(g)))
+
+
+def test_a_stopped_search_returns_its_hint_at_once() -> None:
+    g, problem = _hard_problem()
+    hint = best_dtr(problem)
+    assert hint is not None
+    stop = SearchStop()
+    stop.stop()
+    started = time.perf_counter()
+    r = solve_intervals(problem, max_computations=2, time_limit_s=60, threads=1, hint=hint,
+                        stop=stop)
+    assert time.perf_counter() - started < 30
+    assert r.actions is not None and simulate(g, r.actions).peak_bytes <= problem.budget_bytes
+
+
+def test_stop_ends_a_running_search_early() -> None:
+    _, problem = _hard_problem()
+    for solve in (
+        lambda stop: solve_intervals(problem, max_computations=2, time_limit_s=120, threads=1,
+                                     stop=stop),
+        lambda stop: solve_milp(problem, "cpsat", time_limit_s=120, threads=1, stop=stop),
+    ):
+        stop = SearchStop()
+        timer = threading.Timer(1.0, stop.stop)
+        timer.start()
+        started = time.perf_counter()
+        r = solve(stop)
+        timer.cancel()
+        # Well under the 120 s limit (generous margins: the machine may be loaded).
+        assert time.perf_counter() - started < 60, r
+        assert r.status != "optimal" or r.actions is not None
