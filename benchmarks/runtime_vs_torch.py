@@ -142,7 +142,7 @@ def run_model(name: str, model: nn.Module, inputs: tuple[Any, ...], container: s
                         note=f"compile {compile_s:.1f} s"))
         targets.append((f"= compile {budget}", act))
     torch._dynamo.reset()
-    traced = trace(model, inputs)
+    traced = trace(model, inputs, dropout_masks="graph")  # sized as the runtime runs
     graph = traced.graph
     for label, target_act in targets:
         budget = graph.fixed_bytes + target_act

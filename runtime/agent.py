@@ -7,8 +7,10 @@
    failing, it falls back to the cache, then to a local baseline plan, and says so;
 3. caches the plan on disk by graph hash, budget and method;
 4. applies it and measures one calibration step (exact live storage on CPU, allocator peak on
-   CUDA; RNG and buffers restored afterwards), then logs the measured step time of the first
-   training steps next to the prediction.
+   CUDA; RNG and buffers restored afterwards); when that step measured more than the budget
+   allows (an allocation the traced graph does not see), it plans once more for a budget
+   tightened by the measured excess and keeps the plan that measured less;
+5. logs the measured step time of the first training steps next to the prediction.
 Every decision is a line in `module.agent_report.messages` and on the `runtime.agent` logger.
 """
 
@@ -18,6 +20,7 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from runtime.apply import PlannedModule, apply
 log = logging.getLogger("runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
 USABLE = (PlanStatus.optimal, PlanStatus.feasible)
+MAX_REPLANS = 3  # tighter budgets tried when a measured step exceeds the budget
 
 
 class ServiceUnavailable(RuntimeError):
@@ -52,6 +56,11 @@ class AgentReport:
     measured_activation_peak_bytes: int | None = None  # the same without gradients
     calibration_ms: float | None = None
     step_ms: list[float] = field(default_factory=list)  # first training steps, forward to forward
+    requested_budget_bytes: int = 0  # the user's budget (budget_bytes: the one planned for)
+
+    def __post_init__(self) -> None:
+        if not self.requested_budget_bytes:
+            self.requested_budget_bytes = self.budget_bytes
 
     @property
     def predicted_activation_bytes(self) -> int | None:
@@ -82,40 +91,117 @@ def plan_for(
     time_limit_s: float = 30.0,
     token: str | None = None,
     calibrate: bool = True,
+    replan: bool = True,
     log_steps: int = 3,
 ) -> PlannedModule:
-    """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all)."""
+    """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all).
+
+    With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
+    measured more than the budget allows is planned once more for a correspondingly tighter
+    budget (see `tighter_budget`), and the better of the two measured plans is kept."""
     from planner.baselines import store_all_peak_bytes
     from planner.tracing.api import trace as trace_fn
 
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    traced = trace_fn(model, inputs, loss_fn=loss_fn, level="op")
+    # Dropout masks sized as the runtime (the joint graph) keeps them.
+    traced = trace_fn(model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph")
     graph = traced.graph
     budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
     cache = PlanCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
-    report = _obtain(graph, budget_bytes, method, server, cache, timeout_s, time_limit_s, token)
-    plan = report.plan
-    if plan.status not in USABLE:
-        smallest = plan.details.get("smallest_feasible_bytes")
-        raise NoPlanFits(
-            f"no plan fits {format_bytes(budget_bytes)} ({plan.method}: {plan.status.value}); "
-            f"smallest feasible found: {format_bytes(smallest)}",
-            smallest,
+
+    def planned(planning_budget: int) -> tuple[PlannedModule, AgentReport]:
+        report = _obtain(graph, planning_budget, method, server, cache, timeout_s,
+                         time_limit_s, token)
+        plan = report.plan
+        if plan.status not in USABLE:
+            smallest = plan.details.get("smallest_feasible_bytes")
+            raise NoPlanFits(
+                f"no plan fits {format_bytes(planning_budget)} ({plan.method}: "
+                f"{plan.status.value}); smallest feasible found: {format_bytes(smallest)}",
+                smallest,
+            )
+        cache.put(graph, planning_budget, method, plan)
+        module = apply(model, plan, inputs, trace=traced)
+        object.__setattr__(module, "agent_report", report)
+        predicted = plan.predicted
+        report.say(
+            f"plan {plan.summary()} from {report.source}; predicted peak "
+            f"{format_bytes(predicted.peak_bytes if predicted else None)} incl. "
+            f"{format_bytes(graph.fixed_bytes)} fixed"
         )
-    cache.put(graph, budget_bytes, method, plan)
-    module = apply(model, plan, inputs, trace=traced)
-    object.__setattr__(module, "agent_report", report)
-    predicted = plan.predicted
-    report.say(
-        f"plan {plan.summary()} from {report.source}; predicted peak "
-        f"{format_bytes(predicted.peak_bytes if predicted else None)} incl. "
-        f"{format_bytes(graph.fixed_bytes)} fixed"
-    )
+        return module, report
+
+    module, report = planned(budget_bytes)
     if calibrate:
         _calibrate(module, model, inputs, report)
+        if replan and tighter_budget(report) is not None:
+            module, report = _replan(planned, module, report, model, inputs)
     if log_steps > 0:
         _StepTimer(module, report, log_steps).install()
     return module
+
+
+def tighter_budget(report: AgentReport) -> int | None:
+    """A planning budget that should bring the measured step within the user's budget, when
+    the calibration step measured more activation memory than the budget leaves (the traced
+    graph missed some allocation); None when the step fits or nothing tighter is possible.
+
+    The excess is assumed to be either a fixed amount or proportional to the prediction;
+    the tighter of the two corrections is taken."""
+    measured = report.measured_activation_peak_bytes
+    predicted = report.predicted_activation_bytes
+    allowed = report.requested_budget_bytes - report.graph.fixed_bytes
+    if measured is None or predicted is None or measured <= allowed or predicted <= 0:
+        return None
+    by_amount = allowed - (measured - predicted)
+    by_ratio = allowed * predicted // measured
+    activations = min(by_amount, by_ratio)
+    if activations <= 0:
+        return None
+    tighter = report.graph.fixed_bytes + activations
+    return tighter if tighter < report.budget_bytes else None
+
+
+def _replan(
+    planned: Callable[[int], tuple[PlannedModule, AgentReport]],
+    module: PlannedModule,
+    report: AgentReport,
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+) -> tuple[PlannedModule, AgentReport]:
+    """Plan again for tighter budgets while the measured step exceeds the user's budget (at most
+    MAX_REPLANS times); keep the plan whose step measured least."""
+    allowed = report.requested_budget_bytes - report.graph.fixed_bytes
+    latest = report
+    for _ in range(MAX_REPLANS):
+        tighter = tighter_budget(latest)
+        if tighter is None:
+            break
+        over = (latest.measured_activation_peak_bytes or 0) - allowed
+        report.say(
+            f"the measured step exceeds the budget by {format_bytes(over)}: planning again "
+            f"for {format_bytes(tighter)}"
+        )
+        try:
+            retry_module, latest = planned(tighter)
+        except NoPlanFits as e:
+            report.say(f"no plan fits the tighter budget ({e})")
+            break
+        latest.requested_budget_bytes = report.requested_budget_bytes
+        report.messages.extend(latest.messages)
+        latest.messages = report.messages  # one log for every attempt
+        _calibrate(retry_module, model, inputs, latest)
+        if (latest.measured_activation_peak_bytes or 0) < (
+                report.measured_activation_peak_bytes or 0):
+            module, report = retry_module, latest
+    fits = (report.measured_activation_peak_bytes or 0) <= allowed
+    report.say(
+        f"kept the plan for {format_bytes(report.budget_bytes)}: the step fits the budget as "
+        "measured" if fits else
+        f"kept the plan for {format_bytes(report.budget_bytes)}: the step still exceeds the "
+        "budget as measured"
+    )
+    return module, report
 
 
 # -- getting a plan ------------------------------------------------------------------------------

@@ -67,7 +67,14 @@ def apply(
     if trace is None:
         from planner.tracing.api import trace as trace_fn
 
-        trace = trace_fn(model, inputs, loss_fn=loss_fn, level="op")
+        # The runtime runs the joint graph, so masks are sized as it keeps them (bool); a
+        # plan solved on an eager-sized trace (the CLI's default) is recognised as well.
+        trace = trace_fn(model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph")
+        if (trace.joint is not None and graph is None
+                and plan.graph_hash != trace.graph.content_hash()):
+            eager = trace_fn(model, inputs, loss_fn=loss_fn, level="op")
+            if plan.graph_hash == eager.graph.content_hash():
+                trace = eager
     if getattr(trace, "level", "op") == "module":
         return _apply_blocks(model, plan, trace, graph, loss_fn)
     if trace.joint is None:

@@ -9,6 +9,7 @@ compile time (errors name the action and node), and the step runs straight-line 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,17 @@ class _Emitter:
         self.lines: list[str] = []
         self.constants: list[Any] = []
         self.const_index: dict[int, int] = {}
+        # Elements of multi-output ops (native_dropout's mask, ...): getitem fx name ->
+        # (tuple fx name, index). The graph gives each element its own node, so an element
+        # must die when its node is freed even while the tuple's own node stays resident.
+        self.element_of: dict[str, tuple[str, int]] = {
+            n.name: (n.args[0].name, n.args[1])
+            for n in program.fx_nodes.values()
+            if n.op == "call_function" and n.target is operator.getitem
+            and isinstance(n.args[0], fx.Node) and isinstance(n.args[1], int)
+        }
+        self.actions: list[Any] = [
+            *program.forward.actions, *program.backward.actions]  # the whole plan, for lookahead
 
     def const(self, value: Any) -> str:
         key = id(value)
@@ -73,12 +85,16 @@ class _Emitter:
             return "{" + items + "}"
         return self.const(arg)
 
-    def emit_call(self, node: fx.Node, where: str) -> None:
+    def call(self, node: fx.Node, where: str) -> str:
         args = [self.expr(a, where) for a in node.args]
         args += [f"{k}={self.expr(v, where)}" for k, v in node.kwargs.items()]
         call = f"{self.const(node.target)}({', '.join(args)})"
         if node.name in self.program.random:  # replays its RNG state when recomputed
             call = f"R({node.name!r}, lambda: {call})"
+        return call
+
+    def emit_call(self, node: fx.Node, where: str) -> None:
+        call = self.call(node, where)
         self.lines.append(f"V[{node.name!r}] = {call}")
         if node.name in self.program.grad_of:
             self.lines.append(f"V[{node.name!r}] = L(V[{node.name!r}], "
@@ -96,6 +112,22 @@ class _Emitter:
             self.emit_call(self.program.fx_nodes[name], where)
         self.resident.add(group)
 
+    def _drop_allowed(self, tup: str, group: int, index: int) -> bool:
+        """Whether an element of `tup` can leave the held tuple when `group` (its getitem's
+        node) is freed at action `index`: the tuple is held by another resident node, and the
+        plan does not compute `group` again from this same tuple (it frees or recomputes the
+        tuple's node first). Else the element stays (memory the plan does not count, but a
+        step that runs)."""
+        owner = self.program.group_of.get(tup)
+        if tup not in self.available or owner == group:
+            return False
+        for action in self.actions[index + 1:]:
+            if action.node == owner:
+                return True
+            if action.node == group and action.op is ActionOp.compute:
+                return False
+        return True
+
     def free(self, group: int, index: int) -> None:
         if group not in self.resident:
             raise PlanExecutionError(f"action {index}: frees node {group}, which is not resident")
@@ -104,6 +136,14 @@ class _Emitter:
             if name not in self.available:
                 continue
             self.available.discard(name)
+            element = self.element_of.get(name)
+            if element is not None and self._drop_allowed(element[0], group, index):
+                # The tuple's node stays resident: drop this element from it, so that its
+                # storage dies with its own node, as the plan counts it.
+                tup, k = element
+                self.lines.append(
+                    f"V[{tup!r}] = type(V[{tup!r}])(None if i == {k} else x "
+                    f"for i, x in enumerate(V[{tup!r}]))")
             if name in self.program.output_fx:  # handed back by the step even when freed
                 self.lines.append(f"K.setdefault({name!r}, V.pop({name!r}, None))")
             else:

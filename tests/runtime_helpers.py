@@ -41,7 +41,7 @@ def traced(name: str) -> Traced:
     from planner.tracing.api import trace
 
     model, inputs = TINY[name]()
-    result = trace(model, inputs)
+    result = trace(model, inputs, dropout_masks="graph")  # as the runtime runs it
     hi = solve(result.graph, 10**15, "store-all").predicted
     lo = solve(result.graph, 10**15, "recompute-all").predicted
     assert hi is not None and lo is not None

@@ -88,3 +88,51 @@ def test_against_a_real_service(tmp_path: Path) -> None:
         assert slow.agent_report.source == "fallback-baseline"
         assert "no plan after 1.5 s" in slow.agent_report.messages[0]
         assert "cancelled" in slow.agent_report.messages[0]
+
+
+def test_a_step_measured_over_budget_is_planned_again(tmp_path: Path, monkeypatch) -> None:
+    """An allocation the traced graph does not see (simulated: a constant extra on every
+    measured step) pushes the first plan over the budget; the agent plans again for budgets
+    tightened by the excess, and the step then fits as measured."""
+    import dataclasses
+
+    import runtime.measure as measure
+    from planner import zoo
+    from planner.baselines import store_all_peak_bytes
+    from planner.tracing.api import trace
+
+    # Activations well above fixed memory, so that tighter plans exist.
+    model, inputs = zoo.mlp(batch_size=64, in_features=16, hidden=32, depth=4)
+    graph = trace(model, inputs, level="op", dropout_masks="graph").graph
+    budget = store_all_peak_bytes(graph)
+    allowed = budget - graph.fixed_bytes
+    first = plan_for(model, inputs, budget, cache_dir=tmp_path, time_limit_s=3, replan=False,
+                     log_steps=0)
+    measured = first.agent_report.measured_activation_peak_bytes
+    assert first.agent_report.budget_bytes == budget
+    extra = max(0, allowed - measured) + allowed // 10  # the first plan now measures 10 % over
+    real = measure.measure_step
+
+    def with_extra(*args, **kwargs):  # type: ignore[no-untyped-def]
+        m = real(*args, **kwargs)
+        return dataclasses.replace(m, activation_peak_bytes=m.activation_peak_bytes + extra,
+                                   peak_bytes=m.peak_bytes + extra)
+
+    monkeypatch.setattr(measure, "measure_step", with_extra)
+    # Without replanning the first plan stays, over budget as measured.
+    model.zero_grad(set_to_none=True)
+    kept = plan_for(model, inputs, budget, cache_dir=tmp_path, replan=False, log_steps=0)
+    assert kept.agent_report.budget_bytes == budget
+    assert kept.agent_report.measured_activation_peak_bytes > allowed
+
+    model.zero_grad(set_to_none=True)
+    module = plan_for(model, inputs, budget, cache_dir=tmp_path, method="auto", time_limit_s=3,
+                      log_steps=0)
+    report = module.agent_report
+    assert report.requested_budget_bytes == budget
+    assert report.budget_bytes < budget, report.messages
+    assert any("planning again" in m for m in report.messages)
+    assert report.plan.predicted.peak_bytes <= report.budget_bytes
+    assert report.measured_activation_peak_bytes <= allowed, "\n".join(report.messages)
+    assert any("the step fits the budget as measured" in m for m in report.messages)
+    _check_module(module, model, inputs)
