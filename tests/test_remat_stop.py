@@ -49,3 +49,18 @@ def test_stop_ends_a_running_search_early() -> None:
         # Well under the 120 s limit (generous margins: the machine may be loaded).
         assert time.perf_counter() - started < 60, r
         assert r.status != "optimal" or r.actions is not None
+
+
+def test_a_highs_solve_in_a_thread_leaves_stdout_alone(capfd) -> None:  # type: ignore[no-untyped-def]
+    """auto races the HiGHS MILP in a thread: the rest of the program must keep its stdout
+    (a redirect of file descriptor 1 there once swallowed benchmark rows and CLI output)."""
+    import os
+
+    _, problem = _hard_problem()
+    thread = threading.Thread(
+        target=lambda: solve_milp(problem, "highs", time_limit_s=3, threads=1))
+    thread.start()
+    time.sleep(0.5)
+    os.write(1, b"still-here\n")  # the file descriptor itself, as native code writes
+    thread.join()
+    assert "still-here" in capfd.readouterr().out

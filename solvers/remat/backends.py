@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -169,7 +170,13 @@ def _pywraplp(model, backend, time_limit_s, threads, seed, hint):
     if hint and backend != "highs":  # pywraplp's HiGHS crashes on hints (OR-Tools 9.15)
         keys = list(hint)
         solver.SetHint([xs[v] for v in keys], [float(hint[v]) for v in keys])
-    with _quiet_stdout(backend.startswith("highs")):  # HiGHS prints a banner regardless
+    # HiGHS's LP path prints a banner whatever the options (its MIP path does not). Silencing
+    # file descriptor 1 silences the whole process, so it is done only for LPs and only on the
+    # main thread: auto races the HiGHS MIP in a thread, and a redirect there swallowed the
+    # output of the rest of the program (rows of a benchmark, a CLI's JSON).
+    quiet = (backend.startswith("highs") and lp_only
+             and threading.current_thread() is threading.main_thread())
+    with _quiet_stdout(quiet):
         code = solver.Solve()
     status = {pywraplp.Solver.OPTIMAL: "optimal", pywraplp.Solver.FEASIBLE: "feasible",
               pywraplp.Solver.INFEASIBLE: "infeasible"}.get(code, "unknown")
