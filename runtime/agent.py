@@ -8,8 +8,9 @@
 3. caches the plan on disk by graph hash, budget and method;
 4. applies it and measures one calibration step (exact live storage on CPU, allocator peak on
    CUDA; RNG and buffers restored afterwards); when that step measured more than the budget
-   allows (an allocation the traced graph does not see), it plans once more for a budget
-   tightened by the measured excess and keeps the plan that measured less;
+   allows (an allocation the traced graph does not see), it plans again for budgets
+   tightened by the measured excess (up to MAX_REPLANS times) and keeps the plan that
+   measured least;
 5. logs the measured step time of the first training steps next to the prediction.
 Every decision is a line in `module.agent_report.messages` and on the `runtime.agent` logger.
 """
@@ -97,8 +98,8 @@ def plan_for(
     """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all).
 
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
-    measured more than the budget allows is planned once more for a correspondingly tighter
-    budget (see `tighter_budget`), and the better of the two measured plans is kept."""
+    measured more than the budget allows is planned again for tighter budgets (see
+    `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept."""
     from planner.baselines import store_all_peak_bytes
     from planner.tracing.api import trace as trace_fn
 

@@ -85,16 +85,12 @@ class _Emitter:
             return "{" + items + "}"
         return self.const(arg)
 
-    def call(self, node: fx.Node, where: str) -> str:
+    def emit_call(self, node: fx.Node, where: str) -> None:
         args = [self.expr(a, where) for a in node.args]
         args += [f"{k}={self.expr(v, where)}" for k, v in node.kwargs.items()]
         call = f"{self.const(node.target)}({', '.join(args)})"
         if node.name in self.program.random:  # replays its RNG state when recomputed
             call = f"R({node.name!r}, lambda: {call})"
-        return call
-
-    def emit_call(self, node: fx.Node, where: str) -> None:
-        call = self.call(node, where)
         self.lines.append(f"V[{node.name!r}] = {call}")
         if node.name in self.program.grad_of:
             self.lines.append(f"V[{node.name!r}] = L(V[{node.name!r}], "

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from solvers.remat.linear import LinearModel
-from solvers.remat.stop import SearchStop
+from solvers.remat.stop import SearchStop, solve_unless_stopped
 
 MIP_BACKENDS = ("cpsat", "scip", "highs", "cbc", "pulp-cbc")
 LP_BACKENDS = ("glop", "highs-lp", "pdlp")
@@ -102,13 +102,9 @@ def _cpsat(model, time_limit_s, threads, seed, hint, stop):
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s - (time.perf_counter() - t0))
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
-    if stop is not None and not stop.register(solver):
+    code = solve_unless_stopped(solver, cp, stop)
+    if code is None:
         return "unknown", None, None
-    try:
-        code = solver.solve(cp)
-    finally:
-        if stop is not None:
-            stop.unregister(solver)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
     values = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from planner.plan import Action, ActionOp, compute, free
 from solvers.remat.exact import RematResult
 from solvers.remat.problem import RematProblem
-from solvers.remat.stop import SearchStop
+from solvers.remat.stop import SearchStop, solve_unless_stopped
 
 
 @dataclass(frozen=True)
@@ -139,14 +139,10 @@ def solve_intervals(
     solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - started))
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
-    if stop is not None and not stop.register(solver):
+    code = solve_unless_stopped(solver, m, stop)
+    if code is None:
         return _hint_result(problem, hint, None, time.perf_counter() - started) or RematResult(
             "unknown", "cpsat-intervals", wall_seconds=time.perf_counter() - started)
-    try:
-        code = solver.solve(m)
-    finally:
-        if stop is not None:
-            stop.unregister(solver)
     wall = time.perf_counter() - started
     if code == cp_model.INFEASIBLE:
         return RematResult("infeasible", "cpsat-intervals", wall_seconds=wall)

@@ -34,3 +34,16 @@ class SearchStop:
             self.stopped = True
             for solver in self._solvers:
                 solver.stop_search()  # CP-SAT: returns what it has found so far
+
+
+def solve_unless_stopped(solver: Any, model: Any, stop: SearchStop | None) -> Any | None:
+    """`solver.solve(model)` (CP-SAT), registered with `stop` so that another thread can end it;
+    None, without searching, when `stop` has already been stopped."""
+    if stop is None:
+        return solver.solve(model)
+    if not stop.register(solver):
+        return None
+    try:
+        return solver.solve(model)
+    finally:
+        stop.unregister(solver)
