@@ -57,7 +57,7 @@ COMMON = (*AUTH_ERRORS, 413, 422)
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()
-    from planner.methods import register_method
+    from planner.engine.registry import register_method
 
     for name, target in settings.extra_methods.items():
         register_method(name, target)
@@ -244,17 +244,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs = store.sweep_jobs(sweep_id)
         if jobs is None:
             raise ApiError(404, f"sweep {sweep_id!r}: no such sweep")
+        from planner.engine.sweep import monotone, record_from_summary
+
+        # The engine's rule, as in `planner-cli sweep`: a plan that fits a budget fits every
+        # larger one, so each budget reports the cheapest finished plan at or below it.
+        budgets = [(None, job.budget_bytes) for job in jobs]
+        points = monotone(budgets, {j.budget_bytes: record_from_summary(j.report, j.budget_bytes)
+                                    for j in jobs})
+        by_budget = {p.budget_bytes: p for p in points}
+        job_of_budget = {j.budget_bytes: j.id for j in jobs}
         entries = []
         for job in jobs:
-            report = job.report or {}
+            point = by_budget[job.budget_bytes]
+            source = point.source_budget_bytes
             entries.append(
                 SweepEntry(
                     id=job.id,
                     url=f"/v1/plans/{job.id}",
                     status=job.status,
                     budget_bytes=job.budget_bytes,
-                    peak_bytes=report.get("peak_bytes"),
-                    overhead_percent=report.get("overhead_percent"),
+                    peak_bytes=point.peak_bytes,
+                    overhead_percent=None if point.overhead is None else 100 * point.overhead,
+                    answered_by=None if source is None else job_of_budget.get(source),
                 )
             )
         return SweepView(
@@ -273,7 +284,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @v1.get("/methods", response_model=list[str], responses=_errors(*AUTH_ERRORS))
     def list_methods() -> list[str]:
-        from planner.methods import method_names
+        from planner.engine.registry import method_names
 
         return method_names()
 

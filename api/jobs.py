@@ -30,7 +30,7 @@ from api.worker import run_job
 
 log = logging.getLogger("planner.api.jobs")
 
-PRELOAD = ["planner.solve", "planner.baseline_methods", "planner.cli.solve_cmds", "api.worker"]
+PRELOAD = ["planner.engine.solve", "planner.engine.reports", "api.worker"]
 PROGRESS_WRITE_INTERVAL_S = 1.0
 # How often running jobs are checked against the store (a cancel through another instance).
 STATUS_CHECK_INTERVAL_S = 1.0

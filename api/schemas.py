@@ -131,6 +131,11 @@ class SweepEntry(BaseModel):
     budget_bytes: int
     peak_bytes: int | None = None
     overhead_percent: float | None = None
+    answered_by: str | None = Field(
+        default=None,
+        description="Id of the plan reported for this budget: this job's own, or a smaller "
+        "budget's cheaper plan (overhead never rises with the budget).",
+    )
 
 
 class SweepView(BaseModel):

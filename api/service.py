@@ -69,7 +69,7 @@ class PlanService:
                     f"max_edges={s.max_edges}",
                     details={"limit": "max_edges", "max": s.max_edges, "got": len(edges)},
                 )
-        from planner.io import graph_from_dict
+        from planner.engine.inputs import graph_from_dict
 
         return graph_from_dict(data, where="graph")
 
@@ -115,13 +115,13 @@ class PlanService:
             return parse_budget(budget, None)
         except InputError:
             pass  # a fraction: it needs the graph's store-all peak
-        from planner.baselines import store_all_peak_bytes
+        from solvers.baselines import store_all_peak_bytes
 
         reference = store_all_peak_bytes(graph or self.stored_graph(graph_hash))
         return parse_budget(budget, reference)
 
     def check_method(self, method: str) -> None:
-        from planner.methods import load_method
+        from planner.engine.registry import load_method
 
         try:
             load_method(method)
@@ -200,9 +200,9 @@ class PlanService:
                 f"plan {job.id} is {job.status}: no schedule to draw",
                 details={"status": job.status},
             )
+        from planner.engine.timeline_plot import plot_timeline
         from planner.plan import Plan
         from planner.simulator import simulate
-        from planner.timeline_plot import plot_timeline
 
         graph = self.stored_graph(job.graph_hash)
         plan = Plan.model_validate(job.plan)

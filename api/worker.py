@@ -43,10 +43,10 @@ def run_job(
             pass
     send_lock = threading.Lock()
     try:
+        from planner.engine.registry import register_method
+        from planner.engine.solve import solve
         from planner.errors import InputError
         from planner.graph import Graph
-        from planner.methods import register_method
-        from planner.solve import solve
 
         for name, target in extra_methods.items():
             register_method(name, target)
@@ -88,7 +88,7 @@ def run_job(
 
 
 def plan_report(plan: Any, graph: Any) -> dict[str, Any]:
-    """The CLI's plan summary (same fields as `planner-cli solve --json`)."""
-    from planner.cli.solve_cmds import plan_summary
+    """The engine's plan summary (same fields as `planner-cli solve --json`)."""
+    from planner.engine.reports import plan_summary
 
     return plan_summary(plan, graph)

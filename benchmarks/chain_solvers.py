@@ -92,14 +92,14 @@ def cell(plan, graph) -> str:
 
 
 def corpus_table(methods: list[str], time_limit: float) -> list[str]:
-    from planner.baselines import store_all_peak_bytes
     from planner.budget import format_bytes
-    from planner.io import load_graph
-    from planner.methods import METHODS
-    from planner.solve import solve
+    from planner.engine.inputs import load_graph
+    from planner.engine.registry import method_names
+    from planner.engine.solve import solve
+    from solvers.baselines import store_all_peak_bytes
     from solvers.chain.linearize import linearize
 
-    methods = [m for m in methods if m in METHODS]
+    methods = [m for m in methods if m in method_names()]
     head = "| graph | nodes | segments | budget | " + " | ".join(methods) + " | rotor time (s) |"
     rows = [head, "|" + "---|" * (len(methods) + 5)]
     for path in sorted(CORPUS.glob("*.json")):

@@ -35,9 +35,9 @@ def main() -> int:
         print(f"no corpus at {CORPUS}: this benchmark needs ../shared/graphs/checkmate")
         return 2
     sys.path.insert(0, str(ROOT))
-    from planner.baselines import store_all_peak_bytes
-    from planner.io import load_graph
-    from planner.solve import solve
+    from planner.engine.inputs import load_graph
+    from planner.engine.solve import solve
+    from solvers.baselines import store_all_peak_bytes
 
     files = sorted(CORPUS.glob("*.json"))
     if args.graphs:

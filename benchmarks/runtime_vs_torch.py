@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from planner import zoo  # noqa: E402
 from planner.budget import format_bytes  # noqa: E402
-from planner.solve import solve  # noqa: E402
+from planner.engine.solve import solve  # noqa: E402
 from planner.tracing.api import trace  # noqa: E402
 from runtime.apply import apply  # noqa: E402
 from runtime.measure import (  # noqa: E402

@@ -30,8 +30,9 @@ def read_json(path: str | Path) -> Any:
 
 
 def graph_from_dict(data: Any, where: str = "graph") -> Graph:
-    """A graph.json document, a Checkmate/Moccasin node-link file (imported on the fly), or a
-    chain.json (its graph, see solvers.chain.layout)."""
+    """A graph.json document or a Checkmate/Moccasin node-link file (imported on the fly).
+
+    chain.json documents are the chain solver's: `planner.engine.inputs` reads all three."""
     if isinstance(data, dict) and "links" in data and "schema_version" not in data:
         from planner.importers.checkmate import import_checkmate
 
@@ -39,18 +40,22 @@ def graph_from_dict(data: Any, where: str = "graph") -> Graph:
             return import_checkmate(data, source=where)
         except InputError as e:
             raise InputError(f"{where}: {e}") from None
-    if isinstance(data, dict) and ("stages" in data or "chain" in data) and "nodes" not in data:
-        # chain.json (solvers.chain.model): turned into its equivalent graph
-        from solvers.chain.layout import chain_graph
-        from solvers.chain.model import chain_from_dict
-
-        return chain_graph(chain_from_dict(data, where))[0]
+    if is_chain_document(data):
+        raise InputError(
+            f"{where}: a chain.json, not a graph.json: load it with planner.engine.inputs "
+            "(or `planner-cli`, which accepts both)"
+        )
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a JSON object with 'nodes' and 'edges'")
     try:
         return Graph.model_validate(data)
     except ValidationError as e:
         raise InputError(f"{where}: {describe_validation_error(e, data)}") from None
+
+
+def is_chain_document(data: Any) -> bool:
+    """A chain.json (solvers.chain.model) rather than a graph.json."""
+    return isinstance(data, dict) and ("stages" in data or "chain" in data) and "nodes" not in data
 
 
 def load_graph(path: str | Path) -> Graph:

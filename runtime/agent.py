@@ -100,8 +100,8 @@ def plan_for(
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
     measured more than the budget allows is planned again for tighter budgets (see
     `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept."""
-    from planner.baselines import store_all_peak_bytes
     from planner.tracing.api import trace as trace_fn
+    from solvers.baselines import store_all_peak_bytes
 
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     # Dropout masks sized as the runtime (the joint graph) keeps them.
@@ -227,7 +227,7 @@ def _obtain(
             path = cache.path_of(graph, budget_bytes, method)
             out.say(f"service unavailable ({reason}); using the cached plan {path}")
             return out
-        from planner.solve import solve
+        from planner.engine.solve import solve
 
         plan = solve(graph, budget_bytes, FALLBACK_METHOD, time_limit_s=time_limit_s)
         out = report("fallback-baseline", plan)
@@ -241,7 +241,7 @@ def _obtain(
         out = report("cache", cached)
         out.say(f"cached plan {cache.path_of(graph, budget_bytes, method)}")
         return out
-    from planner.solve import solve
+    from planner.engine.solve import solve
 
     started = time.perf_counter()
     plan = solve(graph, budget_bytes, method, time_limit_s=time_limit_s)
@@ -255,10 +255,8 @@ def ask_service(
     time_limit_s: float, token: str | None = None,
 ) -> Plan:
     """POST /v1/plans and poll until the job finishes; ServiceUnavailable on any failure."""
-    import httpx
+    from planner.client import PlannerClient, ServiceError, ServiceTimeout
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    deadline = time.monotonic() + timeout_s
     body = {
         "graph": graph.model_dump(mode="json"),
         "budget": budget_bytes,
@@ -266,24 +264,17 @@ def ask_service(
         "time_limit": time_limit_s,
     }
     try:
-        with httpx.Client(
-            base_url=server.rstrip("/"), headers=headers, timeout=min(timeout_s, 30)
-        ) as client:
-            answer = client.post("/v1/plans", json=body)
-            _check(answer)
-            job = answer.json()
-            while job.get("status") not in ("done", "infeasible", "failed", "cancelled"):
-                if time.monotonic() > deadline:
-                    _cancel(client, str(job.get("id")))
-                    raise ServiceUnavailable(
-                        f"no plan after {timeout_s:g} s (job {job.get('id')}, cancelled)"
-                    )
-                time.sleep(0.1)
-                answer = client.get(f"/v1/plans/{job['id']}")
-                _check(answer)
-                job = answer.json()
-    except httpx.HTTPError as e:
-        raise ServiceUnavailable(f"{type(e).__name__}: {e}") from None
+        with PlannerClient(server, token, timeout_s=min(timeout_s, 30)) as client:
+            _, job = client.submit_plan(body)
+            try:
+                job = client.wait(str(job["id"]), timeout_s=timeout_s,
+                                  on_change=lambda j: log.debug("job %s: %s", j.get("id"),
+                                                                j.get("status")))
+            except ServiceTimeout as e:
+                _cancel(client, str(job.get("id")))
+                raise ServiceUnavailable(f"{e}, cancelled") from None
+    except ServiceError as e:
+        raise ServiceUnavailable(str(e)) from None
     if job["status"] in ("failed", "cancelled") or not job.get("plan"):
         raise ServiceUnavailable(f"job {job.get('id')} {job['status']}: {job.get('error') or ''}")
     plan = plan_from_dict(job["plan"], where=f"{server} job {job.get('id')}")
@@ -295,18 +286,9 @@ def ask_service(
 def _cancel(client: Any, job_id: str) -> None:
     """Best effort: a solve nobody waits for should not keep a service worker busy."""
     try:
-        client.delete(f"/v1/plans/{job_id}", timeout=5)
+        client.cancel_plan(job_id)
     except Exception as e:  # the fallback matters more than the cancel
         log.warning("could not cancel job %s: %s", job_id, e)
-
-
-def _check(answer: Any) -> None:
-    if answer.status_code >= 400:
-        try:
-            message = answer.json()["error"]["message"]
-        except Exception:
-            message = answer.text[:200]
-        raise ServiceUnavailable(f"HTTP {answer.status_code}: {message}")
 
 
 class PlanCache:

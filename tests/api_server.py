@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from planner.graph import Graph
-from planner.methods import MethodResult, SolveRequest
 from planner.plan import Plan
 from planner.simulator import simulate
+from solvers.request import MethodResult, SolveRequest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -34,7 +34,7 @@ POSTGRES_ENV = "PLANNER_TEST_POSTGRES_URL"
 def slow_method(request: SolveRequest) -> MethodResult:
     """chen-greedy after `options["sleep_s"]` seconds of reported progress: a solve that is
     reliably still running when a test cancels it or kills the server."""
-    from planner.baseline_methods import chen_greedy
+    from solvers.baseline_methods import chen_greedy
 
     end = time.monotonic() + float(request.options.get("sleep_s", 5.0))
     while time.monotonic() < end:

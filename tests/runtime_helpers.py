@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner import zoo  # noqa: E402
-from planner.methods import METHODS  # noqa: E402
+from planner.engine.registry import method_names  # noqa: E402
+from planner.engine.solve import solve  # noqa: E402
 from planner.plan import Plan  # noqa: E402
-from planner.solve import solve  # noqa: E402
 
 # Tiny versions of the zoo models: every solver finishes in seconds on their graphs.
 TINY = {
@@ -49,8 +49,8 @@ def traced(name: str) -> Traced:
 
 
 def plan_or_skip(t: Traced, method: str, budget_bytes: int) -> Plan:
-    if method not in METHODS:
-        pytest.skip(f"method {method!r} is not registered in planner.methods.METHODS yet")
+    if method not in method_names():
+        pytest.skip(f"method {method!r} is not registered in the registry yet")
     plan = solve(t.graph, budget_bytes, method, time_limit_s=SOLVE_LIMIT_S)
     smallest = plan.details.get("smallest_feasible_bytes")
     if plan.status.value == "infeasible" and smallest and smallest < t.store_all_peak:

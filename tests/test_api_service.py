@@ -23,9 +23,9 @@ from api_server import (
     wait_status,
 )
 
-from planner.baselines import store_all_peak_bytes
 from planner.graph import Graph
 from planner.synthetic import training_graph
+from solvers.baselines import store_all_peak_bytes
 
 GRAPH = training_graph(16, skip=4, seed=1)
 DOC = GRAPH.model_dump(mode="json")

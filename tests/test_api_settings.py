@@ -58,8 +58,8 @@ def test_postgres_urls_use_psycopg3() -> None:
 
 def test_service_imports_without_torch() -> None:
     code = (
-        "import sys, api.app, api.worker, planner.cli.service_cmds, planner.solve\n"
-        "from planner.cli.solve_cmds import plan_summary\n"
+        "import sys, api.app, api.worker, planner.cli.service_cmds, planner.engine.solve\n"
+        "from planner.engine.reports import plan_summary\n"
         "assert 'torch' not in sys.modules, 'the service imported torch'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -9,7 +9,14 @@ from conftest import make_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.baselines import (
+from planner.engine import registry
+from planner.engine.solve import solve
+from planner.errors import InputError
+from planner.graph import Edge, Graph, Node, Phase
+from planner.plan import ActionOp, PlanStatus, compute
+from planner.simulator import lower_bound_peak_bytes, simulate
+from planner.synthetic import random_dag, training_graph
+from solvers.baselines import (
     BASELINES,
     checkpoint_schedule,
     chen_greedy,
@@ -19,13 +26,7 @@ from planner.baselines import (
     store_all,
     store_all_peak_bytes,
 )
-from planner.errors import InputError
-from planner.graph import Edge, Graph, Node, Phase
-from planner.methods import METHODS, MethodResult, SolveRequest
-from planner.plan import ActionOp, PlanStatus, compute
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.solve import solve
-from planner.synthetic import random_dag, training_graph
+from solvers.request import MethodResult, SolveRequest
 
 # "auto" belongs to the solvers (tested there); these need no solver.
 ALL_METHODS = [*BASELINES, "best-baseline"]
@@ -232,7 +233,7 @@ def _claims_optimal(request: SolveRequest) -> MethodResult:
 
 
 def test_solve_marks_an_invalid_plan_as_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(METHODS, "invalid", "test_baselines:_invalid_plan")
+    monkeypatch.setattr(registry, "_PLUGINS", {"invalid": "test_baselines:_invalid_plan"})
     graph = make_graph({0: 1, 1: 1}, [(0, 1)])
     plan = solve(graph, 100, "invalid")
     assert plan.status is PlanStatus.error
@@ -241,7 +242,7 @@ def test_solve_marks_an_invalid_plan_as_error(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_solve_without_a_plan_is_not_feasible(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(METHODS, "none", "test_baselines:_no_plan")
+    monkeypatch.setattr(registry, "_PLUGINS", {"none": "test_baselines:_no_plan"})
     graph = make_graph({0: 1, 1: 1}, [(0, 1)])
     plan = solve(graph, 100, "none")
     assert plan.status is PlanStatus.timeout
@@ -249,7 +250,7 @@ def test_solve_without_a_plan_is_not_feasible(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_solve_uses_the_simulator_not_the_method_claims(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(METHODS, "claims", "test_baselines:_claims_optimal")
+    monkeypatch.setattr(registry, "_PLUGINS", {"claims": "test_baselines:_claims_optimal"})
     graph = training_graph(8)
     plan = solve(graph, 10**12, "claims")
     sim = simulate(graph, plan)

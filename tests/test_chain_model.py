@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from planner.engine.inputs import graph_from_dict
 from planner.errors import InputError
-from planner.io import graph_from_dict, write_json
+from planner.io import write_json
 from planner.synthetic import training_graph
 from solvers.chain.blocks import BlockMode, BlockPlan
 from solvers.chain.layout import chain_of_graph
@@ -101,7 +102,7 @@ def test_block_plan_forms() -> None:
 
 
 def test_homogeneous_chain_graph_store_all() -> None:
-    from planner.baselines import store_all_peak_bytes
+    from solvers.baselines import store_all_peak_bytes
     from solvers.chain.layout import chain_graph
     from solvers.chain.sequence import run_sequence
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from planner.baselines import store_all_peak_bytes
+from planner.engine.solve import solve
 from planner.graph import Graph
 from planner.plan import PlanStatus
 from planner.simulator import simulate
-from planner.solve import solve
 from planner.synthetic import training_graph
+from solvers.baselines import store_all_peak_bytes
 from solvers.chain.layout import chain_graph, chain_of_graph
 from solvers.chain.linearize import linearize
 from solvers.chain.model import Chain, Stage
@@ -137,7 +137,7 @@ def test_linearised_plain_chain_is_exact() -> None:
     "name", ["vgg16_b256_train.json", "vgg_unet_b32_train.json", "mobilenet_b512_train.json"]
 )
 def test_linearised_corpus_graphs(shared_checkmate_dir: Path, name: str) -> None:
-    from planner.io import load_graph
+    from planner.engine.inputs import load_graph
 
     path = shared_checkmate_dir / name
     if not path.is_file():

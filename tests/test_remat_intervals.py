@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from test_remat_milp import varied_dag
 
-from planner.baselines import store_all_peak_bytes
 from planner.simulator import lower_bound_peak_bytes, simulate
 from planner.synthetic import random_dag, training_graph
+from solvers.baselines import store_all_peak_bytes
 from solvers.remat.dtr import SCORES, best_dtr, dtr_depth_first_plan, dtr_plan
 from solvers.remat.exact import solve_milp
 from solvers.remat.intervals import solve_intervals

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.baselines import store_all_peak_bytes
+from planner.engine.solve import solve
 from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.solve import solve
 from planner.synthetic import random_dag, training_graph
+from solvers.baselines import store_all_peak_bytes
 from solvers.remat.exact import solve_milp
 from solvers.remat.lp_rounding import lp_relaxation, solve_lp_rounding
 from solvers.remat.problem import problem_from_graph

@@ -8,10 +8,10 @@ import random
 import pytest
 from remat_bruteforce import brute_force_cost
 
-from planner.baselines import BASELINES, store_all_peak_bytes
 from planner.graph import FixedMemory, Graph, Node
 from planner.simulator import lower_bound_peak_bytes, simulate
 from planner.synthetic import random_dag
+from solvers.baselines import BASELINES, store_all_peak_bytes
 from solvers.remat.backends import MIP_BACKENDS
 from solvers.remat.exact import solve_milp
 from solvers.remat.milp import build_checkmate

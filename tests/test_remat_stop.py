@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from planner.baselines import store_all_peak_bytes
 from planner.simulator import simulate
 from planner.synthetic import training_graph
+from solvers.baselines import store_all_peak_bytes
 from solvers.remat.dtr import best_dtr
 from solvers.remat.exact import solve_milp
 from solvers.remat.intervals import solve_intervals

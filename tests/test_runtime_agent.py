@@ -98,8 +98,8 @@ def test_a_step_measured_over_budget_is_planned_again(tmp_path: Path, monkeypatc
 
     import runtime.measure as measure
     from planner import zoo
-    from planner.baselines import store_all_peak_bytes
     from planner.tracing.api import trace
+    from solvers.baselines import store_all_peak_bytes
 
     # Activations well above fixed memory, so that tighter plans exist.
     model, inputs = zoo.mlp(batch_size=64, in_features=16, hidden=32, depth=4)

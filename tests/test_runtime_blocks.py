@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
 from planner import zoo  # noqa: E402
-from planner.methods import METHODS  # noqa: E402
-from planner.solve import solve  # noqa: E402
+from planner.engine.registry import method_names  # noqa: E402
+from planner.engine.solve import solve  # noqa: E402
 from runtime.apply import apply  # noqa: E402
 from runtime.block_executor import (  # noqa: E402
     BlockPlanError,
@@ -79,8 +79,8 @@ def test_block_plans_that_do_not_fit_are_refused() -> None:
 
 @pytest.mark.parametrize("which", [0, 1], ids=["budget-high", "budget-low"])
 def test_rotor_plan_on_module_trace(which: int) -> None:
-    if "rotor" not in METHODS:
-        pytest.skip("method 'rotor' is not registered in planner.methods.METHODS yet")
+    if "rotor" not in method_names():
+        pytest.skip("method 'rotor' is not registered in the registry yet")
     model, inputs, result = gpt_blocks()
     graph = result.graph
     hi = solve(graph, 10**15, "store-all").predicted.peak_bytes

@@ -16,7 +16,7 @@ def test_cuda_plan_matches_eager_and_prediction() -> None:
     from runtime_helpers import eager_step, planned_step
 
     from planner import zoo
-    from planner.solve import solve
+    from planner.engine.solve import solve
     from planner.tracing.api import trace
     from runtime.apply import apply
     from runtime.measure import measure_step, training_step

@@ -53,7 +53,7 @@ def test_dropout_masks_die_with_their_own_node() -> None:
     the runtime then drops the mask from the op's held result, so the step measures what the
     plan predicts (before, the mask lived on inside the tuple: 1.14x the prediction here)."""
     from planner import zoo
-    from planner.solve import solve
+    from planner.engine.solve import solve
     from planner.tracing.api import trace
 
     model, inputs = zoo.mlp(batch_size=64, in_features=16, hidden=32, depth=4)

@@ -58,9 +58,9 @@ def import_checkmate(
 
 
 def graph_info(graph_path: Path) -> dict[str, object]:
-    from planner.baselines import store_all_peak_bytes
-    from planner.io import load_graph
+    from planner.engine.inputs import load_graph
     from planner.simulator import lower_bound_peak_bytes
+    from solvers.baselines import store_all_peak_bytes
 
     graph = load_graph(graph_path)
     phases: dict[str, int] = {}
@@ -102,7 +102,8 @@ def validate(
     as_json: JsonFlag = False,
 ) -> None:
     """Check a graph.json, and a plan.json against it (exit 2 with the first problem)."""
-    from planner.io import load_graph, load_plan
+    from planner.engine.inputs import load_graph
+    from planner.io import load_plan
     from planner.simulator import PlanError, simulate
 
     graph = load_graph(graph_path)
@@ -150,7 +151,8 @@ def simulate_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Replay a plan: peak memory, compute cost and the memory timeline."""
-    from planner.io import load_graph, load_plan
+    from planner.engine.inputs import load_graph
+    from planner.io import load_plan
     from planner.simulator import PlanError, simulate
 
     graph = load_graph(graph_path)
@@ -160,7 +162,7 @@ def simulate_cmd(
     except PlanError as e:
         raise InputError(f"{plan_path}: {e}") from None
     if plot is not None:
-        from planner.timeline_plot import plot_timeline
+        from planner.engine.timeline_plot import plot_timeline
 
         title = f"{graph.metadata.model_name or graph_path.name}: {plan.method}"
         try:

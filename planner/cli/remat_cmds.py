@@ -32,13 +32,14 @@ def min_budget_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """The least memory budget for which a plan exists: a plan achieving it plus a bound."""
-    from planner.baselines import store_all_peak_bytes
-    from planner.io import load_graph, write_json
-    from planner.methods import MethodResult
+    from planner.engine.inputs import load_graph
+    from planner.engine.solve import checked_plan
+    from planner.io import write_json
     from planner.plan import PlanStatus
-    from planner.solve import checked_plan
+    from solvers.baselines import store_all_peak_bytes
     from solvers.remat.backends import MIP_BACKENDS
     from solvers.remat.min_budget import min_budget
+    from solvers.request import MethodResult
 
     if backend not in MIP_BACKENDS or backend == "pulp-cbc":
         from planner.errors import InputError
@@ -97,10 +98,10 @@ def sweep_cmd(
     from rich.progress import Progress
     from rich.table import Table
 
-    from planner.baselines import store_all_peak_bytes
-    from planner.io import load_graph
-    from planner.methods import load_method
-    from solvers.remat.sweep import parse_budgets, run_sweep
+    from planner.engine.inputs import load_graph
+    from planner.engine.registry import load_method
+    from planner.engine.sweep import parse_budgets, run_sweep
+    from solvers.baselines import store_all_peak_bytes
 
     graph = load_graph(graph_path)
     load_method(method)  # unknown method: one line, before any process starts

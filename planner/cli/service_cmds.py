@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,7 +16,7 @@ from planner.cli.output import console, key_value_table, print_json
 from planner.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
-    import httpx
+    from planner.client import PlannerClient
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOpt = Annotated[
@@ -30,7 +29,6 @@ TokenOpt = Annotated[
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", help="plan.json to write")]
-FINISHED = ("done", "infeasible", "failed", "cancelled")
 
 
 def register(app: typer.Typer) -> None:
@@ -89,32 +87,21 @@ def _redact(url: str) -> str:
     return url
 
 
-def _client(server: str, token: str | None) -> httpx.Client:
-    import httpx
+def _client(server: str, token: str | None) -> PlannerClient:
+    from planner.client import PlannerClient
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=30.0)
+    return PlannerClient(server, token)
 
 
 def _call(
-    client: httpx.Client, method: str, path: str, **kwargs: Any
+    client: PlannerClient, method: str, path: str, **kwargs: Any
 ) -> tuple[int, dict[str, Any]]:
-    import httpx
+    from planner.client import ServiceError
 
     try:
-        response = client.request(method, path, **kwargs)
-    except httpx.HTTPError as e:
-        raise InputError(f"{client.base_url}: cannot reach the service: {e}") from None
-    try:
-        body = response.json()
-    except ValueError:
-        raise InputError(
-            f"{client.base_url}{path}: HTTP {response.status_code}, not a JSON answer"
-        ) from None
-    if response.status_code >= 400:
-        message = body.get("error", {}).get("message") if isinstance(body, dict) else None
-        raise InputError(f"{client.base_url}: HTTP {response.status_code}: {message or body}")
-    return response.status_code, body
+        return client.request(method, path, **kwargs)
+    except ServiceError as e:
+        raise InputError(str(e)) from None
 
 
 def submit(
@@ -177,18 +164,19 @@ def _budget_value(text: str) -> int | float | str:
         return text
 
 
-def _poll(client: httpx.Client, plan_id: str, quiet: bool) -> dict[str, Any]:
-    delay = 0.2
-    last = None
-    while True:
-        _, answer = _call(client, "GET", f"/v1/plans/{plan_id}")
-        if answer["status"] in FINISHED:
-            return answer
-        if not quiet and answer["status"] != last:
-            console.print(f"{plan_id}: {answer['status']}")
-            last = answer["status"]
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+def _poll(client: PlannerClient, plan_id: str, quiet: bool) -> dict[str, Any]:
+    from planner.client import ServiceError
+
+    def show(job: dict[str, Any]) -> None:
+        if not quiet:
+            progress = job.get("progress") or {}
+            known = {k: v for k, v in progress.items() if v is not None}
+            console.print(f"{plan_id}: {job['status']}" + (f" {known}" if known else ""))
+
+    try:
+        return client.wait(plan_id, on_change=show)
+    except ServiceError as e:
+        raise InputError(str(e)) from None
 
 
 def _show(answer: dict[str, Any], as_json: bool, output: Path | None) -> None:

@@ -14,7 +14,6 @@ from planner.errors import NoPlanFits
 
 if TYPE_CHECKING:
     from planner.graph import Graph
-    from planner.plan import Plan
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 BUNDLED_EXAMPLE = "resnet24.json"
@@ -24,40 +23,6 @@ def register(app: typer.Typer) -> None:
     app.command("solve")(solve_cmd)
     app.command("demo")(demo)
     app.command("methods")(methods)
-
-
-def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:
-    from planner.baselines import store_all_peak_bytes
-
-    peak = plan.predicted.peak_bytes if plan.predicted else None
-    return {
-        "status": plan.status.value,
-        "method": plan.method,
-        "backend": plan.backend,
-        "budget_bytes": plan.budget_bytes,
-        "peak_bytes": peak,
-        "store_all_peak_bytes": store_all_peak_bytes(graph),
-        "compute_cost": plan.predicted.compute_cost if plan.predicted else None,
-        "overhead_percent": 100 * plan.predicted.overhead if plan.predicted else None,
-        "objective": plan.objective,
-        "lower_bound": plan.lower_bound,
-        "gap_percent": None if plan.gap is None else 100 * plan.gap,
-        "wall_seconds": round(plan.wall_seconds, 3),
-        "actions": len(plan.actions),
-        "smallest_feasible_bytes": plan.details.get("smallest_feasible_bytes"),
-        "notes": plan.notes,
-    }
-
-
-def smallest_budget_tried(graph: Graph, plan: Plan) -> int | None:
-    """The least peak among the plan's own report and every baseline: a budget that works."""
-    from planner.solve import smallest_baseline_peak_bytes
-
-    candidates = [smallest_baseline_peak_bytes(graph)]
-    known = plan.details.get("smallest_feasible_bytes")
-    if known is not None:
-        candidates.append(int(known))
-    return min(candidates)
 
 
 def run_solve(
@@ -72,10 +37,11 @@ def run_solve(
     as_json: bool,
     options: dict[str, object] | None = None,
 ) -> None:
-    from planner.baselines import store_all_peak_bytes
+    from planner.engine.reports import plan_summary, smallest_budget_tried
+    from planner.engine.solve import solve
     from planner.io import write_json
     from planner.plan import PlanStatus
-    from planner.solve import solve
+    from solvers.baselines import store_all_peak_bytes
 
     budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
     plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed,
@@ -148,7 +114,7 @@ def solve_cmd(
     ] = None,
 ) -> None:
     """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
-    from planner.io import load_graph
+    from planner.engine.inputs import load_graph
 
     graph = load_graph(graph_path)
     options: dict[str, object] | None = {"backend": backend} if backend else None
@@ -169,7 +135,7 @@ def demo(
     as_json: JsonFlag = False,
 ) -> None:
     """Solve the bundled example graph (a 24-layer residual network) and print the plan summary."""
-    from planner.io import load_graph
+    from planner.engine.inputs import load_graph
 
     path = bundled_example_path()
     run_solve(path, load_graph(path), budget, method, output, time_limit, 2, 0, as_json)
@@ -177,10 +143,10 @@ def demo(
 
 def methods(as_json: JsonFlag = False) -> None:
     """List the planning methods."""
-    from planner.methods import METHODS, method_names
+    from planner.engine.registry import method_names, method_target
 
     if as_json:
-        print_json({name: METHODS[name] for name in method_names()})
+        print_json({name: method_target(name) for name in method_names()})
     else:
         for name in method_names():
-            console.print(f"{name:16} {METHODS[name]}")
+            console.print(f"{name:16} {method_target(name)}")

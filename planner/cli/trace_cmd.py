@@ -99,8 +99,8 @@ def _first(out: Any) -> Any:
 
 
 def trace_summary(result: Any) -> dict[str, Any]:
-    from planner.baselines import store_all_peak_bytes
     from planner.graph import Phase
+    from solvers.baselines import store_all_peak_bytes
 
     g = result.graph
     fwd = sum(n.compute_ms for n in g.nodes if n.phase is not Phase.backward)

@@ -1,7 +1,7 @@
 """graph.json -> a chain of segments, so that the chain solvers apply to any training graph.
 
 Joints are forward nodes that every later forward node depends on only through them (the
-definition of `planner.baselines.cut_points`, without its fallback). Segment i holds the
+definition of `solvers.baselines.cut_points`, without its fallback). Segment i holds the
 forward nodes after joint i-1 up to joint i (the last segment ends at the last forward node);
 its backward nodes are the backward nodes that read its forward values:
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.baselines import joint_positions
 from planner.graph import Graph, Phase
 from planner.plan import Action, ActionOp
+from solvers.baselines import joint_positions
 from solvers.chain.layout import ChainLayout
 from solvers.chain.model import Chain, Stage
 from solvers.chain.sequence import Op, OpKind

@@ -1,9 +1,9 @@
-"""Planner methods on chains: `rotor`, `revolve`, `chain-chen-sqrt` (see planner.methods).
+"""Planner methods on chains: `rotor`, `revolve`, `chain-chen-sqrt` (see planner.engine.registry).
 
 A graph built from a chain.json (`solvers.chain.layout.chain_graph`) is solved on that exact
 chain; any other graph is linearised first (`solvers.chain.linearize`). The operation sequence
-is translated to plan actions and judged by the simulator in `planner.solve`; the chain model's
-own prediction, the operation sequence and the block-level plan travel in `details`.
+is translated to plan actions and judged by the simulator in `planner.engine.solve`; the chain
+model's own prediction, the operation sequence and the block-level plan travel in `details`.
 
 Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500) and
 `refine` (extra DP runs that win back rounding loss, default 2).
@@ -17,13 +17,13 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.graph import Graph
-from planner.methods import MethodResult, SolveRequest
 from planner.plan import PlanStatus
 from planner.simulator import PlanError, simulate
 from solvers.chain.blocks import BlockPlan
 from solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
 from solvers.chain.model import Chain
 from solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
+from solvers.request import MethodResult, SolveRequest
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from planner.baselines import BASELINES, store_all
 from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import lower_bound_peak_bytes, simulate
+from solvers.baselines import BASELINES, store_all
 from solvers.remat.dtr import best_dtr
 from solvers.remat.exact import RematResult, solve_milp
 from solvers.remat.greedy import greedy_eviction

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from planner.baselines import checkpoint_schedule
 from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import SimulationResult, simulate
+from solvers.baselines import checkpoint_schedule
 
 
 def _live_at_peak(graph: Graph, actions: list[Action], sim: SimulationResult) -> set[int]:

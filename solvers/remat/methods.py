@@ -1,13 +1,13 @@
-"""Planning methods (planner.methods registry) backed by the remat solvers."""
+"""Planning methods (planner.engine.registry registry) backed by the remat solvers."""
 
 from __future__ import annotations
 
 from planner.errors import InputError
-from planner.methods import MethodResult, SolveRequest
 from planner.plan import PlanStatus
 from solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
 from solvers.remat.exact import RematResult, solve_milp
 from solvers.remat.problem import problem_from_graph, staged_from_actions
+from solvers.request import MethodResult, SolveRequest
 
 _STATUS = {"optimal": PlanStatus.optimal, "feasible": PlanStatus.feasible,
            "infeasible": PlanStatus.infeasible, "unknown": PlanStatus.timeout}
@@ -43,7 +43,7 @@ def _result(request: SolveRequest, r: RematResult) -> MethodResult:
 
 
 def _baseline_hint(request: SolveRequest, problem):
-    from planner.baseline_methods import best_baseline
+    from solvers.baseline_methods import best_baseline
 
     base = best_baseline(request)
     if base.actions is None:
@@ -63,7 +63,7 @@ def milp(request: SolveRequest) -> MethodResult:
 
 def lp_rounding(request: SolveRequest) -> MethodResult:
     """LP relaxation + two-phase rounding; never over budget (falls back to the best baseline)."""
-    from planner.baseline_methods import best_baseline
+    from solvers.baseline_methods import best_baseline
     from solvers.remat.lp_rounding import solve_lp_rounding
 
     backend = _backend(request, "highs-lp", LP_BACKENDS)
@@ -103,7 +103,7 @@ def auto(request: SolveRequest) -> MethodResult:
 def cpsat_intervals(request: SolveRequest) -> MethodResult:
     """Moccasin-style CP-SAT interval model; options: max_computations (int, caps each node's
     computations: then its bound is not claimed), hint (bool, from the best baseline)."""
-    from planner.baseline_methods import best_baseline
+    from solvers.baseline_methods import best_baseline
     from solvers.remat.intervals import solve_intervals
 
     cap = request.options.get("max_computations")

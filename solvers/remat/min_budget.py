@@ -6,10 +6,10 @@ import math
 import time
 from dataclasses import dataclass
 
-from planner.baselines import BASELINES
 from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import lower_bound_peak_bytes, simulate
+from solvers.baselines import BASELINES
 from solvers.remat.backends import solve_linear
 from solvers.remat.milp import build_checkmate
 from solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions

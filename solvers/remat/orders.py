@@ -77,7 +77,7 @@ def explore_orders(graph: Graph, budget_bytes: int, deadline: float, seed: int =
                    ) -> Iterator[tuple[str, list[int]]]:
     """The candidate orders, then randomised greedy ones until one's store-all fits or time
     runs out."""
-    from planner.baselines import store_all_peak_bytes
+    from solvers.baselines import store_all_peak_bytes
 
     yield from candidate_orders(graph).items()
     rng = random.Random(seed)

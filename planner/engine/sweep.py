@@ -69,8 +69,8 @@ def _is_fraction(token: str) -> bool:
 
 def _solve_one(graph_json: str, budget: int, method: str, time_limit_s: float, threads: int,
                seed: int) -> dict[str, object]:
+    from planner.engine.solve import solve
     from planner.graph import Graph as _Graph
-    from planner.solve import solve
 
     graph = _Graph.model_validate_json(graph_json)
     plan = solve(graph, budget, method, time_limit_s=time_limit_s, threads=threads, seed=seed)
@@ -120,6 +120,30 @@ def run_sweep(
                 if on_done:
                     on_done(futures[fut])
     return monotone(budgets, raw)
+
+
+def record_from_summary(summary: dict[str, object] | None, budget_bytes: int) -> dict[str, object]:
+    """The sweep record of one solved budget from its plan summary (`reports.plan_summary`), so
+    the service's sweeps are made monotone by the same rule as the CLI's."""
+    summary = summary or {}
+    fits = summary.get("status") in ("optimal", "feasible")
+    overhead_pct = summary.get("overhead_percent")
+    overhead = float(overhead_pct) / 100 if fits and overhead_pct is not None else None  # type: ignore[arg-type]
+    cost, bound = summary.get("compute_cost"), summary.get("lower_bound")
+    bound_overhead = None
+    if overhead is not None and cost and bound is not None:
+        base = float(cost) / (1 + overhead)  # type: ignore[arg-type]
+        bound_overhead = (float(bound) - base) / base if base else None  # type: ignore[arg-type]
+    return {
+        "budget": budget_bytes,
+        "status": str(summary.get("status", "queued")),
+        "peak": summary.get("peak_bytes") if fits else None,
+        "cost": cost if fits else None,
+        "overhead": overhead,
+        "bound_overhead": bound_overhead,
+        "wall": float(summary.get("wall_seconds") or 0.0),  # type: ignore[arg-type]
+        "actions": "",
+    }
 
 
 def monotone(budgets: list[tuple[float | None, int]], raw: dict[int, dict[str, object]]

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from planner.engine.registry import MethodResult, SolveRequest, load_method
 from planner.errors import InputError
 from planner.graph import Graph
-from planner.methods import MethodResult, SolveRequest, load_method
 from planner.plan import Plan, PlanStatus, relative_gap
 from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 
@@ -68,7 +68,7 @@ def solve(
 
 def smallest_baseline_peak_bytes(graph: Graph) -> int:
     """The least peak any baseline reaches: a budget known to work (cheap to compute)."""
-    from planner.baselines import BASELINES
+    from solvers.baselines import BASELINES
 
     return min(simulate(graph, fn(graph, None)).peak_bytes for fn in BASELINES.values())
 

@@ -1,10 +1,10 @@
-"""Baselines exposed as planning methods (see planner.methods)."""
+"""Baselines exposed as planning methods (see planner.engine.registry)."""
 
 from __future__ import annotations
 
-from planner.baselines import BASELINES
-from planner.methods import MethodResult, SolveRequest
 from planner.plan import PlanStatus
+from solvers.baselines import BASELINES
+from solvers.request import MethodResult, SolveRequest
 
 
 def _run(name: str, request: SolveRequest) -> MethodResult:

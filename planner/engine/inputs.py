@@ -1,0 +1,25 @@
+"""Reading a workload given by a user: graph.json, a Checkmate/Moccasin file, or a chain.json.
+
+The contracts layer (`planner.io`) reads the first two; a chain.json becomes its equivalent
+graph through the chain solver's layout, which only a layer above the solvers may call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from planner import io
+from planner.graph import Graph
+from solvers.chain.layout import chain_graph
+from solvers.chain.model import chain_from_dict
+
+
+def graph_from_dict(data: Any, where: str = "graph") -> Graph:
+    if io.is_chain_document(data):
+        return chain_graph(chain_from_dict(data, where))[0]
+    return io.graph_from_dict(data, where)
+
+
+def load_graph(path: str | Path) -> Graph:
+    return graph_from_dict(io.read_json(path), where=str(path))

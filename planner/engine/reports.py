@@ -1,0 +1,38 @@
+"""Plan reports: the one summary of a plan that the CLI prints and the service returns."""
+
+from __future__ import annotations
+
+from planner.engine.solve import smallest_baseline_peak_bytes
+from planner.graph import Graph
+from planner.plan import Plan
+from solvers.baselines import store_all_peak_bytes
+
+
+def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:
+    peak = plan.predicted.peak_bytes if plan.predicted else None
+    return {
+        "status": plan.status.value,
+        "method": plan.method,
+        "backend": plan.backend,
+        "budget_bytes": plan.budget_bytes,
+        "peak_bytes": peak,
+        "store_all_peak_bytes": store_all_peak_bytes(graph),
+        "compute_cost": plan.predicted.compute_cost if plan.predicted else None,
+        "overhead_percent": 100 * plan.predicted.overhead if plan.predicted else None,
+        "objective": plan.objective,
+        "lower_bound": plan.lower_bound,
+        "gap_percent": None if plan.gap is None else 100 * plan.gap,
+        "wall_seconds": round(plan.wall_seconds, 3),
+        "actions": len(plan.actions),
+        "smallest_feasible_bytes": plan.details.get("smallest_feasible_bytes"),
+        "notes": plan.notes,
+    }
+
+
+def smallest_budget_tried(graph: Graph, plan: Plan) -> int | None:
+    """The least peak among the plan's own report and every baseline: a budget that works."""
+    candidates = [smallest_baseline_peak_bytes(graph)]
+    known = plan.details.get("smallest_feasible_bytes")
+    if known is not None:
+        candidates.append(int(known))
+    return min(candidates)

@@ -1,0 +1,43 @@
+"""What every planning method takes and gives back: the contract between the engine and solvers.
+
+The engine (`planner.engine.solve`) builds a `SolveRequest`, calls a method, and judges the
+`MethodResult` with the simulator; methods never build a `Plan` themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.graph import Graph
+from planner.plan import Action, PlanStatus
+
+
+@dataclass(frozen=True)
+class SolveRequest:
+    graph: Graph
+    budget_bytes: int
+    time_limit_s: float = 60.0
+    threads: int = 2
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    # Called with (best objective, best bound) as a solve progresses; may be None.
+    progress: Callable[[float | None, float | None], None] | None = None
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """What a method hands back; the engine turns it into a checked Plan."""
+
+    actions: list[Action] | None  # None: no plan found
+    status: PlanStatus  # optimal only when the method proved it
+    backend: str = "none"
+    objective: float | None = None
+    lower_bound: float | None = None
+    smallest_feasible_bytes: int | None = None  # what the method knows of the least budget
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+MethodFn = Callable[[SolveRequest], MethodResult]
