@@ -156,7 +156,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),
     ) -> Response:
         limiter.check(who)
-        answer = service.cached_answer(body.graph_id, body.budget, body.method, body.options)
+        answer = service.cached_answer(body.graph_id, body.budget, body.method, body.options,
+                                       body.resources)
         if answer is not None:  # solved before and in memory: no thread, no database
             return Response(answer, status_code=200, media_type="application/json")
         job, cached = await run_in_threadpool(submit_slow_path, body)
@@ -177,9 +178,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def submit_slow_path(body: PlanRequest) -> tuple[Job, bool]:
         graph_hash, graph = service.resolve_graph(body.graph, body.graph_id)
         service.check_method(body.method)
-        budget_bytes = service.budget_bytes(body.budget, graph_hash, graph)
+        resources = service.resources(body.resources)
+        budget_bytes = service.budget_bytes(body.budget, graph_hash, graph, resources)
         time_limit_s = service.time_limit(body.time_limit)
-        return service.submit(graph_hash, budget_bytes, body.method, body.options, time_limit_s)
+        return service.submit(graph_hash, budget_bytes, body.method, body.options, time_limit_s,
+                              resources)
 
     @v1.get(
         "/plans/{plan_id}",
@@ -232,9 +235,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         graph_hash, graph = service.resolve_graph(body.graph, body.graph_id)
         service.check_method(body.method)
         time_limit_s = service.time_limit(body.time_limit)
+        resources = service.resources(body.resources)
         budgets = sorted({service.budget_bytes(b, graph_hash, graph) for b in body.budgets})
         jobs = [
-            service.submit(graph_hash, b, body.method, body.options, time_limit_s)[0]
+            service.submit(graph_hash, b, body.method, body.options, time_limit_s, resources)[0]
             for b in budgets
         ]
         sweep_id = store.create_sweep(graph_hash, body.method, [j.id for j in jobs])

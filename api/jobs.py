@@ -168,6 +168,7 @@ class JobManager:
             "threads": self.settings.solver_threads,
             "nice": self.settings.solver_nice,
             "options": job.options,
+            "resources": job.resources,
         }
         process = self._ctx.Process(
             target=run_job,

@@ -48,6 +48,8 @@ class JobRow(Base):
     budget_bytes: Mapped[int] = mapped_column(BigInteger)
     method: Mapped[str] = mapped_column(String(64))
     options: Mapped[str] = mapped_column(Text, default="{}")
+    # resources.json of the machine planned for; NULL: a bare budget (one device, no host tier).
+    resources: Mapped[str | None] = mapped_column(Text, nullable=True)
     time_limit_s: Mapped[float] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16), index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -96,6 +98,7 @@ class Job:
     created_at: float
     started_at: float | None
     finished_at: float | None
+    resources: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: JobRow) -> Job:
@@ -119,4 +122,5 @@ class Job:
             created_at=row.created_at,
             started_at=row.started_at,
             finished_at=row.finished_at,
+            resources=json.loads(row.resources) if row.resources else None,
         )

@@ -51,7 +51,15 @@ class PlanRequest(BaseModel):
     graph_id: str | None = Field(
         default=None, max_length=80, description="Id of a graph uploaded with POST /v1/graphs."
     )
-    budget: Budget = Field(description=BUDGET_DESCRIPTION)
+    budget: Budget | None = Field(
+        default=None, description=BUDGET_DESCRIPTION + " Optional when resources name a device."
+    )
+    resources: dict[str, Any] | StrictStr | None = Field(
+        default=None,
+        description="The machine: a resources.json document (see `planner-cli schema "
+        "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
+        "device memory it names is the budget.",
+    )
     method: str = Field(default="auto", max_length=64, description="See GET /v1/methods.")
     time_limit: float | None = Field(
         default=None, gt=0, description="Seconds for the solver (capped by the server)."
@@ -72,6 +80,12 @@ class SweepRequest(BaseModel):
     graph: dict[str, Any] | None = None
     graph_id: str | None = Field(default=None, max_length=80)
     budgets: list[Budget] = Field(min_length=1, description=BUDGET_DESCRIPTION)
+    resources: dict[str, Any] | StrictStr | None = Field(
+        default=None,
+        description="The machine: a resources.json document (see `planner-cli schema "
+        "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
+        "device memory it names is the budget.",
+    )
     method: str = Field(default="auto", max_length=64)
     time_limit: float | None = Field(default=None, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
@@ -109,6 +123,9 @@ class JobView(BaseModel):
     budget_bytes: int
     method: str
     options: dict[str, Any]
+    resources: dict[str, Any] | None = Field(
+        default=None, description="The machine planned for (resources.json); null: a bare budget."
+    )
     time_limit_s: float
     attempts: int
     cached: bool = Field(description="True when this answer came from the store at once.")

@@ -26,8 +26,18 @@ from planner.graph import Graph
 _PLOT_LOCK = threading.Lock()
 
 
-def request_key(graph_hash: str, budget_bytes: int, method: str, options: dict[str, Any]) -> str:
-    body = {"graph": graph_hash, "budget": budget_bytes, "method": method, "options": options}
+def request_key(
+    graph_hash: str,
+    budget_bytes: int,
+    method: str,
+    options: dict[str, Any],
+    resources: dict[str, Any] | None = None,
+) -> str:
+    body: dict[str, Any] = {
+        "graph": graph_hash, "budget": budget_bytes, "method": method, "options": options
+    }
+    if resources is not None:  # absent from keys made before resources existed: they still match
+        body["resources"] = resources
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -106,8 +116,32 @@ class PlanService:
         return graph_id, None
 
     # -- plans --------------------------------------------------------------------------------
-    def budget_bytes(self, budget: int | float | str, graph_hash: str, graph: Graph | None) -> int:
+    def resources(self, value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        """The request's resources (a resources.json document or a preset name), validated and
+        normalised; InputError (422) naming the field otherwise."""
+        if value is None:
+            return None
+        from planner.resources import resources_from_dict
+
+        return resources_from_dict(value, where="resources").model_dump(mode="json")
+
+    def budget_bytes(
+        self,
+        budget: int | float | str | None,
+        graph_hash: str,
+        graph: Graph | None,
+        resources: dict[str, Any] | None = None,
+    ) -> int:
         from planner.budget import parse_budget
+
+        if budget is None:
+            memory = (resources or {}).get("device_memory_bytes")
+            if memory is None:
+                raise InputError(
+                    "budget: missing; give a budget (0.8, '11GiB', bytes) or resources that "
+                    "name a device (e.g. \"h100-pcie-gen5\")"
+                )
+            return int(memory)
 
         if isinstance(budget, int) and budget > 1:
             return budget
@@ -147,9 +181,10 @@ class PlanService:
         method: str,
         options: dict[str, Any],
         time_limit_s: float,
+        resources: dict[str, Any] | None = None,
     ) -> tuple[Job, bool]:
         """(job, answered from the store at once). Equal questions share one job."""
-        key = request_key(graph_hash, budget_bytes, method, options)
+        key = request_key(graph_hash, budget_bytes, method, options, resources)
         known = self.answered.get(key)
         done = self.store.get_job(known) if known is not None else None
         if done is None:
@@ -168,6 +203,7 @@ class PlanService:
             method=method,
             options=options,
             time_limit_s=time_limit_s,
+            resources=resources,
         )
         self.metrics.submissions.inc()
         self.manager.wake()
@@ -224,11 +260,11 @@ class PlanService:
 
     # -- views --------------------------------------------------------------------------------
     def cached_answer(self, graph_id: str | None, budget: object, method: str,
-                      options: dict[str, Any]) -> bytes | None:
+                      options: dict[str, Any], resources: object = None) -> bytes | None:
         """The rendered 200 answer of a request solved before, from memory only (no database,
         no thread): graph by id, budget in bytes. None when the slow path must decide."""
-        if graph_id is None or not isinstance(budget, int) or budget <= 1:
-            return None
+        if graph_id is None or not isinstance(budget, int) or budget <= 1 or resources is not None:
+            return None  # resources are validated (and keyed) on the slow path
         job_id = self.answered.get(request_key(graph_id, budget, method, options))
         if job_id is None:
             return None
@@ -256,7 +292,7 @@ class PlanService:
         if job.status in CACHEABLE:
             self.render(job, cached=True)
             self.answered.put(request_key(job.graph_hash, job.budget_bytes, job.method,
-                                          job.options), job.id)
+                                          job.options, job.resources), job.id)
 
     def rendered_finished(self, job_id: str) -> bytes | None:
         """A finished job's view from memory, or None (then ask the store)."""
@@ -278,6 +314,7 @@ class PlanService:
             budget_bytes=job.budget_bytes,
             method=job.method,
             options=job.options,
+            resources=job.resources,
             time_limit_s=job.time_limit_s,
             attempts=job.attempts,
             cached=cached,

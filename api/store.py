@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, event, func, select, text, update
+from sqlalchemy import create_engine, event, func, inspect, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -81,6 +81,21 @@ class Store:
 
     def create_schema(self) -> None:
         Base.metadata.create_all(self.engine)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since a store was made (all nullable) are added in place, so an
+        existing database keeps its graphs and plans."""
+        inspector = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                present = {c["name"] for c in inspector.get_columns(table.name)}
+                for column in table.columns:
+                    if column.name not in present and column.nullable:
+                        kind = column.type.compile(dialect=self.engine.dialect)
+                        conn.execute(text(
+                            f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'
+                        ))
 
     def drop_schema(self) -> None:
         Base.metadata.drop_all(self.engine)
@@ -142,6 +157,7 @@ class Store:
         method: str,
         options: dict[str, Any],
         time_limit_s: float,
+        resources: dict[str, Any] | None = None,
     ) -> Job:
         row = JobRow(
             id=new_id(),
@@ -150,6 +166,7 @@ class Store:
             budget_bytes=budget_bytes,
             method=method,
             options=json.dumps(options, sort_keys=True),
+            resources=None if resources is None else json.dumps(resources, sort_keys=True),
             time_limit_s=time_limit_s,
             status=QUEUED,
             attempts=0,

@@ -50,7 +50,10 @@ def run_job(
 
         for name, target in extra_methods.items():
             register_method(name, target)
+        from planner.resources import Resources
+
         graph = Graph.model_validate_json(graph_json)
+        resources = spec.get("resources")
         last_sent = 0.0
 
         def progress(objective: float | None, bound: float | None) -> None:
@@ -72,6 +75,7 @@ def run_job(
                 seed=int(spec.get("seed", 0)),
                 options=dict(spec.get("options") or {}),
                 progress=progress,
+                resources=None if resources is None else Resources.model_validate(resources),
             )
         except InputError as e:
             with send_lock:

@@ -12,6 +12,7 @@ from typing import Any
 
 from planner.graph import Graph
 from planner.plan import Action, PlanStatus
+from planner.resources import Resources
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class SolveRequest:
     options: dict[str, Any] = field(default_factory=dict)
     # Called with (best objective, best bound) as a solve progresses; may be None.
     progress: Callable[[float | None, float | None], None] | None = None
+    # The machine (links, host memory); None: one device, the budget alone.
+    resources: Resources | None = None
 
 
 @dataclass(frozen=True)

@@ -303,3 +303,31 @@ def test_cli_submit_wait_and_status(server: ServerProcess, tmp_path: Path, cli) 
     r = cli("submit", graph_path, "--server", server.url, "--budget", "0.3",
             "--method", "chen-greedy", "--wait")
     assert r.returncode == 3 and "smallest feasible" in r.stderr
+
+
+def test_resources_field_preset_and_errors(server: ServerProcess) -> None:
+    """A plan request names its machine; without a budget the device memory is the budget."""
+    from planner.resources import resources_preset
+
+    small = {"device_memory_bytes": store_all_peak_bytes(GRAPH), "device_name": "test-gpu"}
+    with server.client() as c:
+        r = c.post("/v1/plans", json={"graph": DOC, "resources": small, "method": "store-all"})
+        assert r.status_code in (200, 202), r.text
+        answer = wait_finished(c, r.json()["id"])
+        assert answer["budget_bytes"] == small["device_memory_bytes"]
+        assert answer["resources"]["device_name"] == "test-gpu"
+        assert answer["plan"]["resources"]["device_memory_bytes"] == small["device_memory_bytes"]
+        # The same graph and budget on another machine is another question.
+        r2 = c.post("/v1/plans", json={"graph": DOC, "budget": small["device_memory_bytes"],
+                                       "resources": "h100-pcie-gen5", "method": "store-all"})
+        assert r2.status_code in (200, 202), r2.text
+        assert r2.json()["id"] != r.json()["id"]
+        h100 = wait_finished(c, r2.json()["id"])
+        assert h100["resources"] == resources_preset("h100-pcie-gen5").model_dump(mode="json")
+        bad = c.post("/v1/plans", json={"graph": DOC, "budget": 0.8, "resources": "tpu-v9"})
+        assert bad.status_code == 422 and "resources" in bad.json()["error"]["message"]
+        link = {"device_memory_bytes": 10**9, "h2d": {"bandwidth_bytes_per_s": 0}}
+        bad = c.post("/v1/plans", json={"graph": DOC, "budget": 0.8, "resources": link})
+        assert bad.status_code == 422 and "h2d" in bad.json()["error"]["message"]
+        none = c.post("/v1/plans", json={"graph": DOC, "resources": {"host_memory_bytes": 0}})
+        assert none.status_code == 422 and "budget" in none.json()["error"]["message"]

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from planner.budget import format_bytes
+from planner.cli.options import ResourcesOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
 from planner.errors import InputError
 
@@ -24,17 +25,18 @@ def register(app: typer.Typer) -> None:
 
 
 def schema(
-    which: Annotated[str, typer.Argument(help="graph or plan")],
+    which: Annotated[str, typer.Argument(help="graph, plan or resources")],
 ) -> None:
-    """Print the JSON Schema of graph.json or plan.json."""
+    """Print the JSON Schema of graph.json, plan.json or resources.json."""
     from pydantic import BaseModel
 
     from planner.graph import Graph
     from planner.plan import Plan
+    from planner.resources import Resources
 
-    models: dict[str, type[BaseModel]] = {"graph": Graph, "plan": Plan}
+    models: dict[str, type[BaseModel]] = {"graph": Graph, "plan": Plan, "resources": Resources}
     if which not in models:
-        raise InputError(f"schema {which!r}: choose 'graph' or 'plan'")
+        raise InputError(f"schema {which!r}: choose 'graph', 'plan' or 'resources'")
     print(json.dumps(models[which].model_json_schema(), indent=1))
 
 
@@ -59,10 +61,13 @@ def import_checkmate(
 
 def graph_info(graph_path: Path) -> dict[str, object]:
     from planner.engine.inputs import load_graph
+    from planner.memory_model import model_state_breakdown, step_memory
     from planner.simulator import lower_bound_peak_bytes
     from solvers.baselines import store_all_peak_bytes
 
     graph = load_graph(graph_path)
+    state = model_state_breakdown(graph)
+    held = step_memory(graph)
     phases: dict[str, int] = {}
     for n in graph.nodes:
         phases[n.phase.value] = phases.get(n.phase.value, 0) + 1
@@ -77,6 +82,21 @@ def graph_info(graph_path: Path) -> dict[str, object]:
         "store_all_peak_bytes": store_all_peak_bytes(graph),
         "lower_bound_peak_bytes": lower_bound_peak_bytes(graph),
         "fixed_bytes": graph.fixed_bytes,
+        "model_state": {
+            "source": "model_state" if state.derived else "fixed memory",
+            "optimizer": state.optimizer or None,
+            "precision": state.precision or None,
+            "zero_stage": state.zero_stage,
+            "data_parallel_degree": state.data_parallel_degree,
+            "gradient_lifetime": state.gradient_lifetime,
+            "parameters_bytes": state.parameters_bytes,
+            "gradients_bytes": state.gradients_bytes,
+            "optimizer_bytes": state.optimizer_bytes,
+            "master_weights_bytes": state.master_weights_bytes,
+            "total_bytes": state.total_bytes,
+            "gradients_held_from_backward_bytes": sum(held.held_from_node.values()),
+            "per_module": {m or "(root)": b.total_bytes for m, b in state.per_module.items()},
+        },
     }
 
 
@@ -88,17 +108,28 @@ def info(
     if as_json:
         print_json(data)
         return
-    byte_fields = ("store_all_peak_bytes", "lower_bound_peak_bytes", "fixed_bytes")
-    rows = [
-        (k, f"{v} ({format_bytes(v)})" if k in byte_fields and isinstance(v, int) else v)
-        for k, v in data.items()
-    ]
+    state = data.pop("model_state")
+    assert isinstance(state, dict)
+    per_module = state.pop("per_module")
+    rows = [(k, _shown(k, v)) for k, v in data.items()]
+    rows += [(f"model state: {k}", _shown(k, v)) for k, v in state.items() if v is not None]
     console.print(key_value_table(str(graph_path), rows))
+    if per_module:
+        table = key_value_table("model-state bytes per module (one device)",
+                                [(m, _shown("bytes", b)) for m, b in per_module.items()])
+        console.print(table)
+
+
+def _shown(key: str, value: object) -> object:
+    if key.endswith("bytes") and isinstance(value, int):
+        return f"{value} ({format_bytes(value)})"
+    return value
 
 
 def validate(
     graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")],
     plan_path: Annotated[Path | None, typer.Argument(metavar="[PLAN]")] = None,
+    resources: ResourcesOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Check a graph.json, and a plan.json against it (exit 2 with the first problem)."""
@@ -117,7 +148,7 @@ def validate(
     if plan_path is not None:
         plan = load_plan(plan_path)
         try:
-            sim = simulate(graph, plan)
+            sim = simulate(graph, plan, resolve_resources(resources))
         except PlanError as e:
             raise InputError(f"{plan_path}: {e}") from None
         within = plan.budget_bytes is None or sim.peak_bytes <= plan.budget_bytes
@@ -148,6 +179,7 @@ def simulate_cmd(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write the memory timeline as PNG")
     ] = None,
+    resources: ResourcesOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Replay a plan: peak memory, compute cost and the memory timeline."""
@@ -158,7 +190,7 @@ def simulate_cmd(
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)
     try:
-        sim = simulate(graph, plan)
+        sim = simulate(graph, plan, resolve_resources(resources))
     except PlanError as e:
         raise InputError(f"{plan_path}: {e}") from None
     if plot is not None:

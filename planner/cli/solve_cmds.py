@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from importlib import resources
+from importlib import resources as package_files
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from planner.budget import format_bytes, parse_budget
+from planner.cli.options import ResourcesOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
-from planner.errors import NoPlanFits
+from planner.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
     from planner.graph import Graph
+    from planner.resources import Resources
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 BUNDLED_EXAMPLE = "resnet24.json"
@@ -28,7 +30,7 @@ def register(app: typer.Typer) -> None:
 def run_solve(
     graph_path: Path | None,
     graph: Graph,
-    budget: str,
+    budget: str | None,
     method: str,
     output: Path | None,
     time_limit: float,
@@ -36,6 +38,7 @@ def run_solve(
     seed: int,
     as_json: bool,
     options: dict[str, object] | None = None,
+    resources: Resources | None = None,
 ) -> None:
     from planner.engine.reports import plan_summary, smallest_budget_tried
     from planner.engine.solve import solve
@@ -43,9 +46,14 @@ def run_solve(
     from planner.plan import PlanStatus
     from solvers.baselines import store_all_peak_bytes
 
-    budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
+    if budget is not None:
+        budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
+    elif resources is not None:
+        budget_bytes = resources.require_device_memory_bytes("--resources")
+    else:
+        raise InputError("--budget: missing; give a budget (0.8, 11GiB) or --resources")
     plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed,
-                 options=options)
+                 options=options, resources=resources)
     summary = plan_summary(plan, graph)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
     if fits and output is not None:
@@ -66,6 +74,8 @@ def run_solve(
             ("gap to bound", "-" if plan.gap is None else f"{100 * plan.gap:.3f} %"),
             ("time", f"{plan.wall_seconds:.2f} s"),
         ]
+        if resources is not None:
+            rows.insert(3, ("resources", str(resources)))
         if fits and output is not None:
             rows.append(("plan written to", str(output)))
         console.print(key_value_table(str(graph_path or "graph"), rows))
@@ -87,13 +97,14 @@ def solve_cmd(
         Path, typer.Argument(metavar="GRAPH", help="graph.json or a Checkmate node-link file")
     ],
     budget: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--budget",
             "-b",
-            help="Bytes, units (11.3GiB) or a fraction of the store-all peak (0.8)",
+            help="Bytes, units (11.3GiB) or a fraction of the store-all peak (0.8); "
+            "default: the device memory of --resources",
         ),
-    ],
+    ] = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="See `planner-cli methods`")
     ] = "auto",
@@ -112,19 +123,22 @@ def solve_cmd(
             "(highs-lp, glop, pdlp)",
         ),
     ] = None,
+    resources: ResourcesOpt = None,
 ) -> None:
     """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
     from planner.engine.inputs import load_graph
 
+    machine = resolve_resources(resources)
     graph = load_graph(graph_path)
     options: dict[str, object] | None = {"backend": backend} if backend else None
     run_solve(
-        graph_path, graph, budget, method, output, time_limit, threads, seed, as_json, options
+        graph_path, graph, budget, method, output, time_limit, threads, seed, as_json, options,
+        machine,
     )
 
 
 def bundled_example_path() -> Path:
-    return Path(str(resources.files("planner") / "examples" / BUNDLED_EXAMPLE))
+    return Path(str(package_files.files("planner") / "examples" / BUNDLED_EXAMPLE))
 
 
 def demo(

@@ -26,7 +26,20 @@ def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:
         "actions": len(plan.actions),
         "smallest_feasible_bytes": plan.details.get("smallest_feasible_bytes"),
         "notes": plan.notes,
+        "kind": plan.kind.value if plan.kind is not None else None,
+        "resources": plan.resources.model_dump(mode="json") if plan.resources else None,
+        **_event_figures(plan),
     }
+
+
+def _event_figures(plan: Plan) -> dict[str, object]:
+    """The event simulator's figures where the plan has them (transfers, pipelines)."""
+    if plan.predicted is None:
+        return {}
+    keys = ("makespan_ms", "host_peak_bytes", "transfer_ms", "exposed_transfer_ms",
+            "per_rank_peak_bytes", "throughput_per_s", "bubble_fraction")
+    figures = plan.predicted.model_dump(include=set(keys))
+    return {k: v for k, v in figures.items() if v is not None}
 
 
 def smallest_budget_tried(graph: Graph, plan: Plan) -> int | None:

@@ -14,6 +14,7 @@ from planner.engine.registry import MethodResult, SolveRequest, load_method
 from planner.errors import InputError
 from planner.graph import Graph
 from planner.plan import Plan, PlanStatus, relative_gap
+from planner.resources import Resources
 from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 
 OPTIMAL_GAP = 1e-9
@@ -30,7 +31,10 @@ def solve(
     seed: int = 0,
     options: dict[str, Any] | None = None,
     progress: Callable[[float | None, float | None], None] | None = None,
+    resources: Resources | None = None,
 ) -> Plan:
+    """Plan `graph` within `budget_bytes` of device memory with `method`; `resources` (the
+    machine: links, host memory) travel with the plan and its simulation."""
     if budget_bytes < 0:
         raise InputError(f"budget {budget_bytes}: must be ≥ 0 bytes")
     if time_limit_s <= 0:
@@ -51,7 +55,9 @@ def solve(
             details={"budget_lower_bound_bytes": floor_bytes},
             smallest_feasible_bytes=smallest_baseline_peak_bytes(graph),
         )
-        return checked_plan(graph, budget_bytes, method, proof, time.perf_counter() - started)
+        return checked_plan(
+            graph, budget_bytes, method, proof, time.perf_counter() - started, resources
+        )
     request = SolveRequest(
         graph=graph,
         budget_bytes=budget_bytes,
@@ -60,10 +66,11 @@ def solve(
         seed=seed,
         options=dict(options or {}),
         progress=progress,
+        resources=resources,
     )
     result = fn(request)
     wall = time.perf_counter() - started
-    return checked_plan(graph, budget_bytes, method, result, wall)
+    return checked_plan(graph, budget_bytes, method, result, wall, resources)
 
 
 def smallest_baseline_peak_bytes(graph: Graph) -> int:
@@ -74,7 +81,12 @@ def smallest_baseline_peak_bytes(graph: Graph) -> int:
 
 
 def checked_plan(
-    graph: Graph, budget_bytes: int, method: str, result: MethodResult, wall_seconds: float
+    graph: Graph,
+    budget_bytes: int,
+    method: str,
+    result: MethodResult,
+    wall_seconds: float,
+    resources: Resources | None = None,
 ) -> Plan:
     """Judge a method's result by the simulator and build the Plan that reports it."""
     common: dict[str, Any] = dict(
@@ -85,6 +97,7 @@ def checked_plan(
         wall_seconds=wall_seconds,
         notes=list(result.notes),
         details=dict(result.details),
+        resources=resources,
     )
     baseline_cost = graph.total_compute_ms
     bound = max(result.lower_bound or baseline_cost, baseline_cost)
@@ -96,7 +109,7 @@ def checked_plan(
         )
         return Plan(status=status, lower_bound=bound, **common)
     try:
-        sim = simulate(graph, result.actions)
+        sim = simulate(graph, result.actions, resources)
     except PlanError as e:
         common["notes"].append(f"the method returned an invalid plan: {e}")
         return Plan(status=PlanStatus.error, lower_bound=bound, **common)
