@@ -17,6 +17,13 @@ from typing import Any, Literal
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from planner.model_state import ModelState, ParameterState, StateBytes
+
+__all__ = [
+    "CostSource", "Edge", "FixedMemory", "Graph", "GraphIndex", "GraphMetadata", "ModelState",
+    "Node", "ParameterState", "Phase", "StateBytes", "check_structure",
+]
+
 GRAPH_SCHEMA_VERSION: Literal["1"] = "1"
 
 
@@ -72,7 +79,12 @@ class Edge(BaseModel):
 
 
 class FixedMemory(BaseModel):
-    """Bytes resident for the whole step, independent of the schedule."""
+    """Bytes resident for the whole step, independent of the schedule.
+
+    With `Graph.model_state` given, parameters, gradients and optimizer state follow from it and
+    `parameters_bytes`, `gradients_bytes` and `optimizer_bytes` here must be 0 (one source of
+    truth); inputs and other bytes (buffers) stay here.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -121,6 +133,11 @@ class Graph(BaseModel):
         description="Nodes the step must produce (loss, gradients). Default: every sink.",
     )
     metadata: GraphMetadata = Field(default_factory=GraphMetadata)
+    model_state: ModelState | None = Field(
+        default=None,
+        description="Parameters, optimizer, precision, ZeRO stage and gradient lifetime; absent: "
+        "`fixed` alone says what is resident (schema version 1 files).",
+    )
     _index: GraphIndex | None = PrivateAttr(default=None)
     _hash: str | None = PrivateAttr(default=None)
 
@@ -160,7 +177,11 @@ class Graph(BaseModel):
 
     @property
     def fixed_bytes(self) -> int:
-        return self.fixed.total_bytes
+        """Bytes resident for the whole step: `fixed`, plus with model_state its weights,
+        optimizer state and (gradient_lifetime 'step') gradients; see memory_model.step_memory."""
+        if self.model_state is None:
+            return self.fixed.total_bytes
+        return self.fixed.total_bytes + self.index.model_state_resident[0]
 
     @property
     def total_compute_ms(self) -> float:
@@ -180,6 +201,8 @@ class Graph(BaseModel):
         """sha256 of the canonical JSON of everything but metadata: same graph, same hash."""
         if self._hash is None:  # frozen model: computed once
             body = self.model_dump(mode="json", exclude={"metadata"})
+            if body.get("model_state") is None:  # graphs without it keep their v1 hash
+                body.pop("model_state", None)
             text = json.dumps(body, sort_keys=True, separators=(",", ":"))
             self._hash = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
         return self._hash
@@ -192,6 +215,8 @@ class Graph(BaseModel):
             outputs=self.outputs,
             metadata=self.metadata.model_dump(),
         )
+        if self.model_state is not None:
+            g.graph["model_state"] = self.model_state.model_dump(mode="json")
         for n in self.nodes:
             g.add_node(n.id, **n.model_dump(exclude={"id"}, mode="json"))
         # networkx lists edges grouped by source: `index` restores the file order on the way
@@ -213,6 +238,7 @@ class Graph(BaseModel):
             order=g.graph.get("order"),
             outputs=g.graph.get("outputs"),
             metadata=GraphMetadata(**g.graph.get("metadata", {})),
+            model_state=g.graph.get("model_state"),
         )
 
 
@@ -233,13 +259,68 @@ class GraphIndex:
 
     @cached_property
     def topological_order(self) -> list[int]:
-        """`graph.order` when given, else networkx's topological sort in file order."""
+        """`graph.order` when given (accepted as is, for old files), else networkx's topological
+        sort in file order respecting `order_predecessors` (backward after the loss)."""
         if self.graph.order is not None:
             return list(self.graph.order)
         g = nx.DiGraph()
         g.add_nodes_from(n.id for n in self.graph.nodes)
         g.add_edges_from((e.source, e.target) for e in self.graph.edges)
+        # Control edges only where there are some, so other graphs keep today's order.
+        g.add_edges_from((u, v) for v, us in self.control_predecessors.items() for u in us)
         return list(nx.topological_sort(g))
+
+    @cached_property
+    def model_state_resident(self) -> tuple[int, dict[int, int]]:
+        """`ModelState.resident_bytes()` of the graph's model state, (0, {}) without one."""
+        ms = self.graph.model_state
+        return ms.resident_bytes() if ms is not None else (0, {})
+
+    # -- the ordering rule -------------------------------------------------------------------
+    @cached_property
+    def loss_nodes(self) -> list[int]:
+        """Loss-phase nodes that feed no other loss-phase node (normally the loss itself)."""
+        loss = {n.id for n in self.graph.nodes if n.phase == Phase.loss}
+        return [
+            n.id
+            for n in self.graph.nodes
+            if n.id in loss and not any(s in loss for s in self.successors[n.id])
+        ]
+
+    @cached_property
+    def control_predecessors(self) -> dict[int, list[int]]:
+        """Backward node -> the loss nodes it must follow without a data path from them.
+
+        The runtime runs backward ops only after the loss, so a backward node that needs no
+        gradient input (e.g. a weight's transpose precomputed for its gradient) still waits for
+        the loss. A backward node upstream of the loss (a mislabelled graph) gets no such
+        dependency: it could never satisfy it. One forward and one reverse sweep per loss node.
+        """
+        backward = [n.id for n in self.graph.nodes if n.phase == Phase.backward]
+        out: dict[int, list[int]] = {}
+        if not backward:
+            return out
+        for loss in self.loss_nodes:
+            after = _reachable(loss, self.successors)
+            before = _reachable(loss, self.predecessors)
+            for b in backward:
+                if b not in after and b not in before:
+                    out.setdefault(b, []).append(loss)
+        return out
+
+    @cached_property
+    def order_predecessors(self) -> dict[int, list[int]]:
+        """Data predecessors plus `control_predecessors`: what must run before each node.
+
+        Read-only: nodes without control dependencies share their list with `predecessors`.
+        """
+        control = self.control_predecessors
+        if not control:
+            return self.predecessors
+        merged = dict(self.predecessors)
+        for v, extra in control.items():
+            merged[v] = self.predecessors[v] + [u for u in extra if u not in self.predecessors[v]]
+        return merged
 
     @cached_property
     def outputs(self) -> list[int]:
@@ -256,10 +337,29 @@ class GraphIndex:
 
     @cached_property
     def storage_bytes(self) -> dict[int, int]:
-        """Bytes each node adds when it becomes resident (views add none)."""
+        """Bytes each node adds when it becomes resident. Views add none, and so does a gradient
+        node whose output *is* its parameter's .grad (gradient_lifetime 'backward', unsharded:
+        the held bytes equal the output's): the memory model holds those bytes from the node's
+        first computation to the end of the step, so counting the output too would count the
+        gradient twice. A sharded gradient (ZeRO-2/3) keeps its full output as a transient."""
+        held = self.model_state_resident[1]
         return {
-            n.id: 0 if n.alias_of is not None else n.output_bytes for n in self.graph.nodes
+            n.id: 0
+            if n.alias_of is not None or (n.output_bytes and held.get(n.id) == n.output_bytes)
+            else n.output_bytes
+            for n in self.graph.nodes
         }
+
+
+def _reachable(start: int, adjacency: dict[int, list[int]]) -> set[int]:
+    seen = {start}
+    stack = [start]
+    while stack:
+        for w in adjacency[stack.pop()]:
+            if w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return seen
 
 
 def check_structure(graph: Graph) -> None:
@@ -311,6 +411,26 @@ def check_structure(graph: Graph) -> None:
         for o in graph.outputs:
             if o not in ids:
                 raise ValueError(f"outputs: refers to missing node {o}")
+    if graph.model_state is not None:
+        _check_model_state(graph, ids)
+
+
+def _check_model_state(graph: Graph, ids: set[int]) -> None:
+    for name in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+        if getattr(graph.fixed, name):
+            raise ValueError(
+                f"fixed.{name}: must be 0 when model_state is given (parameter, gradient and "
+                "optimizer bytes follow from model_state)"
+            )
+    assert graph.model_state is not None
+    for i, p in enumerate(graph.model_state.parameters):
+        where = f"model_state.parameters[{i}] ({p.name}).gradient_node"
+        if p.gradient_node is None:
+            continue
+        if p.gradient_node not in ids:
+            raise ValueError(f"{where}: refers to missing node {p.gradient_node}")
+        if not p.trainable:
+            raise ValueError(f"{where}: a frozen parameter (trainable false) has no gradient")
 
 
 def _check_order(

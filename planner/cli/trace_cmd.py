@@ -156,8 +156,15 @@ def trace_cmd(
         str, typer.Option(help="h100, h200, a100, cpu or a JSON file.")
     ] = "cpu",
     optimizer: Annotated[
-        str, typer.Option(help="sgd, adam or adamw (optimizer state in fixed memory).")
+        str, typer.Option(help="sgd, sgd-momentum, adam or adamw (the graph's model state).")
     ] = "sgd",
+    gradient_lifetime: Annotated[
+        str,
+        typer.Option(
+            help="step: gradients held all step (accumulation); backward: created in backward "
+            "and released by the optimizer step (zero_grad(set_to_none=True)).",
+        ),
+    ] = "step",
     fuse: Annotated[
         bool, typer.Option("--fuse/--no-fuse", help="Fuse views, getitem, metadata ops.")
     ] = True,
@@ -205,6 +212,7 @@ def trace_cmd(
             repeats=repeats,
             model_name=target.split(":")[-1],
             progress=progress,
+            gradient_lifetime=gradient_lifetime,
         )
     if output is not None:
         write_json(output, result.graph)
