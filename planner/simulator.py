@@ -1,85 +1,123 @@
-"""The simulator: replays a plan on a graph, checks it, and measures memory and compute.
+"""The simulator: replays a plan on a graph, checks it, and measures memory and time.
 
 Memory model (Checkmate/Moccasin's, so that published figures are comparable): a node's output
 is resident from its computation until it is freed; while a node runs, memory holds the resident
-set plus its output plus its workspace; fixed memory is added throughout. A view (alias_of) adds
-no bytes but keeps its base's storage alive until the view is freed too.
+set plus its output plus its workspace; fixed memory (`memory_model.step_memory(graph)
+.start_bytes`) is added throughout, and gradient buffers held from a node
+(`held_from_node`) from its first computation to the end of the step. A view (alias_of) adds no
+bytes but keeps its base's storage alive until the view is freed too. Backward ops may not run
+before the loss (`graph.index.order_predecessors`).
+
+`simulate` picks the replay a plan needs: compute/free lists on one stream are replayed here
+action by action (version-1 figures, exactly); plans with host copies (O/P/D) go to the event
+simulation of planner.events (compute, d2h and h2d streams), pipelines to
+planner.events_pipeline (every rank, send/recv matched). docs/plan.md describes the event model.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from planner.graph import Graph
-from planner.plan import Action, ActionOp, Plan, Predicted
+from planner.events_result import (
+    MemoryPoint,
+    PlanError,
+    RankResult,
+    SimulationResult,
+    TimelinePoint,
+)
+from planner.graph import Graph, GraphIndex
+from planner.memory_model import step_memory
+from planner.plan import Action, ActionOp, Plan, PlanKind
+from planner.resources import Resources
 
-
-class PlanError(ValueError):
-    """A plan that cannot run on the graph; names the action index and the node."""
-
-    def __init__(self, message: str, action_index: int | None = None, node: int | None = None):
-        super().__init__(message)
-        self.action_index = action_index
-        self.node = node
-
-
-@dataclass(frozen=True)
-class TimelinePoint:
-    action_index: int
-    action: str  # text form, e.g. "C12"
-    live_bytes: int  # during a compute (inputs, output, workspace); after a free
-
-
-@dataclass(frozen=True)
-class SimulationResult:
-    peak_bytes: int  # fixed memory included
-    peak_action_index: int
-    fixed_bytes: int
-    compute_cost: float
-    baseline_cost: float  # every node once
-    computations: int
-    node_count: int
-    timeline: tuple[TimelinePoint, ...]
-
-    @property
-    def overhead(self) -> float:
-        """Extra compute over running every node once, as a fraction."""
-        if self.baseline_cost <= 0:
-            return 0.0
-        return (self.compute_cost - self.baseline_cost) / self.baseline_cost
-
-    @property
-    def recomputations(self) -> int:
-        """Computations beyond the first of each node."""
-        return self.computations - self.node_count
-
-    def predicted(self) -> Predicted:
-        return Predicted(
-            peak_bytes=self.peak_bytes, compute_cost=self.compute_cost, overhead=self.overhead
-        )
+__all__ = [
+    "MemoryPoint", "PlanError", "RankResult", "SimulationResult", "TimelinePoint",
+    "control_predecessors", "describe_missing", "lower_bound_peak_bytes", "simulate",
+]
 
 
 def simulate(
-    graph: Graph, plan: Plan | Sequence[Action], *, check_hash: bool = True
+    graph: Graph,
+    plan: Plan | Sequence[Action],
+    resources: Resources | None = None,
+    *,
+    check_hash: bool = True,
 ) -> SimulationResult:
-    """Replay `plan` on `graph`; raise PlanError at the first action that cannot run."""
+    """Replay `plan` on `graph` (on `resources`, else the plan's own); raise PlanError at the
+    first action that cannot run."""
     if isinstance(plan, Plan):
         if check_hash and plan.graph_hash != graph.content_hash():
             raise PlanError(
                 f"the plan is for graph {plan.graph_hash[:19]}…, not this graph "
                 f"({graph.content_hash()[:19]}…): solve again for this graph"
             )
+        if resources is None:
+            resources = plan.resources
+        if plan.kind is PlanKind.pipeline:
+            from planner.events_pipeline import simulate_pipeline
+
+            assert plan.partition is not None and plan.rank_actions is not None  # validated
+            return simulate_pipeline(graph, plan.partition, plan.rank_actions, resources)
         actions: Sequence[Action] = plan.actions
     else:
         actions = plan
+    try:
+        return _replay(graph, actions)
+    except _NeedsStreams:
+        from planner.events import simulate_streams
+
+        return simulate_streams(graph, actions, resources)
+
+
+class _NeedsStreams(Exception):
+    """The plan moves memory to the host: the one-stream replay cannot measure it."""
+
+
+def control_predecessors(index: GraphIndex) -> dict[int, list[int]]:
+    """Node -> the order predecessors that are not data predecessors (the loss, for backward
+    ops without a data path from it); empty for most graphs."""
+    order = index.order_predecessors
+    preds = index.predecessors
+    if order is preds:
+        return {}
+    out: dict[int, list[int]] = {}
+    for v, us in order.items():
+        if us is not preds[v] and len(us) != len(preds[v]):
+            data = set(preds[v])
+            out[v] = [u for u in us if u not in data]
+    return out
+
+
+def loss_rule_error(graph: Graph, i: int, a: object, v: int, before: int) -> PlanError:
+    return PlanError(
+        f"action {i} ({a}): {graph.describe(v)} is a backward op and may not run before the "
+        f"loss, {graph.describe(before)}, is computed",
+        i,
+        v,
+    )
+
+
+def describe_missing(graph: Graph, missing: list[int]) -> str:
+    listed = ", ".join(graph.describe(v) for v in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return f"the plan never computes {listed}{more}"
+
+
+def _replay(graph: Graph, actions: Sequence[Action]) -> SimulationResult:
+    """One device, one stream, compute/free only: memory per action (version 1)."""
     index = graph.index
     describe = graph.describe
     preds = index.predecessors
+    position = index.position
+    nodes = graph.nodes
     own_bytes = index.storage_bytes
-    root = {v: index.storage_root(v) for v in index.position}
-    fixed = graph.fixed_bytes
+    root = {v: index.storage_root(v) for v in position}
+    step = step_memory(graph)
+    fixed = step.start_bytes
+    held = step.held_from_node
+    control = control_predecessors(index)
+    compute_op, free_op = ActionOp.compute, ActionOp.free
 
     resident: set[int] = set()
     refcount: dict[int, int] = {}  # storage root -> resident nodes sharing it
@@ -92,12 +130,15 @@ def simulate(
 
     for i, a in enumerate(actions):
         v = a.node
-        if v not in index.position:
+        op = a.op
+        if v not in position:
             raise PlanError(f"action {i} ({a}): node {v} is not in the graph", i, v)
-        if a.op is ActionOp.compute:
+        if op is compute_op:
+            node = nodes[position[v]]
             if v in resident:
                 raise PlanError(f"action {i} ({a}): {describe(v)} is already resident", i, v)
-            if computed_count.get(v) and not index.node(v).recomputable:
+            times = computed_count.get(v, 0)
+            if times and not node.recomputable:
                 raise PlanError(
                     f"action {i} ({a}): {describe(v)} is not recomputable but is computed again",
                     i,
@@ -116,18 +157,25 @@ def simulate(
                         i,
                         v,
                     )
+            if not times:
+                if control and v in control:
+                    for u in control[v]:
+                        if u not in computed_count:
+                            raise loss_rule_error(graph, i, a, v, u)
+                if held:
+                    live += held.get(v, 0)
             resident.add(v)
             r = root[v]
             refcount[r] = refcount.get(r, 0) + 1
             if refcount[r] == 1:
                 live += own_bytes[r]
-            during = live + index.node(v).workspace_bytes
-            computed_count[v] = computed_count.get(v, 0) + 1
-            cost.append(index.node(v).compute_ms)
+            during = live + node.workspace_bytes
+            computed_count[v] = times + 1
+            cost.append(node.compute_ms)
             if during > peak:
                 peak, peak_index = during, i
             timeline.append(TimelinePoint(i, str(a), during))
-        elif a.op is ActionOp.free:
+        elif op is free_op:
             if v not in resident:
                 why = (
                     f"it was already freed at action {freed_at[v]}"
@@ -142,23 +190,24 @@ def simulate(
             if refcount[r] == 0:
                 live -= own_bytes[r]
             timeline.append(TimelinePoint(i, str(a), live))
-        else:  # pragma: no cover - future action kinds are rejected until simulated
-            raise PlanError(f"action {i} ({a}): unsupported action {a.op}", i, v)
+        else:
+            raise _NeedsStreams
 
-    missing = [v for v in index.topological_order if v not in computed_count]
-    if missing:
-        listed = ", ".join(describe(v) for v in missing[:3])
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise PlanError(f"the plan never computes {listed}{more}", len(actions), missing[0])
+    if len(computed_count) < len(position):
+        missing = [v for v in index.topological_order if v not in computed_count]
+        raise PlanError(describe_missing(graph, missing), len(actions), missing[0])
+    total = math.fsum(cost)
     return SimulationResult(
         peak_bytes=peak,
         peak_action_index=peak_index,
         fixed_bytes=fixed,
-        compute_cost=math.fsum(cost),
+        compute_cost=total,
         baseline_cost=graph.total_compute_ms,
         computations=len(cost),
-        node_count=len(graph.nodes),
+        node_count=len(nodes),
         timeline=tuple(timeline),
+        compute_ms=total,
+        makespan_ms=total,
     )
 
 

@@ -8,10 +8,22 @@ from conftest import make_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.baselines import store_all
+from planner.events import simulate_streams
 from planner.graph import Edge, FixedMemory, Graph, Node
-from planner.plan import Action, ActionOp, Plan, PlanStatus, actions_from_text, compute, free
+from planner.plan import (
+    Action,
+    ActionOp,
+    Plan,
+    PlanStatus,
+    actions_from_text,
+    compute,
+    drop,
+    free,
+    offload,
+)
+from planner.resources import Link, Resources
 from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
+from solvers.baselines import store_all
 
 
 def acts(text: str) -> list[Action]:
@@ -299,3 +311,44 @@ def test_compute_helpers_round_trip_text() -> None:
     assert actions_from_text("C3 C10 F3 F10") == actions
     with pytest.raises(ValueError, match="action 1"):
         actions_from_text("C3 X4")
+
+
+# -- the event simulation agrees with the one-stream replay -------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_graphs())
+def test_event_simulation_of_compute_free_plans_is_the_replay(graph: Graph) -> None:
+    actions = store_all(graph)
+    replay = simulate(graph, actions)
+    events = simulate_streams(graph, actions, None)
+    assert (events.peak_bytes, events.peak_action_index) == (
+        replay.peak_bytes, replay.peak_action_index
+    )
+    assert events.timeline == replay.timeline
+    assert events.compute_cost == replay.compute_cost == events.makespan_ms
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_graphs())
+def test_instant_offloads_of_everything_keep_the_device_figures(graph: Graph) -> None:
+    """O right after each compute, D at the end, on a link too fast to matter: the device sees
+    the store-all figures and the host holds every output once."""
+    fast = Link(bandwidth_bytes_per_s=1e300)
+    resources = Resources(host_memory_bytes=10**9, h2d=fast, d2h=fast)
+    base = store_all(graph)
+    with_copies: list[Action] = []
+    for a in base:
+        with_copies.append(a)
+        if a.op is ActionOp.compute:
+            with_copies.append(offload(a.node))
+    with_copies += [drop(v) for v in graph.index.topological_order]
+    sim = simulate(graph, with_copies, resources)
+    replay = simulate(graph, base)
+    assert sim.peak_bytes == replay.peak_bytes
+    assert sim.host_peak_bytes == sum(n.output_bytes for n in graph.nodes)
+    assert [p.live_bytes for p in sim.timeline if p.action[0] in "CF"] == [
+        p.live_bytes for p in replay.timeline
+    ]
+    assert sim.exposed_transfer_ms == 0.0
+    assert sim.makespan_ms == pytest.approx(replay.compute_cost)

@@ -1,0 +1,306 @@
+"""Event simulation of a pipeline plan: every rank's action list runs concurrently.
+
+Each rank runs its list in order on one compute stream. F/B/I/W of (stage, micro-batch) take the
+stage's times (planner.events_stages). A SEND does not block its rank: the data arrives at the
+peer `resources.device_link.transfer_ms(boundary bytes)` after the producing compute ends (no
+link given: instantly; links are not shared, no contention). A RECV blocks its rank until the
+matching send's data arrives: RECV_F of stage s matches SEND_F of stage s-1, RECV_B of stage s
+matches SEND_B of stage s+1, same micro-batch. Lists without any SEND/RECV are torch's
+"compute_only" form: the communication is implied (a stage's F waits for the previous stage's F
+plus the transfer, its B for the next stage's B or I). Neighbouring stages on one rank need no
+communication. A rank that can never go on is a deadlock, reported with what it waits for.
+
+Per-rank memory over time: the stages' model state, plus each in-flight micro-batch's saved
+activations (taken when its F starts, released when its B, or its W, ends), plus a stage's
+transient bytes while one of its computes runs. Makespan: when the last rank ends; bubble
+fraction: 1 - busy compute / (ranks x makespan); throughput: micro-batches per second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from planner.events_result import PlanError, RankResult, SimulationResult
+from planner.events_stages import StageCosts, stage_costs
+from planner.graph import Graph
+from planner.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
+from planner.resources import Resources
+
+F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input,
+               PipelineOp.backward_weight)
+SEND_F, RECV_F, SEND_B, RECV_B = (PipelineOp.send_f, PipelineOp.recv_f, PipelineOp.send_b,
+                                  PipelineOp.recv_b)
+Key = tuple[int, PipelineOp, int]  # (stage, op, micro-batch)
+
+
+class _Blocked(Exception):
+    """The action waits for another rank (`waits_for` names what)."""
+
+    def __init__(self, waits_for: str) -> None:
+        self.waits_for = waits_for
+
+
+class _Ranks:
+    def __init__(
+        self,
+        graph: Graph,
+        partition: Partition,
+        rank_actions: Sequence[Sequence[PipelineAction]],
+        resources: Resources | None,
+    ) -> None:
+        try:
+            check_rank_actions(partition, rank_actions)
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+        self.partition = partition
+        self.lists = rank_actions
+        self.costs: list[StageCosts] = stage_costs(graph, partition)
+        self.link = resources.device_link if resources is not None else None
+        self.last = partition.stage_count - 1
+        self.implicit = not any(not a.is_compute for row in rank_actions for a in row)
+        self.done: dict[Key, tuple[float, int]] = {}  # -> (end time, action index)
+        self.arrivals: dict[Key, float] = {}  # (receiving stage, RECV op, mb) -> arrival
+        self.received: set[Key] = set()
+        self.clock = [0.0] * len(rank_actions)
+        self.busy = [0.0] * len(rank_actions)
+        self.transfer = 0.0
+        self.events: list[tuple[float, int, int, int]] = []  # (time, rank, seq, bytes delta)
+        self.microbatches = 1 + max((a.microbatch_index for row in rank_actions for a in row),
+                                    default=0)
+        if resources is not None and resources.microbatches > 1:
+            if resources.microbatches != self.microbatches:
+                raise PlanError(
+                    f"resources.microbatches is {resources.microbatches} but the rank actions "
+                    f"run {self.microbatches} micro-batches"
+                )
+
+    def transfer_ms(self, nbytes: int) -> float:
+        return 0.0 if self.link is None else self.link.transfer_ms(nbytes)
+
+    def fail(self, rank: int, i: int, a: PipelineAction, why: str) -> PlanError:
+        return PlanError(f"rank {rank}, action {i} ({a}): {why}", i, None, rank)
+
+    def need(self, rank: int, i: int, a: PipelineAction, key: Key, what: str) -> float:
+        """End time of `key`, which must have run earlier on this rank."""
+        if key not in self.done:
+            s, op, mb = key
+            raise self.fail(rank, i, a, f"needs {what} ({s}{op.value}{mb}) earlier on rank {rank}")
+        return self.done[key][0]
+
+    def remote(self, key: Key, extra_ms: float) -> float:
+        """Implied communication: end of `key` on its rank plus the transfer, or blocked."""
+        if key not in self.done:
+            s, op, mb = key
+            raise _Blocked(f"{s}{op.value}{mb} on rank {self.partition.rank_of(s)}")
+        return self.done[key][0] + extra_ms
+
+    def gradient_of(self, key_stage: int, mb: int) -> Key | None:
+        for op in (B, I_):
+            if (key_stage, op, mb) in self.done:
+                return (key_stage, op, mb)
+        return None
+
+    def implied_transfer_ms(self, rank: int, a: PipelineAction) -> float:
+        """compute_only lists: the transfer that brought this compute's input from a peer."""
+        s, op = a.stage_index, a.op
+        if op is F and s > 0 and self.partition.rank_of(s - 1) != rank:
+            return self.transfer_ms(self.costs[s - 1].send_forward_bytes)
+        if op in (B, I_) and s < self.last and self.partition.rank_of(s + 1) != rank:
+            return self.transfer_ms(self.costs[s + 1].send_backward_bytes)
+        return 0.0
+
+    # -- one action --------------------------------------------------------------------------
+    def ready_time(self, rank: int, i: int, a: PipelineAction) -> float:
+        """When `a`'s inputs are there; raises _Blocked or PlanError."""
+        s, op, mb = a.stage_index, a.op, a.microbatch_index
+        c = self.costs
+        if op is F:
+            if s == 0:
+                return 0.0
+            if self.partition.rank_of(s - 1) == rank:
+                return self.need(rank, i, a, (s - 1, F, mb), "the previous stage's forward")
+            if self.implicit:
+                return self.remote((s - 1, F, mb), self.transfer_ms(c[s - 1].send_forward_bytes))
+            return self.need(rank, i, a, (s, RECV_F, mb), "its input")
+        if op in (B, I_):
+            t = self.need(rank, i, a, (s, F, mb), "the forward")
+            if s == self.last:
+                return t
+            if self.partition.rank_of(s + 1) == rank:
+                g = self.gradient_of(s + 1, mb)
+                if g is None:
+                    raise self.fail(rank, i, a, f"needs the backward of stage {s + 1} earlier")
+                return max(t, self.done[g][0])
+            if self.implicit:
+                g = self.gradient_of(s + 1, mb)
+                if g is None:
+                    raise _Blocked(f"{s + 1}B{mb} on rank {self.partition.rank_of(s + 1)}")
+                return max(t, self.done[g][0] + self.transfer_ms(c[s + 1].send_backward_bytes))
+            return max(t, self.need(rank, i, a, (s, RECV_B, mb), "its gradient"))
+        if op is W:
+            return self.need(rank, i, a, (s, I_, mb), "the input-gradient backward")
+        if op is SEND_F:
+            return self.need(rank, i, a, (s, F, mb), "the forward")
+        if op is SEND_B:
+            g = self.gradient_of(s, mb)
+            if g is None:
+                raise self.fail(rank, i, a, f"needs the backward ({s}B{mb} or {s}I{mb}) earlier")
+            return self.done[g][0]
+        key = (s, op, mb)  # RECV_F / RECV_B
+        if key not in self.arrivals:
+            peer = s - 1 if op is RECV_F else s + 1
+            send = SEND_F if op is RECV_F else SEND_B
+            raise _Blocked(f"{peer}{send.value}{mb} on rank {self.partition.rank_of(peer)}")
+        return self.arrivals[key]
+
+    def execute(self, rank: int, i: int, a: PipelineAction) -> None:
+        s, op, mb = a.stage_index, a.op, a.microbatch_index
+        key = (s, op, mb)
+        if mb >= self.microbatches:  # pragma: no cover - microbatches is inferred from actions
+            raise self.fail(rank, i, a, f"no micro-batch {mb}")
+        if key in self.done or (op is RECV_F or op is RECV_B) and key in self.received:
+            raise self.fail(rank, i, a, f"runs a second time (first at action {self.done[key][1]})"
+                            if key in self.done else "receives a second time")
+        if op in (I_, W) and (s, B, mb) in self.done or op is B and (s, I_, mb) in self.done:
+            raise self.fail(rank, i, a, "mixes a full backward (B) with its split (I/W)")
+        ready = self.ready_time(rank, i, a)  # may raise _Blocked: nothing changes before this
+        start = max(self.clock[rank], ready)
+        c = self.costs[s]
+        if self.implicit:
+            self.transfer += self.implied_transfer_ms(rank, a)
+        if op in (SEND_F, SEND_B):
+            nbytes = c.send_forward_bytes if op is SEND_F else c.send_backward_bytes
+            duration = self.transfer_ms(nbytes)
+            self.transfer += duration
+            target = (s + 1, RECV_F, mb) if op is SEND_F else (s - 1, RECV_B, mb)
+            self.arrivals[target] = start + duration  # posted when the rank gets there
+            self.done[key] = (start, i)
+            return
+        if op in (RECV_F, RECV_B):
+            self.clock[rank] = start
+            self.received.add(key)
+            self.done[key] = (start, i)
+            return
+        duration = {F: c.forward_ms, B: c.backward_ms, I_: c.backward_input_ms,
+                    W: c.backward_weight_ms}[op]
+        end = start + duration
+        seq = len(self.events)
+        if op is F:
+            self.events.append((start, rank, seq, c.saved_bytes))
+        self.events.append((start, rank, seq + 1, c.transient_bytes))
+        self.events.append((end, rank, seq + 2, -c.transient_bytes))
+        if op in (B, W):
+            self.events.append((end, rank, seq + 3, -c.saved_bytes))
+        self.clock[rank] = end
+        self.busy[rank] += duration
+        self.done[key] = (end, i)
+
+    # -- the whole schedule ------------------------------------------------------------------
+    def run(self, graph: Graph) -> SimulationResult:
+        pos = [0] * len(self.lists)
+        progress = True
+        while progress:
+            progress = False
+            for rank, row in enumerate(self.lists):
+                while pos[rank] < len(row):
+                    try:
+                        self.execute(rank, pos[rank], row[pos[rank]])
+                    except _Blocked:
+                        break
+                    pos[rank] += 1
+                    progress = True
+        if any(pos[r] < len(row) for r, row in enumerate(self.lists)):
+            raise self.deadlock(pos)
+        self.check_complete()
+        return self.result(graph)
+
+    def deadlock(self, pos: list[int]) -> PlanError:
+        stuck: list[tuple[int, int, PipelineAction, str]] = []
+        for rank, row in enumerate(self.lists):
+            if pos[rank] < len(row):
+                a = row[pos[rank]]
+                try:
+                    self.ready_time(rank, pos[rank], a)
+                    waits = "?"  # pragma: no cover - it would have run
+                except _Blocked as b:
+                    waits = b.waits_for
+                stuck.append((rank, pos[rank], a, waits))
+        rank, i, a, waits = stuck[0]
+        peer = int(waits.rsplit(" ", 1)[1])
+        there = (
+            f"which waits at action {pos[peer]} ({self.lists[peer][pos[peer]]})"
+            if pos[peer] < len(self.lists[peer])
+            else "which has no such action"
+        )
+        others = "".join(f"; rank {r} waits at action {j} ({b}) for {w}"
+                         for r, j, b, w in stuck[1:4])
+        return PlanError(
+            f"deadlock: rank {rank} waits at action {i} ({a}) for {waits}, {there}{others}",
+            i, None, rank,
+        )
+
+    def check_complete(self) -> None:
+        for s in range(self.partition.stage_count):
+            rank = self.partition.rank_of(s)
+            end = len(self.lists[rank])
+            for mb in range(self.microbatches):
+                if (s, F, mb) not in self.done:
+                    raise PlanError(f"rank {rank}: stage {s} never runs the forward of "
+                                    f"micro-batch {mb}", end, None, rank)
+                if (s, B, mb) not in self.done and (s, W, mb) not in self.done:
+                    raise PlanError(f"rank {rank}: stage {s} never completes the backward of "
+                                    f"micro-batch {mb}", end, None, rank)
+        for (s, op, mb) in self.arrivals:
+            if (s, op, mb) not in self.received:
+                send = SEND_F if op is RECV_F else SEND_B
+                peer = s - 1 if op is RECV_F else s + 1
+                rank = self.partition.rank_of(peer)
+                i = self.done[(peer, send, mb)][1]
+                raise PlanError(
+                    f"rank {rank}, action {i} ({peer}{send.value}{mb}): never received "
+                    f"(no {s}{op.value}{mb} on rank {self.partition.rank_of(s)})", i, None, rank,
+                )
+
+    def result(self, graph: Graph) -> SimulationResult:
+        ranks = []
+        for r in range(len(self.lists)):
+            base = sum(c.model_state_bytes for s, c in enumerate(self.costs)
+                       if self.partition.rank_of(s) == r)
+            live = peak = base
+            for _, _, _, delta in sorted(e for e in self.events if e[1] == r):
+                live += delta
+                peak = max(peak, live)
+            ranks.append(RankResult(r, peak, base, self.busy[r], self.clock[r]))
+        makespan = max(self.clock)
+        busy = math.fsum(self.busy)
+        m = self.microbatches
+        top = max(ranks, key=lambda x: x.peak_bytes)
+        return SimulationResult(
+            peak_bytes=top.peak_bytes,
+            peak_action_index=-1,
+            fixed_bytes=sum(c.model_state_bytes for c in self.costs),
+            compute_cost=busy,
+            baseline_cost=graph.total_compute_ms * m,
+            computations=len(graph.nodes) * m,
+            node_count=len(graph.nodes),
+            timeline=(),
+            event_simulated=True,
+            compute_ms=busy,
+            transfer_ms=self.transfer,
+            makespan_ms=makespan,
+            ranks=tuple(ranks),
+            microbatches=m,
+            throughput_per_s=m / (makespan / 1e3) if makespan > 0 else None,
+            bubble_fraction=max(0.0, 1 - busy / (len(ranks) * makespan)) if makespan > 0 else 0.0,
+        )
+
+
+def simulate_pipeline(
+    graph: Graph,
+    partition: Partition,
+    rank_actions: Sequence[Sequence[PipelineAction]],
+    resources: Resources | None = None,
+) -> SimulationResult:
+    """Simulate every rank of a pipeline plan; PlanError names rank and action."""
+    return _Ranks(graph, partition, rank_actions, resources).run(graph)

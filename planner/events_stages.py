@@ -1,0 +1,190 @@
+"""What each pipeline stage costs, read from the graph (planner.events_pipeline uses it).
+
+The graph is one micro-batch's training step: a stage's forward time is the sum of compute_ms of
+its forward and loss nodes, its backward time that of its backward nodes. The backward splits
+into I (input gradient) and W (weight gradients): W is the stage's weight-gradient nodes (the
+gradient_node of its trainable parameters, when the graph has model_state), I the rest; with none
+identifiable, half and half.
+
+A stage holds the nodes it names by id and every node of its modules (and their submodules);
+a node no stage names follows its inputs (see `_place_the_rest`), so a loss outside every module
+lands on the last stage. Forward data must flow to the same or later stages, gradients to the
+same or earlier ones.
+
+Memory of a stage (per rank, summed over its stages):
+- model state: each parameter's bytes (weights, gradient, optimizer state after ZeRO; whatever
+  the gradient lifetime) go to the stage that owns its gradient_node or a node of its module;
+  the rest of the step's fixed bytes (inputs, buffers, unplaced parameters; the whole fixed bytes
+  without model_state) is split evenly over the stages;
+- saved activations per in-flight micro-batch: every forward/loss storage that a backward node
+  of the stage reads (held on the rank that needs it, the received input included);
+- transient while an F/B/I/W runs: the largest output + workspace of one node of the stage.
+Boundary bytes: a send from stage s to s+1 carries every forward storage made at stages <= s and
+read by a forward node of a later stage; a gradient send from s to s-1 every backward storage
+made at stages >= s and read by a backward node of an earlier stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.events_result import PlanError
+from planner.graph import Graph, Phase
+from planner.memory_model import step_memory
+from planner.pipeline_actions import Partition
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    forward_ms: float
+    backward_ms: float
+    backward_input_ms: float
+    backward_weight_ms: float
+    saved_bytes: int
+    transient_bytes: int
+    model_state_bytes: int
+    send_forward_bytes: int  # to stage + 1
+    send_backward_bytes: int  # to stage - 1
+
+
+def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
+    """Node id -> stage index: the stage naming it (by id or module; two: PlanError naming the
+    node), else where its inputs are (`_place_the_rest`)."""
+    out: dict[int, int] = {}
+    for s in partition.stages:
+        mods = tuple(s.modules)
+        for v in s.nodes:
+            if v not in graph.index.position:
+                raise PlanError(
+                    f"partition: stage {s.stage_index} names node {v}, not in the graph", node=v
+                )
+            _assign(graph, out, v, s.stage_index)
+        if mods:
+            for n in graph.nodes:
+                p = n.module_path
+                inside = any(p == m or p.startswith(m + ".") for m in mods)
+                if inside and out.get(n.id) != s.stage_index:
+                    _assign(graph, out, n.id, s.stage_index)
+    _place_the_rest(graph, out, partition.stage_count - 1)
+    return out
+
+
+def _place_the_rest(graph: Graph, out: dict[int, int], last: int) -> None:
+    """Nodes no stage names (e.g. a loss outside every module) follow their inputs: a forward
+    node goes to the latest stage among its inputs (0 without inputs), a backward node to the
+    earliest stage among its backward inputs (else the latest among its inputs; the last stage
+    without inputs)."""
+    index = graph.index
+    for v in index.topological_order:
+        if v in out:
+            continue
+        preds = index.predecessors[v]
+        if index.node(v).phase != Phase.backward:
+            out[v] = max((out[u] for u in preds), default=0)
+            continue
+        grads = [out[u] for u in preds if index.node(u).phase == Phase.backward]
+        out[v] = min(grads) if grads else max((out[u] for u in preds), default=last)
+
+
+def _assign(graph: Graph, out: dict[int, int], v: int, stage: int) -> None:
+    if v in out and out[v] != stage:
+        raise PlanError(
+            f"partition: {graph.describe(v)} is in stages {out[v]} and {stage}", node=v
+        )
+    out[v] = stage
+
+
+def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
+    stage = stage_of_nodes(graph, partition)
+    index = graph.index
+    count = partition.stage_count
+    fwd = [0.0] * count
+    bwd = [0.0] * count
+    weight = [0.0] * count
+    has_weight = [False] * count
+    transient = [0] * count
+    saved: list[set[int]] = [set() for _ in range(count)]
+    send_f: list[set[int]] = [set() for _ in range(count)]
+    send_b: list[set[int]] = [set() for _ in range(count)]
+    backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
+    grad_nodes = _gradient_nodes(graph)
+    for n in graph.nodes:
+        s = stage[n.id]
+        transient[s] = max(transient[s], index.storage_bytes[n.id] + n.workspace_bytes)
+        if n.id in backward:
+            bwd[s] += n.compute_ms
+            if n.id in grad_nodes:
+                weight[s] += n.compute_ms
+                has_weight[s] = True
+        else:
+            fwd[s] += n.compute_ms
+        root = index.storage_root(n.id)
+        for w in index.successors[n.id]:
+            t = stage[w]
+            if n.id not in backward and w in backward:
+                saved[t].add(root)
+            elif n.id not in backward and t != s:
+                if t < s:
+                    raise _backwards(graph, n.id, w, s, t, "forward")
+                for cut in range(s, t):
+                    send_f[cut].add(root)
+            elif n.id in backward and t != s:
+                if t > s:
+                    raise _backwards(graph, n.id, w, s, t, "backward")
+                for cut in range(t + 1, s + 1):
+                    send_b[cut].add(root)
+    states = _model_state_bytes(graph, stage, count)
+    size = index.storage_bytes
+    out = []
+    for s in range(count):
+        w_ms = weight[s] if has_weight[s] else bwd[s] / 2
+        out.append(
+            StageCosts(
+                forward_ms=fwd[s],
+                backward_ms=bwd[s],
+                backward_input_ms=bwd[s] - w_ms,
+                backward_weight_ms=w_ms,
+                saved_bytes=sum(size[r] for r in saved[s]),
+                transient_bytes=transient[s],
+                model_state_bytes=states[s],
+                send_forward_bytes=sum(size[r] for r in send_f[s]),
+                send_backward_bytes=sum(size[r] for r in send_b[s]),
+            )
+        )
+    return out
+
+
+def _backwards(graph: Graph, u: int, v: int, s: int, t: int, phase: str) -> PlanError:
+    return PlanError(
+        f"partition: {phase} data flows from {graph.describe(u)} (stage {s}) to "
+        f"{graph.describe(v)} (stage {t}): the stages must follow the {phase} pass",
+        node=v,
+    )
+
+
+def _gradient_nodes(graph: Graph) -> set[int]:
+    ms = graph.model_state
+    if ms is None:
+        return set()
+    return {p.gradient_node for p in ms.parameters if p.trainable and p.gradient_node is not None}
+
+
+def _model_state_bytes(graph: Graph, stage: dict[int, int], count: int) -> list[int]:
+    step = step_memory(graph)
+    total = step.start_bytes + sum(step.held_from_node.values())
+    placed = [0] * count
+    ms = graph.model_state
+    if ms is not None:
+        module_stage: dict[str, int] = {}
+        for n in graph.nodes:
+            module_stage.setdefault(n.module_path, stage[n.id])
+        for p, b in ms.per_parameter():
+            s = stage.get(p.gradient_node) if p.gradient_node is not None else None
+            if s is None:
+                s = module_stage.get(p.module_path)
+            if s is not None:
+                placed[s] += b.total_bytes
+    rest = max(0, total - sum(placed))
+    share = [rest // count + (1 if s < rest % count else 0) for s in range(count)]
+    return [placed[s] + share[s] for s in range(count)]
+

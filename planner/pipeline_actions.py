@@ -1,0 +1,200 @@
+"""Pipeline plans: the partition (stage -> nodes/modules, stage -> rank) and per-rank action lists.
+
+The action vocabulary is `torch.distributed.pipelining`'s `_Action(stage, type, microbatch)` and
+so is the text form, one token per action: `2F0` runs the forward of stage 2 on micro-batch 0,
+`1SEND_F3` sends stage 1's output of micro-batch 3 to stage 2, `1RECV_B3` receives the gradient
+of micro-batch 3 from stage 2. `F` forward, `B` full backward, `I` backward for the input
+gradient, `W` backward for the weight gradients; `SEND_F`/`RECV_F` carry activations from stage
+s to s+1, `SEND_B`/`RECV_B` gradients from s+1 to s (torch's convention: a `RECV_F` names the
+receiving stage, its sender is the stage before; a `RECV_B`'s sender is the stage after).
+
+CSV form (torch's `_dump_csv` / `_load_csv`): one row per rank, one action string per cell, an
+empty cell is an idle step.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Sequence
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PipelineOp(StrEnum):
+    forward = "F"
+    backward = "B"  # full backward (input and weight gradients)
+    backward_input = "I"
+    backward_weight = "W"
+    send_f = "SEND_F"
+    recv_f = "RECV_F"
+    send_b = "SEND_B"
+    recv_b = "RECV_B"
+
+
+COMPUTE_OPS = frozenset(
+    {PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input, PipelineOp.backward_weight}
+)
+_TOKEN = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
+
+
+class PipelineAction(BaseModel):
+    """One action of a rank: `_Action(stage_index, op, microbatch_index)` of torch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stage_index: int = Field(ge=0)
+    op: PipelineOp
+    microbatch_index: int = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, data: object) -> object:
+        return _parse(data) if isinstance(data, str) else data
+
+    def __str__(self) -> str:
+        return f"{self.stage_index}{self.op.value}{self.microbatch_index}"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+    @classmethod
+    def from_text(cls, token: str) -> PipelineAction:
+        return cls.model_validate(_parse(token))
+
+
+def _parse(token: str) -> dict[str, object]:
+    m = _TOKEN.match(token.strip())
+    if not m:
+        raise ValueError(f"cannot parse {token!r} (expected e.g. 2F0 or 1SEND_F3)")
+    return {"stage_index": int(m.group(1)), "op": m.group(2), "microbatch_index": int(m.group(3))}
+
+
+def pipeline_action(stage_index: int, op: str, microbatch_index: int) -> PipelineAction:
+    return PipelineAction(
+        stage_index=stage_index, op=PipelineOp(op), microbatch_index=microbatch_index
+    )
+
+
+def rank_actions_to_text(rank_actions: Sequence[Sequence[PipelineAction]]) -> str:
+    """One line per rank: `0F0 0F1 0B0 ...`."""
+    return "\n".join(" ".join(str(a) for a in actions) for actions in rank_actions)
+
+
+def rank_actions_from_text(text: str) -> list[list[PipelineAction]]:
+    """Parse one line per rank; raise ValueError naming the rank and the action index."""
+    out: list[list[PipelineAction]] = []
+    for rank, line in enumerate(text.strip().splitlines()):
+        out.append(_parse_row(line.split(), rank))
+    return out
+
+
+def _parse_row(tokens: Sequence[str], rank: int) -> list[PipelineAction]:
+    row: list[PipelineAction] = []
+    for i, token in enumerate(tokens):
+        try:
+            row.append(PipelineAction.from_text(token))
+        except ValueError as e:
+            msg = str(e).splitlines()[0]
+            raise ValueError(f"rank {rank}, action {i}: {msg}") from None
+    return row
+
+
+def rank_actions_to_csv(
+    rank_actions: Sequence[Sequence[PipelineAction]], *, compute_only: bool = False
+) -> str:
+    """torch's CSV: a row per rank. `compute_only` drops SEND/RECV (torch's "compute_only"
+    format, whose loader adds the communication itself)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for actions in rank_actions:
+        writer.writerow([str(a) for a in actions if a.is_compute or not compute_only])
+    return buf.getvalue()
+
+
+def rank_actions_from_csv(text: str) -> list[list[PipelineAction]]:
+    """Read torch's CSV (empty cells, torch's idle steps, are skipped)."""
+    out: list[list[PipelineAction]] = []
+    for rank, row in enumerate(csv.reader(io.StringIO(text))):
+        out.append(_parse_row([cell for cell in row if cell.strip()], rank))
+    return out
+
+
+class PipelineStage(BaseModel):
+    """One stage: the graph nodes it runs (ids, and/or every node of the named modules and their
+    submodules) and the rank that runs it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stage_index: int = Field(ge=0)
+    rank: int = Field(ge=0)
+    nodes: list[int] = Field(default_factory=list, description="Graph node ids of the stage.")
+    modules: list[str] = Field(
+        default_factory=list,
+        description="Module paths: every node whose module_path is one of them or inside one.",
+    )
+
+
+class Partition(BaseModel):
+    """Stages 0..S-1, each on one rank; ranks 0..R-1 each run at least one stage."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stages: list[PipelineStage] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Partition:
+        indices = sorted(s.stage_index for s in self.stages)
+        if indices != list(range(len(self.stages))):
+            raise ValueError(f"stages: stage_index must be 0..{len(self.stages) - 1} once each")
+        ranks = {s.rank for s in self.stages}
+        if ranks != set(range(len(ranks))):
+            missing = sorted(set(range(max(ranks) + 1)) - ranks)
+            raise ValueError(f"stages: ranks must be 0..{max(ranks)}; rank {missing[0]} runs none")
+        for s in self.stages:
+            if not s.nodes and not s.modules:
+                raise ValueError(f"stages[{s.stage_index}]: names no nodes and no modules")
+        return self
+
+    @property
+    def stage_count(self) -> int:
+        return len(self.stages)
+
+    @property
+    def rank_count(self) -> int:
+        return 1 + max(s.rank for s in self.stages)
+
+    def rank_of(self, stage_index: int) -> int:
+        return self.stage(stage_index).rank
+
+    def stage(self, stage_index: int) -> PipelineStage:
+        for s in self.stages:
+            if s.stage_index == stage_index:
+                return s
+        raise KeyError(stage_index)
+
+
+def check_rank_actions(
+    partition: Partition, rank_actions: Sequence[Sequence[PipelineAction]]
+) -> None:
+    """Raise ValueError naming rank and action when a list does not fit the partition."""
+    if len(rank_actions) != partition.rank_count:
+        raise ValueError(
+            f"rank_actions: {len(rank_actions)} action lists for {partition.rank_count} ranks"
+        )
+    last = partition.stage_count - 1
+    for rank, actions in enumerate(rank_actions):
+        for i, a in enumerate(actions):
+            where = f"rank_actions[{rank}][{i}] ({a})"
+            if a.stage_index > last:
+                raise ValueError(f"{where}: no stage {a.stage_index} (stages 0..{last})")
+            owner = partition.rank_of(a.stage_index)
+            if owner != rank:
+                raise ValueError(f"{where}: stage {a.stage_index} runs on rank {owner}")
+            if a.op in (PipelineOp.send_f, PipelineOp.recv_b) and a.stage_index == last:
+                raise ValueError(f"{where}: the last stage has no next stage")
+            if a.op in (PipelineOp.recv_f, PipelineOp.send_b) and a.stage_index == 0:
+                raise ValueError(f"{where}: stage 0 has no previous stage")
