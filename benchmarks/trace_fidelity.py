@@ -1,6 +1,7 @@
 """Trace fidelity: the traced graph's store-all memory and measured costs vs a real CPU step.
 
-For each zoo model and GPT-2 / Llama built from a config, traces the op-level graph with
+For each zoo model (the MLP-Mixer with dropout and the DenseNet-like CNN included) and GPT-2 /
+Llama / BERT built from a config, traces the op-level graph with
 measured costs, then measures a real eager training step with the project's own storage
 accounting (planner.tracing.memory) and clock. Prints a markdown table; --write also writes
 docs/trace_fidelity.md.
@@ -16,7 +17,9 @@ import platform
 import time
 from pathlib import Path
 
-MODELS = ("mlp", "resnet", "unet", "gpt", "vit", "hf_gpt2", "hf_llama", "hf_bert")
+MODELS = (
+    "mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet", "hf_gpt2", "hf_llama", "hf_bert",
+)
 
 
 def main() -> None:
@@ -104,6 +107,40 @@ def _document(rows: list[str], args: argparse.Namespace, torch_version: str) -> 
         "(`dropout_masks=\"eager\"`, the default). Sized as the joint graph does, gpt "
         "measured 0.885 and hf_gpt2 0.931. Timings on a shared machine are noisy: the cpu "
         "clock (thread CPU time, one thread) is used for that reason.",
+        "",
+        "## What the tracer counts",
+        "",
+        "A graph node's `output_bytes` is the storage its fx op allocates, from the fake "
+        "tensors (equal to the real sizes, tested); store-all frees each value after its last "
+        "consumer. The rules that make that equal what a real step holds:",
+        "",
+        "- **Views** (schema alias without write, `_unsafe_view`, `alias`, `detach`, "
+        "`split`/`unbind` elements) own no bytes and keep their base alive; fused into the "
+        "base's node.",
+        "- **In-place ops** share the mutated argument's storage.",
+        "- **Multi-output ops** own no bytes; each `getitem` owns its element, freed after "
+        "its own last use (a LayerNorm's mean/rstd live to backward, its output does not).",
+        "- **Concatenation** allocates its output; its inputs are freed after their own last "
+        "consumer (`cat` saves nothing for backward; its backward is views of the gradient).",
+        "- **Dropout masks**: as eager keeps them on the model's device (float on CPU, bool "
+        "on CUDA and in the joint graph), `dropout_masks`.",
+        "- **Identity dropout**: dropout with p = 0 (or not training) returns its input in "
+        "eager; AOT's decomposition clones it. That clone is counted as a view of its input. "
+        "Counted as a copy, the graph held the input and the copy wherever both are saved "
+        "(a softmax output and the attention matmul's input; a ReLU output and the next "
+        "convolution's input): hf_llama measured 1.048 (its attention dropout is 0.0) and "
+        "densenet (an unconditional `F.dropout(p=0)` after each ReLU) 1.192; with the rule, "
+        "1.000 and 0.990.",
+        "",
+        "Known differences left, by design (the graph describes what the planner's runtime "
+        "holds, which frees a value after its last reader): eager keeps an autograd node's "
+        "saved tensors until the node's whole backward formula has run, and Python keeps a "
+        "module's arguments and a forward's locals alive until the call returns (a DenseNet "
+        "stem output consumed only by concatenations lives through the whole feature stack: "
+        "0.97 to 1.00 of the real step over the sizes tried; 0.990 here). Eager's in-place "
+        "ops (`ReLU(inplace=True)`, in-place gradient accumulation) are out-of-place in the "
+        "joint graph: one extra tensor while the op runs. None of them moved a peak beyond "
+        "2 % on the models here.",
         "",
     ])
 

@@ -16,7 +16,10 @@ from planner.tracing.profiles import load_profile  # noqa: E402
 from planner.zoo import TINY  # noqa: E402
 from planner.zoo import tiny as make  # noqa: E402
 
-BLOCKS = {"gpt": "h.*", "vit": "blocks.*", "resnet": "layers.*", "mlp": None, "unet": None}
+BLOCKS = {
+    "gpt": "h.*", "vit": "blocks.*", "resnet": "layers.*", "mlp": None, "unet": None,
+    "mixer": "blocks.*", "densenet": None,
+}
 
 
 @pytest.mark.parametrize("name", list(TINY))

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner.graph import Phase  # noqa: E402
+from planner.memory_model import model_state_breakdown  # noqa: E402
 from planner.tracing import trace  # noqa: E402
 from planner.tracing.capture import CaptureError  # noqa: E402
 from planner.tracing.costs import joint_arguments, run_joint  # noqa: E402
@@ -54,11 +55,14 @@ def test_fixed_memory_counts_parameters_gradients_optimizer_and_inputs(traced: d
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     fixed = result.graph.fixed
-    assert fixed.parameters_bytes == params and fixed.gradients_bytes == params
+    state = model_state_breakdown(result.graph)  # op-level traces carry per-parameter bytes
+    assert state.parameters_bytes == params and state.gradients_bytes == params
+    assert fixed.parameters_bytes == fixed.gradients_bytes == fixed.optimizer_bytes == 0
     assert fixed.other_bytes == buffers > 0  # BatchNorm running statistics
     assert fixed.inputs_bytes == sum(x.numel() * x.element_size() for x in inputs)
-    assert fixed.optimizer_bytes == 0
-    adam = trace(*make("mlp"), optimizer="adamw").graph.fixed
+    assert state.optimizer_bytes == 0
+    assert result.graph.fixed_bytes == 2 * params + buffers + fixed.inputs_bytes
+    adam = model_state_breakdown(trace(*make("mlp"), optimizer="adamw").graph)
     assert adam.optimizer_bytes == 2 * adam.parameters_bytes
 
 

@@ -22,7 +22,9 @@ Level "op" (AOTAutograd joint graph, via torch.compile(fullgraph=True)):
   (the first non-trivial one names the node). Views, detach and in-place ops join the node whose
   storage they share; a view of a primal joins its first consumer (later consumers get no edge:
   it holds no memory and is free to redo). A multi-output op owns no bytes; each `getitem` of
-  it is a node owning its element, so elements are freed independently.
+  it is a node owning its element, so elements are freed independently. Dropout with p = 0 is
+  the identity in eager; its joint-graph clone is sized as a view
+  (`result.details["identity_dropout_fx_names"]`).
 - Node fields: `output_bytes` (storage of its outputs, real sizes), `alias_of` (unfused views),
   `random` (ops tagged nondeterministic_seeded, e.g. dropout: replay RNG when recomputing),
   `module_path` (forward: nn_module_stack; backward: the forward op with the same seq_nr),

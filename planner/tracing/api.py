@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import InputError
-from planner.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
+from planner.graph import (
+    CostSource,
+    Edge,
+    FixedMemory,
+    Graph,
+    GraphMetadata,
+    ModelState,
+    Node,
+    ParameterState,
+    Phase,
+)
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-OPTIMIZER_STATES = {"sgd": 0, "adam": 2, "adamw": 2}  # state tensors per parameter
+# state tensors per parameter
+OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
 
 @dataclass(frozen=True)
@@ -55,8 +67,16 @@ def trace(
     warmup: int = 1,
     model_name: str = "",
     progress: Progress | None = None,
+    gradient_lifetime: str = "step",
 ) -> TraceResult:
-    """Trace one step (forward, loss, backward) of `model(*inputs)`; see planner.tracing."""
+    """Trace one step (forward, loss, backward) of `model(*inputs)`; see planner.tracing.
+
+    `gradient_lifetime`: "step" when gradients stay allocated across steps (gradient
+    accumulation, `zero_grad(set_to_none=False)`); "backward" when each is created during
+    backward and released by the optimizer step (`zero_grad(set_to_none=True)`, the default
+    of torch optimizers): its bytes then count from its gradient node on, not from the start."""
+    if gradient_lifetime not in ("step", "backward"):
+        raise InputError(f"--gradient-lifetime {gradient_lifetime}: use 'step' or 'backward'")
     if level not in ("op", "module"):
         raise InputError(f"--level {level}: use 'op' or 'module'")
     if costs not in ("estimate", "measure"):
@@ -79,10 +99,17 @@ def trace(
             device_profile=device_profile, optimizer=optimizer, repeats=repeats, warmup=warmup,
             model_name=name, progress=progress, clock=clock,
         )
-    return _trace_ops(
+    result = _trace_ops(
         model, inputs, loss_fn, costs, device_profile, optimizer, fuse, dropout_masks, repeats,
         warmup, name, progress, clock,
     )
+    state = result.graph.model_state
+    if state is None or state.gradient_lifetime == gradient_lifetime:
+        return result
+    graph = result.graph.model_copy(
+        update={"model_state": state.model_copy(update={"gradient_lifetime": gradient_lifetime})}
+    )
+    return dataclasses.replace(result, graph=graph)
 
 
 def _trace_ops(
@@ -146,7 +173,9 @@ def _trace_ops(
     fx_to_id = {m: ids[g.primary] for g in order for m in g.members}
     outputs = [fx_to_id[cap.loss_node]] if cap.loss_node in fx_to_id else []
     outputs += [fx_to_id[n] for n in cap.gradient_nodes.values() if n in fx_to_id]
-    fixed, extra = _fixed_memory(model, inputs, cap, optimizer)
+    gradient_ids = {fqn: fx_to_id[n] for fqn, n in cap.gradient_nodes.items() if n in fx_to_id}
+    model_state = _model_state(model, optimizer, gradient_ids)
+    fixed, extra = _fixed_memory(model, inputs, cap, optimizer, model_state)
     extra.update(
         level="op",
         fuse=fuse,
@@ -172,6 +201,7 @@ def _trace_ops(
             source="planner.tracing (AOTAutograd joint graph)",
             extra=extra,
         ),
+        model_state=model_state,
     )
     return TraceResult(
         graph=graph,
@@ -189,6 +219,11 @@ def _trace_ops(
         details={
             "eager_sized_nodes": [
                 fx_to_id[r.name] for r in records if r.extra.get("eager_sized")
+            ],
+            # fx clones of identity dropout (p = 0): sized as views of their input, so an
+            # executor should alias them rather than copy
+            "identity_dropout_fx_names": [
+                r.name for r in records if r.extra.get("identity_dropout")
             ],
         },
     )
@@ -226,31 +261,55 @@ def tensor_bytes(t: Any) -> int:
 
 
 def _fixed_memory(
-    model: Any, inputs: tuple[Any, ...], cap: Any, optimizer: str
+    model: Any,
+    inputs: tuple[Any, ...],
+    cap: Any,
+    optimizer: str,
+    model_state: ModelState | None = None,
 ) -> tuple[FixedMemory, dict[str, Any]]:
     """Parameters, gradients (one per trainable parameter), optimizer state, inputs, buffers.
 
-    Gradient nodes also carry their real output bytes; the fixed gradient bytes stand for the
-    .grad buffers that stay allocated across steps (the simulator frees sink outputs).
+    With `model_state` (op-level traces) parameters, gradients and optimizer state are its to
+    charge and stay 0 here (one source of truth); the totals are the same either way. Gradient
+    nodes also carry their real output bytes; the gradient bytes stand for the .grad buffers
+    (held all step by default: the simulator frees sink outputs).
     """
-    params = list(model.parameters())
-    params_bytes = sum(tensor_bytes(p) for p in params)
-    trainable_bytes = sum(tensor_bytes(p) for p in params if p.requires_grad)
+    state = model_state or _model_state(model, optimizer, {})
+    totals = state.total()
+    trainable_bytes = sum(p.bytes for p in state.parameters if p.trainable)
     buffers_bytes = sum(tensor_bytes(b) for b in model.buffers())
     inputs_bytes = sum(tensor_bytes(x) for x in inputs if hasattr(x, "element_size"))
-    optimizer_bytes = OPTIMIZER_STATES[optimizer] * trainable_bytes
     extra = {
         "buffers_bytes": buffers_bytes,
         "trainable_parameters_bytes": trainable_bytes,
     }
+    if model_state is not None:
+        return FixedMemory(inputs_bytes=inputs_bytes, other_bytes=buffers_bytes), extra
     fixed = FixedMemory(
-        parameters_bytes=params_bytes,
-        gradients_bytes=trainable_bytes,
-        optimizer_bytes=optimizer_bytes,
+        parameters_bytes=totals.parameters_bytes,
+        gradients_bytes=totals.gradients_bytes,
+        optimizer_bytes=totals.optimizer_bytes,
         inputs_bytes=inputs_bytes,
         other_bytes=buffers_bytes,
     )
     return fixed, extra
+
+
+def _model_state(model: Any, optimizer: str, gradient_nodes: dict[str, int]) -> ModelState:
+    """One ParameterState per parameter (named as `named_parameters` does), its gradient node
+    from `gradient_nodes` (FQN -> graph node id). The weights' own dtype, no mixed precision:
+    gradients and optimizer state in that dtype, as torch optimizers keep them."""
+    params = [
+        ParameterState(
+            name=fqn,
+            module_path=fqn.rpartition(".")[0],
+            bytes=tensor_bytes(p),
+            trainable=bool(p.requires_grad),
+            gradient_node=gradient_nodes.get(fqn) if p.requires_grad else None,
+        )
+        for fqn, p in model.named_parameters()
+    ]
+    return ModelState(parameters=params, optimizer=optimizer)  # type: ignore[arg-type]
 
 
 def _batch_size(inputs: tuple[Any, ...]) -> int | None:

@@ -136,7 +136,16 @@ class _TimingInterpreter(torch.fx.Interpreter):
         return out
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        # Fake tensors' strides can differ from the real kernel's (native_dropout_backward of
+        # a transposed gradient: contiguous in the trace, transposed on CPU), so a `view` valid
+        # in the trace can fail here; `reshape` is that view whenever one exists (as the
+        # runtime runs it).
+        if target in _VIEW_OPS:
+            target = torch.ops.aten.reshape.default
         return self.timer.run(self.running, lambda: target(*args, **kwargs))
+
+
+_VIEW_OPS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 
 
 def run_joint(cap: JointCapture, args: list[Any], keep_values: bool = False) -> dict[str, Any]:

@@ -5,6 +5,11 @@ A record is one fx call node. Views (schema alias without write), `_unsafe_view`
 each `getitem` of it owns its element's storage, so elements are freed independently;
 in-place ops (schema alias with write) share the mutated argument's storage. Ops tagged
 `nondeterministic_seeded` are random.
+
+Identity dropout: `F.dropout` with p = 0 (or not training) returns its input in eager, where
+the joint graph clones it (AOT's dropout decomposition); that clone is sized as a view of its
+input (no bytes), or the graph would hold the input and its copy wherever both are saved (e.g.
+softmax output and the attention matmul's input: +1 probability tensor per layer).
 """
 
 from __future__ import annotations
@@ -94,6 +99,23 @@ def _flops(target: Any, node: torch.fx.Node) -> float:
         return 0.0
 
 
+def is_identity_dropout(node: torch.fx.Node) -> bool:
+    """A forward `clone` that AOT's dropout decomposition emits for p = 0 or eval mode."""
+    if node.target is not torch.ops.aten.clone.default:
+        return False
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return False  # .contiguous() / reshape copies carry a memory format
+    stack = node.meta.get("source_fn_stack") or []
+    if not stack or not isinstance(stack[-1], tuple) or len(stack[-1]) < 2:
+        return False
+    fn = stack[-1][1]
+    if isinstance(fn, type):
+        from torch.nn.modules.dropout import _DropoutNd
+
+        return issubclass(fn, _DropoutNd)
+    return "dropout" in str(getattr(fn, "__name__", fn))
+
+
 def build_records(cap: JointCapture, cpu_eager_dropout: bool = False) -> list[OpRecord]:
     """One record per fx call node of the joint graph, in fx order.
 
@@ -132,6 +154,9 @@ def build_records(cap: JointCapture, cpu_eager_dropout: bool = False) -> list[Op
             # An element of a multi-output op owns its tensor, so each output is freed after
             # its own last use; elements of a view op (split, unbind) stay views.
             kind = "view" if parent is None or parent.trivial else None
+        identity = kind is None and is_identity_dropout(node)
+        if identity:
+            kind = "view"
         if not tensors:  # symbolic sizes and other metadata: nothing stored
             kind = kind or "meta"
         alias_of = base if kind in ("view", "inplace") and base in records else None
@@ -167,7 +192,11 @@ def build_records(cap: JointCapture, cpu_eager_dropout: bool = False) -> list[Op
             flops=_flops(target, node),
             bytes_moved=0 if kind is not None else in_bytes + dense_bytes(val),
             dtype=str(tensors[0].dtype).replace("torch.", "") if tensors else "",
-            extra={"multi": True} if multi else ({"eager_sized": True} if eager_sized else {}),
+            extra=(
+                {"multi": True} if multi
+                else {"eager_sized": True} if eager_sized
+                else {"identity_dropout": True} if identity else {}
+            ),
         )
     return list(records.values())
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ZOO = ("mlp", "resnet", "unet", "gpt", "vit")
+ZOO = ("mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet")
 
 # Sizes small enough for tests (a trace in a second or two on one CPU core).
 TINY: dict[str, dict[str, Any]] = {
@@ -17,6 +17,8 @@ TINY: dict[str, dict[str, Any]] = {
     "unet": dict(batch_size=2, image=32, base=8, depth=2),
     "gpt": dict(batch_size=4, context=16, dim=32, layers=2, vocab=64),
     "vit": dict(batch_size=4, image=16, dim=32, layers=2),
+    "mixer": dict(batch_size=4, image=16, patch=4, dim=32, blocks=2),
+    "densenet": dict(batch_size=4, image=16, growth=4, blocks=(3, 3), stem=8),
 }
 
 
@@ -73,6 +75,27 @@ def vit(batch_size: int = 8, image: int = 32, dim: int = 128, layers: int = 4) -
     from planner.zoo.models import ViT
 
     model = ViT(image, 4, dim, layers)
+    return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
+
+
+def mixer(batch_size: int = 8, image: int = 32, patch: int = 4, dim: int = 128,
+          blocks: int = 4, dropout: float = 0.1) -> Any:
+    """MLP-Mixer with dropout (token- and channel-mixing MLPs, LayerNorm, GELU, residuals)."""
+    torch = _seed()
+    from planner.zoo.models import Mixer
+
+    model = Mixer(image, patch, dim, blocks, dropout)
+    return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
+
+
+def densenet(batch_size: int = 8, image: int = 32, growth: int = 12,
+             blocks: tuple[int, ...] = (4, 4, 4), stem: int = 24, dropout: float = 0.0) -> Any:
+    """DenseNet-like CNN: dense blocks concatenating every earlier feature map (BN-ReLU-
+    dropout-Conv layers; dropout 0 by default, the identity), transitions with pooling."""
+    torch = _seed()
+    from planner.zoo.models import DenseNet
+
+    model = DenseNet(growth, tuple(blocks), stem, dropout)
     return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
 
 

@@ -215,3 +215,114 @@ class ViT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return F.cross_entropy(self.head(self.ln(x[:, 0])), target)
+
+
+class MixerBlock(nn.Module):
+    """Token mixing (an MLP across patches) then channel mixing, each pre-norm and residual."""
+
+    def __init__(self, tokens: int, dim: int, token_hidden: int, channel_hidden: int,
+                 dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.token_mlp = nn.Sequential(
+            nn.Linear(tokens, token_hidden), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(token_hidden, tokens), nn.Dropout(dropout),
+        )
+        self.ln2 = nn.LayerNorm(dim)
+        self.channel_mlp = nn.Sequential(
+            nn.Linear(dim, channel_hidden), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(channel_hidden, dim), nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.token_mlp(self.ln1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.ln2(x))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer with dropout: patch embedding, mixer blocks, pooling, a classifier."""
+
+    def __init__(self, image: int = 32, patch: int = 4, dim: int = 128, blocks: int = 4,
+                 dropout: float = 0.1, classes: int = 10):
+        super().__init__()
+        tokens = (image // patch) ** 2
+        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+        self.blocks = nn.ModuleList(
+            MixerBlock(tokens, dim, tokens * 2, dim * 4, dropout) for _ in range(blocks)
+        )
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.head(self.ln(x).mean(dim=1)), target)
+
+
+class DenseLayer(nn.Module):
+    """BN-ReLU-Conv1x1 (bottleneck), BN-ReLU-dropout-Conv3x3 on the concatenation of its inputs.
+
+    The dropout call is unconditional, as many implementations write it: with p = 0 it is the
+    identity in eager (and a clone in the joint graph)."""
+
+    def __init__(self, c_in: int, growth: int, bottleneck: int = 4, dropout: float = 0.0):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(c_in)
+        self.conv1 = nn.Conv2d(c_in, bottleneck * growth, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(bottleneck * growth)
+        self.conv2 = nn.Conv2d(bottleneck * growth, growth, 3, padding=1, bias=False)
+        self.dropout = dropout
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.cat(features, dim=1)
+        x = self.conv1(F.relu(self.bn1(x)))
+        x = F.dropout(F.relu(self.bn2(x)), self.dropout, self.training)
+        return self.conv2(x)
+
+
+class DenseBlock(nn.Module):
+    def __init__(self, c_in: int, layers: int, growth: int, dropout: float = 0.0):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DenseLayer(c_in + i * growth, growth, dropout=dropout) for i in range(layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, dim=1)
+
+
+class Transition(nn.Sequential):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(
+            nn.BatchNorm2d(c_in), nn.ReLU(), nn.Conv2d(c_in, c_out, 1, bias=False),
+            nn.AvgPool2d(2),
+        )
+
+
+class DenseNet(nn.Module):
+    """DenseNet-like CNN: each layer of a dense block reads the concatenation of all earlier
+    feature maps of the block; transitions halve channels and resolution."""
+
+    def __init__(self, growth: int = 12, blocks: tuple[int, ...] = (4, 4, 4), stem: int = 24,
+                 dropout: float = 0.0, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, stem, 3, padding=1, bias=False)
+        stages: list[nn.Module] = []
+        c = stem
+        for i, n in enumerate(blocks):
+            stages.append(DenseBlock(c, n, growth, dropout))
+            c += n * growth
+            if i < len(blocks) - 1:
+                stages.append(Transition(c, c // 2))
+                c //= 2
+        self.features = nn.Sequential(*stages)
+        self.bn = nn.BatchNorm2d(c)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn(self.features(self.stem(x))))
+        return F.cross_entropy(self.fc(h.mean(dim=(2, 3))), target)
