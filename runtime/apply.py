@@ -19,6 +19,7 @@ from torch import nn
 from planner.errors import InputError
 from planner.graph import Graph
 from planner.io import load_plan, plan_from_dict
+from planner.memory_model import model_state_breakdown
 from planner.plan import Plan, PlanStatus
 from planner.simulator import PlanError, simulate
 from runtime.op_executor import JointProgram, PlanRun
@@ -51,7 +52,8 @@ def apply(
 ) -> Any:
     """Bind `plan` to `model`; `trace` (a TraceResult of this model) skips re-tracing.
 
-    With a module-level trace the plan must be a chain solver's (details['block_plan']) and a
+    With a module-level trace the plan must be a chain solver's (`Plan.block_plan`, refused
+    unless the simulator runs it on the traced graph) and a
     `BlockPlannedModule` (checkpointed block segments) is returned; else a `PlannedModule`.
 
     `graph` is the graph the plan was solved for when it is not the freshly traced one (e.g. a
@@ -63,6 +65,11 @@ def apply(
         raise InputError(
             f"plan ({plan.method}): status {PlanStatus(plan.status).value} with "
             f"{len(plan.actions)} actions: only a feasible or optimal plan can be applied"
+        )
+    if plan.kind is not None and plan.kind.value != "remat":
+        raise InputError(
+            f"plan ({plan.method}): a {plan.kind.value} plan; runtime.apply runs remat plans "
+            "(compute/free) only: offload and pipeline execution are not built yet"
         )
     if trace is None:
         from planner.tracing.api import trace as trace_fn
@@ -95,9 +102,10 @@ def _apply_blocks(
     model: nn.Module, plan: Plan, trace: Any, graph: Graph | None, loss_fn: Any
 ) -> nn.Module:
     """A chain solver's plan on a module-level trace: checkpointed segments of blocks."""
-    from runtime.block_executor import BlockPlannedModule, stage_names_of
+    from runtime.block_executor import BlockPlannedModule, check_simulates, stage_names_of
 
     check_plan_graph(plan, trace.graph, graph)
+    check_simulates(plan, trace.graph)
     return BlockPlannedModule(model, plan, stage_names_of(trace), loss_fn)
 
 
@@ -144,10 +152,12 @@ def structural_difference(planned: Graph, traced: Graph) -> str:
             f"inputs take {planned.fixed.inputs_bytes} bytes in the plan's graph, "
             f"{traced.fixed.inputs_bytes} now (input shapes or dtype changed)"
         )
-    if planned.fixed.parameters_bytes != traced.fixed.parameters_bytes:
+    planned_params = model_state_breakdown(planned).parameters_bytes
+    traced_params = model_state_breakdown(traced).parameters_bytes
+    if planned_params != traced_params:
         return (
-            f"parameters take {planned.fixed.parameters_bytes} bytes in the plan's graph, "
-            f"{traced.fixed.parameters_bytes} now (the model changed)"
+            f"parameters take {planned_params} bytes in the plan's graph, "
+            f"{traced_params} now (the model changed)"
         )
     if len(planned.nodes) != len(traced.nodes):
         return f"{len(planned.nodes)} nodes in the plan's graph, {len(traced.nodes)} now"

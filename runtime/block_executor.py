@@ -23,7 +23,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from planner.engine.block_plans import simulate_block_plan
 from planner.errors import InputError
+from planner.graph import Graph
+from planner.plan import BlockPlan as TypedBlockPlan
+from planner.simulator import PlanError
 
 
 class BlockPlanError(InputError):
@@ -31,11 +35,14 @@ class BlockPlanError(InputError):
 
 
 def parse_modes(block_plan: Any) -> str:
-    """'KCRR...' from a BlockPlan, its JSON form, a Plan with details['block_plan'], or text."""
+    """'KCRR...' from a BlockPlan, its JSON form, a Plan (its `block_plan`, else version 1's
+    details['block_plan']), or text."""
     if isinstance(block_plan, str):
         modes = block_plan
     elif isinstance(block_plan, dict):
         modes = str(block_plan.get("modes", ""))
+    elif isinstance(getattr(block_plan, "block_plan", None), TypedBlockPlan):
+        modes = block_plan.block_plan.modes
     elif hasattr(block_plan, "details") and isinstance(block_plan.details, dict):
         inner = block_plan.details.get("block_plan")
         if not isinstance(inner, dict):
@@ -51,6 +58,16 @@ def parse_modes(block_plan: Any) -> str:
         if mode == "R" and (b == 0 or modes[b - 1] == "K"):
             raise BlockPlanError(f"block {b}: 'R' must follow a 'C' or 'R' block")
     return modes
+
+
+def check_simulates(block_plan: Any, graph: Graph) -> None:
+    """Refuse a block plan whose one-level application does not simulate on `graph` (the
+    module-level trace's), with the simulator's message."""
+    typed = TypedBlockPlan.model_validate(parse_modes(block_plan))
+    try:
+        simulate_block_plan(graph, typed)
+    except PlanError as e:
+        raise BlockPlanError(str(e)) from None  # names the block plan, step and node
 
 
 def segments(modes: str) -> list[tuple[int, int]]:

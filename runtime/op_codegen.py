@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx
 
 from planner.plan import ActionOp
@@ -88,7 +89,7 @@ class _Emitter:
     def emit_call(self, node: fx.Node, where: str) -> None:
         args = [self.expr(a, where) for a in node.args]
         args += [f"{k}={self.expr(v, where)}" for k, v in node.kwargs.items()]
-        call = f"{self.const(node.target)}({', '.join(args)})"
+        call = f"{self.const(_runnable(node.target))}({', '.join(args)})"
         if node.name in self.program.random:  # replays its RNG state when recomputed
             call = f"R({node.name!r}, lambda: {call})"
         self.lines.append(f"V[{node.name!r}] = {call}")
@@ -146,6 +147,19 @@ class _Emitter:
                 self.lines.append(f"del V[{name!r}]")
 
 
+def _runnable(target: Any) -> Any:
+    """The op to run for `target`: `view` as `reshape`. The joint graph is traced with fake
+    tensors, whose strides can differ from the real kernel's (native_dropout_backward of a
+    transposed gradient is contiguous in fake mode, transposed on CPU); a `view` valid in the
+    trace then fails at run time. `reshape` is that view whenever one exists, a copy otherwise."""
+    if target in _VIEW_AS_RESHAPE:
+        return torch.ops.aten.reshape.default
+    return target
+
+
+_VIEW_AS_RESHAPE = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
 def _has_node(values: Iterable[Any]) -> bool:
     return any(isinstance(v, fx.Node) or (isinstance(v, (list, tuple)) and _has_node(v))
                for v in values)
@@ -157,6 +171,9 @@ class SegmentCompiler:
 
     def __init__(self, program: Any) -> None:
         self.emitter = _Emitter(program, set(program.primals))
+        # Graph nodes the generated code holds after each action, over every compiled segment:
+        # the runtime's resident sets, tied to the simulator's by tests.
+        self.resident_after: list[frozenset[int]] = []
 
     def compile(self, segment: Any, extra_inputs: Iterable[str] = ()) -> CompiledSegment:
         em = self.emitter
@@ -173,6 +190,7 @@ class SegmentCompiler:
             else:  # offload/prefetch are not remat actions: refuse rather than ignore
                 raise PlanExecutionError(f"action {index} ({action}): {action.op} is not "
                                          "supported by the remat executor")
+            self.resident_after.append(frozenset(em.resident))
         body = "\n".join(f"    {line}" for line in em.lines) or "    pass"
         source = f"def segment(V, K, R, L):\n{body}\n"
         namespace: dict[str, Any] = {"C": list(em.constants)}

@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from planner.plan import Action, ActionOp
+from planner.simulator import PlanError, loss_rule_error, simulate
 from runtime.op_codegen import CompiledSegment, PlanExecutionError, SegmentCompiler
 from runtime.rng import RngStates
 
@@ -80,11 +81,19 @@ class JointProgram:
             if isinstance(n.target, torch._ops.OpOverload)
             and torch.Tag.nondeterministic_seeded in n.target.tags
         }
+        # What may run is the simulator's to say (one rule, one message): it also refuses a
+        # backward op before the loss, which this split into forward and backward relies on.
+        self.graph = trace.graph
+        try:
+            simulate(self.graph, actions)
+        except PlanError as e:
+            raise PlanExecutionError(str(e)) from None
         self.forward, self.backward = self._split(actions)
         # Residency is checked here, once: a plan that cannot run is refused before any step.
         compiler = SegmentCompiler(self)
         self.forward_code = compiler.compile(self.forward)
         self.backward_code = compiler.compile(self.backward, self.tangents)
+        self.resident_after: tuple[frozenset[int], ...] = tuple(compiler.resident_after)
 
     def _derivable(self, gm: fx.GraphModule) -> set[str]:
         """View-like fx nodes computed from placeholders only: cheap to re-derive anywhere."""
@@ -116,10 +125,11 @@ class JointProgram:
                 split = i
                 break
         if loss_at is None:
-            raise PlanExecutionError(
-                f"the plan computes no loss (node {loss_group}) before the first backward "
-                f"computation (action {split}): it cannot run as forward then backward"
-            )
+            # The simulator's loss rule (graph.index.order_predecessors) refuses such a plan
+            # before it gets here; this names the same rule in the same words should a plan
+            # reach the executor unchecked.
+            a = actions[split]
+            raise PlanExecutionError(str(loss_rule_error(self.graph, split, a, a.node, loss_group)))
         return (
             Segment(0, tuple(actions[:split])),
             Segment(split, tuple(actions[split:])),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from planner.graph import Graph, Phase
 from planner.plan import Action, compute, free
 from planner.simulator import SimulationResult, simulate
+from solvers.order import schedule_order
 
 BASELINE_METHODS = ("store-all", "recompute-all", "chen-sqrt", "chen-greedy")
 
@@ -31,7 +32,7 @@ def checkpoint_schedule(
     is not recomputed during the forward pass and then retained into the backward pass.
     """
     index = graph.index
-    order = index.topological_order
+    order = schedule_order(graph)
     pos = {v: i for i, v in enumerate(order)}
     preds, succs = index.predecessors, index.successors
     never = -1
@@ -98,7 +99,7 @@ def checkpoint_schedule(
 
 def store_all(graph: Graph) -> list[Action]:
     """Topological order, every output freed right after its last consumer."""
-    return checkpoint_schedule(graph, graph.index.topological_order)
+    return checkpoint_schedule(graph, schedule_order(graph))
 
 
 def recompute_all(graph: Graph) -> list[Action]:
@@ -111,7 +112,7 @@ def recompute_all(graph: Graph) -> list[Action]:
 def forward_nodes(graph: Graph) -> list[int]:
     """Forward (and loss) nodes in topological order: the part checkpointing applies to."""
     index = graph.index
-    return [v for v in index.topological_order if index.node(v).phase is not Phase.backward]
+    return [v for v in schedule_order(graph) if index.node(v).phase is not Phase.backward]
 
 
 def joint_positions(graph: Graph, forward: list[int]) -> list[int]:

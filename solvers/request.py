@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.graph import Graph
-from planner.plan import Action, PlanStatus
+from planner.plan import Action, BlockPlan, PlanStatus
 from planner.resources import Resources
 
 
@@ -41,6 +41,9 @@ class MethodResult:
     smallest_feasible_bytes: int | None = None  # what the method knows of the least budget
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    # Chain solvers: the block modes a module-level runtime applies (one level of
+    # checkpointing); the engine simulates it before it goes into the Plan.
+    block_plan: BlockPlan | None = None
 
 
 MethodFn = Callable[[SolveRequest], MethodResult]

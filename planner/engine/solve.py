@@ -99,6 +99,7 @@ def checked_plan(
         details=dict(result.details),
         resources=resources,
     )
+    _block_plan_fields(graph, budget_bytes, result, common)
     baseline_cost = graph.total_compute_ms
     bound = max(result.lower_bound or baseline_cost, baseline_cost)
     if result.actions is None:
@@ -148,3 +149,27 @@ def checked_plan(
         actions=list(result.actions),
         **common,
     )
+
+
+def _block_plan_fields(
+    graph: Graph, budget_bytes: int, result: MethodResult, common: dict[str, Any]
+) -> None:
+    """A chain solver's block plan goes into the Plan only when its own simulation (one level
+    of checkpointing) runs within the budget; else it is dropped with a note saying why."""
+    from planner.engine.block_plans import check_block_plan
+    from planner.plan import BlockPlan
+
+    details = common["details"]
+    block_plan = result.block_plan
+    if block_plan is None and isinstance(details.get("block_plan"), dict):
+        block_plan = BlockPlan.model_validate(details["block_plan"])  # a version-1 method
+    if block_plan is None:
+        return
+    check = check_block_plan(graph, budget_bytes, block_plan)
+    if check.one_level is not None:
+        details["block_plan_one_level"] = check.one_level
+    if check.block_plan is None:
+        details.pop("block_plan", None)  # the Plan would read it back from here
+        details.pop("block_plan_text", None)
+        common["notes"].append(check.note)
+    common["block_plan"] = check.block_plan

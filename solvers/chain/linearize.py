@@ -25,12 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.graph import Graph, Phase
+from planner.memory_model import step_memory
 from planner.plan import Action, ActionOp
 from solvers.baselines import joint_positions
 from solvers.chain.layout import ChainLayout
 from solvers.chain.model import Chain, Stage
 from solvers.chain.sequence import Op, OpKind
 from solvers.chain.translate import op_actions
+from solvers.order import schedule_order
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Linearization:
 
 def linearize(graph: Graph) -> Linearization:
     index = graph.index
-    order = index.topological_order
+    order = schedule_order(graph)
     forward = [v for v in order if index.node(v).phase is not Phase.backward]
     backward = [v for v in order if index.node(v).phase is Phase.backward]
     candidates = joint_positions(graph, forward)
@@ -171,9 +173,12 @@ def _chain_of(graph: Graph, layout: ChainLayout) -> Chain:
                 name=f"segment{i}",
             )
         )
+    # Conservative on purpose: bytes held from a node's first computation on (gradient buffers,
+    # gradient_lifetime 'backward') are charged for the whole step, as the chain model has no
+    # notion of memory that appears mid-step. The model's peak is then >= the simulator's.
     return Chain(
         stages=tuple(stages),
         input_bytes=0,
-        fixed_bytes=graph.fixed_bytes,
+        fixed_bytes=step_memory(graph).end_bytes,
         name=graph.metadata.model_name or "linearized",
     )

@@ -3,7 +3,9 @@
 A graph built from a chain.json (`solvers.chain.layout.chain_graph`) is solved on that exact
 chain; any other graph is linearised first (`solvers.chain.linearize`). The operation sequence
 is translated to plan actions and judged by the simulator in `planner.engine.solve`; the chain
-model's own prediction, the operation sequence and the block-level plan travel in `details`.
+model's own prediction and the operation sequence travel in `details`, the block-level plan in
+`MethodResult.block_plan` (typed; its JSON also stays in `details` for version-1 readers), and
+`block_plan_actions` gives the actions the simulator judges it by.
 
 Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500) and
 `refine` (extra DP runs that win back rounding loss, default 2).
@@ -17,7 +19,8 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.graph import Graph
-from planner.plan import PlanStatus
+from planner.plan import Action, PlanStatus
+from planner.plan import BlockPlan as TypedBlockPlan
 from planner.simulator import PlanError, simulate
 from solvers.chain.blocks import BlockPlan
 from solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
@@ -102,7 +105,24 @@ def plan_result(
         lower_bound=request.graph.total_compute_ms,
         notes=list(problem.notes),
         details=details,
+        block_plan=TypedBlockPlan.model_validate(blocks.to_json()),
     )
+
+
+def block_plan_actions(graph: Graph, block_plan: TypedBlockPlan) -> list[Action]:
+    """The actions of applying `block_plan` with one level of checkpointing, on the chain of
+    `graph` (its chain.json layout, or its linearisation): what the simulator judges before a
+    block plan is reported or run. Raises ValueError when the plan does not fit the chain."""
+    from solvers.chain.translate import translate
+
+    problem = chain_problem(graph)
+    blocks = BlockPlan.from_json(block_plan.model_dump())
+    if len(blocks.modes) != problem.chain.length:
+        raise ValueError(
+            f"the block plan has {len(blocks.modes)} blocks, the graph's chain "
+            f"{problem.chain.length} stages"
+        )
+    return translate(graph, problem.layout, blocks.one_level_ops())
 
 
 def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str) -> MethodResult:

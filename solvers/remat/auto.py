@@ -27,6 +27,7 @@ from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import lower_bound_peak_bytes, simulate
 from solvers.baselines import BASELINES, store_all
+from solvers.order import schedule_order
 from solvers.remat.dtr import best_dtr
 from solvers.remat.exact import RematResult, solve_milp
 from solvers.remat.greedy import greedy_eviction
@@ -87,7 +88,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
 
     for name, fn in BASELINES.items():
         offer(fn(graph, budget_bytes), f"baseline:{name}")
-    given = list(graph.index.topological_order)
+    given = schedule_order(graph)
     order_of: dict[str, list[int]] = {}
     lowest: tuple[int, str, list[int]] | None = None  # random order with the least peak
     for name, order in explore_orders(graph, budget_bytes, started + 0.25 * time_limit_s, seed):

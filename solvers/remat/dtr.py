@@ -3,7 +3,9 @@
 Run the nodes in topological order; before a node runs, recompute its missing ancestors in
 ascending order; when memory would exceed the budget, evict the unpinned resident value with the
 lowest cost / (bytes × distance to its next use). Values no later node reads are freed at once.
-Several scoring variants are tried and the cheapest plan within budget is kept.
+Several scoring variants are tried and the cheapest plan within budget is kept. Bytes held from a
+node's first computation on (gradient buffers) are tracked as the simulator does; they are never
+evictable.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def dtr_plan(problem: RematProblem, score: Score) -> list[Action] | None:
     resident: set[int] = set()
     live = problem.fixed_bytes
     frontier = 0  # nodes with position < frontier have run at least once
+    held = [problem.held(v) for v in range(n)]
 
     def next_use(u: int) -> int | None:
         for j in users[u]:
@@ -83,10 +86,11 @@ def dtr_plan(problem: RematProblem, score: Score) -> list[Action] | None:
                 uses_left[u] = uses_left.get(u, 0) + 1
         for x in sorted(needed):
             pinned = {u for u, k in uses_left.items() if k > 0 and u in resident}
-            evict(mem[x] + ws[x], pinned, set())
+            first = held[x] if x >= frontier else 0  # only v is new; its ancestors ran before
+            evict(mem[x] + ws[x] + first, pinned, set())
             actions.append(compute(ids[x]))
             resident.add(x)
-            live += mem[x]
+            live += mem[x] + first
             for u in deps[x]:
                 uses_left[u] -= 1
 
@@ -119,6 +123,7 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score) -> list[Action] | 
     live = problem.fixed_bytes
     frontier = 0
     computed = [0]
+    held = [problem.held(v) for v in range(n)]
     max_computations = 20 * n + 1000
 
     def distance(u: int) -> int:
@@ -167,13 +172,14 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score) -> list[Action] | 
                 for w in deps[u]:
                     wanted[w] += 1
                 continue
-            make_room(mem[x] + ws[x])
+            first = held[x] if x >= frontier else 0  # held bytes from the first computation
+            make_room(mem[x] + ws[x] + first)
             actions.append(compute(ids[x]))
             computed[0] += 1
             if computed[0] > max_computations:  # thrashing: cascades that grow without end
                 raise _Stuck("too many recomputations")
             resident.add(x)
-            live += mem[x]
+            live += mem[x] + first
             path.pop()
             for u in deps[x]:
                 pins[u] -= 1

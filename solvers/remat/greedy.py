@@ -13,6 +13,7 @@ from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import SimulationResult, simulate
 from solvers.baselines import checkpoint_schedule
+from solvers.order import schedule_order
 
 
 def _live_at_peak(graph: Graph, actions: list[Action], sim: SimulationResult) -> set[int]:
@@ -30,7 +31,7 @@ def greedy_eviction(
 ) -> list[Action] | None:
     """A plan within budget from greedy checkpoint removal, or None when it gets stuck."""
     started = time.perf_counter()
-    kept = set(graph.index.topological_order)
+    kept = set(schedule_order(graph))
     actions = checkpoint_schedule(graph, kept)
     sim = simulate(graph, actions)
     while sim.peak_bytes > budget_bytes:
@@ -61,7 +62,7 @@ def improve(graph: Graph, budget_bytes: int, kept: set[int], actions: list[Actio
             sim: SimulationResult, deadline: float) -> list[Action]:
     """Local search: add back dropped checkpoints (or swap one in for one out) while the plan
     stays within budget and gets cheaper."""
-    dropped = [v for v in graph.index.topological_order if v not in kept]
+    dropped = [v for v in schedule_order(graph) if v not in kept]
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
@@ -76,7 +77,7 @@ def improve(graph: Graph, budget_bytes: int, kept: set[int], actions: list[Actio
                 if (trial_sim.peak_bytes <= budget_bytes
                         and trial_sim.compute_cost < sim.compute_cost - 1e-12):
                     kept, actions, sim = set(trial), trial_actions, trial_sim
-                    dropped = [u for u in graph.index.topological_order if u not in kept]
+                    dropped = [u for u in schedule_order(graph) if u not in kept]
                     improved = True
                     break
             if improved:

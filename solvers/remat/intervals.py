@@ -8,7 +8,9 @@ node it runs: a cumulative constraint. Each input of a computation is covered by
 interval of one of its producer's computations that started earlier. First computations follow
 the graph's topological order (as in Checkmate's frontier form); recomputations are free to go
 anywhere, so this model's optimum is never worse than the frontier-advancing MILP's once every
-C_v is large enough. O(C·n) intervals instead of the MILP's O(n²) binaries.
+C_v is large enough. O(C·n) intervals instead of the MILP's O(n²) binaries. Bytes held from a
+node's first computation to the end of the step (gradient buffers) are one more interval each,
+from that computation's step to the horizon.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ def plan_peak_and_cost(problem: RematProblem, actions: list[Action]) -> tuple[in
     pos = {v: i for i, v in enumerate(problem.node_ids)}
     live = peak = problem.fixed_bytes
     cost = 0.0
+    seen: set[int] = set()
     for a in actions:
         p = pos[a.node]
         if a.op is ActionOp.compute:
             live += problem.mem_bytes[p]
+            if p not in seen:  # held bytes count from the first computation on
+                seen.add(p)
+                live += problem.held(p)
             peak = max(peak, live + problem.workspace_bytes[p])
             cost += problem.cost[p]
         else:
@@ -106,6 +112,12 @@ def solve_intervals(
             if ws[v]:
                 ws_intervals.append(run_intervals[-1])
                 ws_demands.append(ws[v])
+            if c == 0 and problem.held(v):
+                # Held from the first computation to the end of the step.
+                # (the interval itself ties start + length to the horizon)
+                held_len = m.new_int_var(1, horizon, f"held_len{v}")
+                keep_intervals.append(m.new_interval_var(s, held_len, horizon, f"h{v}"))
+                keep_demands.append(problem.held(v) // unit)
             if c > 0:
                 # Computations of a node come in order, present ones first, and never overlap
                 # (the simulator refuses to compute a resident value).

@@ -4,7 +4,9 @@ Stage t computes node t (topological position) for the first time and nothing af
 R[t,t] = 1 and R[t,i>t], S[t,i≥t] do not exist. Memory is in units of the problem's gcd, which
 keeps every memory row integral (exact in CP-SAT, exact up to tolerances elsewhere). The
 accounting matches `problem.staged_actions`, i.e. the simulator: while node k runs, memory holds
-fixed + retained + what the stage computed so far and has not freed + workspace of k.
+fixed + retained + what the stage computed so far and has not freed + workspace of k, plus the
+bytes held from each node's first computation on (gradient buffers: node i is first computed in
+stage i, so they are constants of each memory row).
 """
 
 from __future__ import annotations
@@ -50,13 +52,17 @@ class CheckmateMilp:
         for (t, i), v in self.S.items():
             values[v] = 1.0 if i in sched.retained[t] else 0.0
         mem = [b // self.unit for b in p.mem_bytes]
+        held_before = [b // self.unit for b in p.held_before()]
         for t in range(p.n):
             stage = sched.computed[t]
             keep_next = sched.retained[t + 1] if t + 1 < p.n else frozenset()
-            used = self.problem.fixed_bytes // self.unit + sum(mem[i] for i in sched.retained[t])
+            used = (self.problem.fixed_bytes // self.unit + held_before[t]
+                    + sum(mem[i] for i in sched.retained[t]))
             for k in range(t + 1):
                 if k in stage:
                     used += mem[k]
+                if k == t:
+                    used += p.held(t) // self.unit
                 if (t, k) in self.U:
                     values[self.U[(t, k)]] = float(used)
                 for i in (*p.deps[k], k):
@@ -84,6 +90,7 @@ def build_checkmate(
     mem = [b // unit for b in problem.mem_bytes]
     ws = [b // unit for b in problem.workspace_bytes]
     fixed = problem.fixed_bytes // unit
+    held_before = [b // unit for b in problem.held_before()]
     budget = problem.budget_units
     m = LinearModel()
     integer = not relax
@@ -148,9 +155,10 @@ def build_checkmate(
         for k in range(t + 1):
             idx = [U[(t, k)], R[(t, k)]]
             coef = [1.0, -float(mem[k])]
-            const = 0.0
+            # Held bytes: nodes before t were first computed in earlier stages; t's start now.
+            const = float(problem.held(t) // unit) if k == t else 0.0
             if k == 0:
-                const = float(fixed)
+                const += float(fixed + held_before[t])
                 for i in range(t):
                     if mem[i]:
                         idx.append(S[(t, i)])

@@ -14,16 +14,20 @@ import time
 from collections.abc import Callable, Iterator
 
 from planner.graph import Graph
+from solvers.order import order_successors, schedule_order
 
 Key = Callable[[int, int, int], tuple[float, ...]]  # (delta bytes, peak while running, pos)
 
 
 def greedy_order(graph: Graph, key: Key) -> list[int]:
+    """A topological order of the order predecessors (the loss before backward ops), picking
+    among ready nodes by `key`; memory is tracked over data edges only."""
     index = graph.index
     preds, succs = index.predecessors, index.successors
-    pos = {v: i for i, v in enumerate(index.topological_order)}
+    after = order_successors(index)  # readiness: data and control edges
+    pos = {v: i for i, v in enumerate(schedule_order(graph))}
     mem = {v: index.storage_bytes[index.storage_root(v)] for v in pos}
-    waiting = {v: len(preds[v]) for v in pos}
+    waiting = {v: len(index.order_predecessors[v]) for v in pos}
     users_left = {v: len(succs[v]) for v in pos}
     ready = {v for v, k in waiting.items() if k == 0}
     live = 0
@@ -45,7 +49,7 @@ def greedy_order(graph: Graph, key: Key) -> list[int]:
                 live -= mem[u]
         if not succs[v]:
             live -= mem[v]
-        for w in succs[v]:
+        for w in after[v]:
             waiting[w] -= 1
             if waiting[w] == 0:
                 ready.add(w)
@@ -61,7 +65,7 @@ ORDER_KEYS: dict[str, Key] = {
 
 def candidate_orders(graph: Graph) -> dict[str, list[int]]:
     """The graph's own order first, then the distinct greedy ones."""
-    out = {"given": list(graph.index.topological_order)}
+    out = {"given": schedule_order(graph)}
     for name, key in ORDER_KEYS.items():
         order = greedy_order(graph, key)
         if all(order != o for o in out.values()):

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.graph import Graph
+from planner.memory_model import step_memory
 from planner.plan import Action, ActionOp, compute, free
+from solvers.order import schedule_order
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,11 @@ class RematProblem:
     mem_bytes: tuple[int, ...]  # bytes of a position's output (views: their base's)
     workspace_bytes: tuple[int, ...]
     recomputable: tuple[bool, ...]
-    fixed_bytes: int
+    fixed_bytes: int  # resident for the whole step (memory_model.step_memory's start_bytes)
     budget_bytes: int
+    # position -> bytes that become resident at the node's first computation and stay to the
+    # end of the step (gradient buffers, gradient_lifetime 'backward'); () when there are none
+    held_bytes: tuple[int, ...] = ()
 
     @property
     def n(self) -> int:
@@ -44,7 +49,7 @@ class RematProblem:
     def memory_unit(self) -> int:
         """gcd of every byte count: dividing by it keeps memory arithmetic exact and small."""
         g = 0
-        for b in (*self.mem_bytes, *self.workspace_bytes, self.fixed_bytes):
+        for b in (*self.mem_bytes, *self.workspace_bytes, self.fixed_bytes, *self.held_bytes):
             g = math.gcd(g, b)
         return g or 1
 
@@ -53,15 +58,31 @@ class RematProblem:
         """The budget in memory units, rounded down: exact, as every sum is a multiple."""
         return self.budget_bytes // self.memory_unit
 
+    def held(self, position: int) -> int:
+        """Bytes held from `position`'s first computation on (0 for most nodes)."""
+        return self.held_bytes[position] if self.held_bytes else 0
+
+    def held_before(self) -> list[int]:
+        """Stage t -> bytes held by nodes 0..t-1 (first computed before stage t)."""
+        out, acc = [], 0
+        for t in range(self.n):
+            out.append(acc)
+            acc += self.held(t)
+        return out
+
     def with_budget(self, budget_bytes: int) -> RematProblem:
         return RematProblem(**{**self.__dict__, "budget_bytes": budget_bytes})
 
 
 def problem_from_graph(graph: Graph, budget_bytes: int) -> RematProblem:
     """Views (alias_of) are charged their base's bytes: never less than the simulator counts
-    (a view keeps its base alive), so plans stay within budget; exact for alias-free graphs."""
+    (a view keeps its base alive), so plans stay within budget; exact for alias-free graphs.
+
+    Fixed and held bytes are the memory model's (`planner.memory_model.step_memory`): the start
+    bytes for the whole step, and gradient buffers from their node's first computation on."""
     index = graph.index
-    order = index.topological_order
+    step = step_memory(graph)
+    order = schedule_order(graph)
     pos = {v: i for i, v in enumerate(order)}
     mem = [index.storage_bytes[index.storage_root(v)] for v in order]
     return RematProblem(
@@ -72,8 +93,11 @@ def problem_from_graph(graph: Graph, budget_bytes: int) -> RematProblem:
         mem_bytes=tuple(mem),
         workspace_bytes=tuple(index.node(v).workspace_bytes for v in order),
         recomputable=tuple(index.node(v).recomputable for v in order),
-        fixed_bytes=graph.fixed_bytes,
+        fixed_bytes=step.start_bytes,
         budget_bytes=budget_bytes,
+        held_bytes=(
+            tuple(step.held_from_node.get(v, 0) for v in order) if step.held_from_node else ()
+        ),
     )
 
 
@@ -116,7 +140,7 @@ def staged_actions(problem: RematProblem, sched: StagedSchedule) -> tuple[list[A
                     raise ValueError(f"stage {t}: input {i} of {k} is not resident")
             actions.append(compute(ids[k]))
             resident.add(k)
-            live += mem[k]
+            live += mem[k] + (problem.held(k) if k == t else 0)  # t's first computation
             peak = max(peak, live + problem.workspace_bytes[k])
             for i in (*deps[k], k):
                 later = any(k < j <= t and j in stage for j in users[i])
