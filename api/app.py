@@ -13,17 +13,18 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.errors import ApiError, BodyLimitMiddleware, error_response, install_error_handlers
 from api.jobs import JobManager
 from api.metrics import Metrics
-from api.models import FINISHED, Job
+from api.models import FINISHED, JOB_STATUSES, Job
 from api.schemas import (
     EXAMPLE_GRAPH,
     ErrorBody,
@@ -31,17 +32,22 @@ from api.schemas import (
     GraphDocument,
     Health,
     JobAccepted,
+    JobList,
+    JobSummary,
     JobView,
     PlanRequest,
     Ready,
     SweepEntry,
+    SweepList,
     SweepRequest,
+    SweepSummary,
     SweepView,
 )
 from api.security import Authenticator, RateLimiter
 from api.service import PlanService
 from api.settings import Settings, load_settings
 from api.store import Store
+from api.web import install_web
 
 log = logging.getLogger("planner.api")
 
@@ -96,8 +102,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.state.settings, app.state.store, app.state.manager = settings, store, manager
 
-    async def identity(request: Request) -> str:
+    # With keys configured, the OpenAPI document declares the bearer scheme (the docs page's
+    # "Authorize" button sends it); without, the API asks for none and declares none.
+    bearer = HTTPBearer(
+        auto_error=False,  # Authenticator answers 401/403 in the API's own error shape
+        description="An API key from the server's PLANNER_API_KEYS: "
+        "`Authorization: Bearer <key>`.",
+    )
+
+    async def identity_with_key(
+        request: Request, _: HTTPAuthorizationCredentials | None = Depends(bearer)
+    ) -> str:
         return auth.identity(request)  # cheap: stays on the event loop, no thread hop
+
+    async def identity_open(request: Request) -> str:
+        return auth.identity(request)
+
+    identity = identity_with_key if auth.enabled else identity_open
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(identity)])
 
@@ -152,16 +173,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ge=0,
             le=MAX_WAIT_S,
             description="Seconds to hold the request for the plan to finish (then 200 with "
-            "the plan, else 202 as usual): one curl gets an answer.",
+            "the plan, else 202 as usual): one curl gets an answer. The server may cap it "
+            "lower (max_wait_s).",
         ),
     ) -> Response:
         limiter.check(who)
         answer = service.cached_answer(body.graph_id, body.budget, body.method, body.options,
-                                       body.resources)
+                                       body.resources, body.time_limit, body.force)
         if answer is not None:  # solved before and in memory: no thread, no database
             return Response(answer, status_code=200, media_type="application/json")
         job, cached = await run_in_threadpool(submit_slow_path, body)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + min(wait, settings.max_wait_s)
         delay = 0.05
         while not cached and job.status not in FINISHED and time.monotonic() < deadline:
             await asyncio.sleep(delay)  # the event loop stays free while this request waits
@@ -176,13 +198,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     def submit_slow_path(body: PlanRequest) -> tuple[Job, bool]:
+        service.check_method(body.method, body.options)
         graph_hash, graph = service.resolve_graph(body.graph, body.graph_id)
-        service.check_method(body.method)
         resources = service.resources(body.resources)
         budget_bytes = service.budget_bytes(body.budget, graph_hash, graph, resources)
         time_limit_s = service.time_limit(body.time_limit)
         return service.submit(graph_hash, budget_bytes, body.method, body.options, time_limit_s,
-                              resources)
+                              resources, force=body.force)
+
+    @v1.get(
+        "/plans",
+        response_model=JobList,
+        responses=_errors(*AUTH_ERRORS, 422),
+        summary="The newest plan jobs (without plans), optionally of one status",
+    )
+    def list_plans(
+        limit: int = Query(default=50, ge=1, le=200),
+        status: Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
+        | None = Query(default=None, description="Only jobs with this status."),
+    ) -> JobList:
+        assert status is None or status in JOB_STATUSES
+        items = []
+        for job in store.list_jobs(limit, status):
+            view = service.view(job)
+            items.append(JobSummary(**view.model_dump(include=set(JobSummary.model_fields))))
+        return JobList(plans=items)
 
     @v1.get(
         "/plans/{plan_id}",
@@ -232,13 +272,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 details={"limit": "max_sweep_budgets", "max": settings.max_sweep_budgets},
             )
         limiter.check(who, cost=len(body.budgets))
+        service.check_method(body.method, body.options)
         graph_hash, graph = service.resolve_graph(body.graph, body.graph_id)
-        service.check_method(body.method)
         time_limit_s = service.time_limit(body.time_limit)
         resources = service.resources(body.resources)
-        budgets = sorted({service.budget_bytes(b, graph_hash, graph) for b in body.budgets})
+        budgets = sorted({service.budget_bytes(b, graph_hash, graph, name=f"budgets[{i}]")
+                          for i, b in enumerate(body.budgets)})
         jobs = [
-            service.submit(graph_hash, b, body.method, body.options, time_limit_s, resources)[0]
+            service.submit(graph_hash, b, body.method, body.options, time_limit_s, resources,
+                           force=body.force)[0]
             for b in budgets
         ]
         sweep_id = store.create_sweep(graph_hash, body.method, [j.id for j in jobs])
@@ -252,7 +294,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         # The engine's rule, as in `planner-cli sweep`: a plan that fits a budget fits every
         # larger one, so each budget reports the cheapest finished plan at or below it.
-        budgets = [(None, job.budget_bytes) for job in jobs]
+        budgets: list[tuple[float | None, int]] = [(None, job.budget_bytes) for job in jobs]
         points = monotone(budgets, {j.budget_bytes: record_from_summary(j.report, j.budget_bytes)
                                     for j in jobs})
         by_budget = {p.budget_bytes: p for p in points}
@@ -281,6 +323,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @v1.get(
+        "/sweeps",
+        response_model=SweepList,
+        responses=_errors(*AUTH_ERRORS, 422),
+        summary="The newest sweeps",
+    )
+    def list_sweeps(limit: int = Query(default=50, ge=1, le=200)) -> SweepList:
+        from api.service import iso
+
+        return SweepList(sweeps=[
+            SweepSummary(url=f"/v1/sweeps/{row['id']}", **{**row,
+                         "created_at": iso(row["created_at"]) or ""})
+            for row in store.list_sweeps(limit)
+        ])
+
+    @v1.get(
         "/sweeps/{sweep_id}", response_model=SweepView, responses=_errors(*AUTH_ERRORS, 404, 422)
     )
     def get_sweep(sweep_id: str) -> SweepView:
@@ -293,6 +350,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return method_names()
 
     app.include_router(v1)
+    install_web(app, settings)  # the page at / and the API docs served offline (api/web.py)
 
     @app.get("/healthz", response_model=Health)
     async def healthz() -> Health:
@@ -309,6 +367,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             database=store.engine.dialect.name,
             workers=settings.workers,
             running=manager.running_count,
+            instance=manager.instance_id,
+            lease_s=settings.instance_lease_s,
         )
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})

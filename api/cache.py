@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
 
 
 class RenderedCache:
@@ -37,24 +40,24 @@ class RenderedCache:
                 self._bytes -= len(evicted)
 
 
-class KeyIndex:
-    """request key -> id of the finished job that answers it (bounded, LRU)."""
+class KeyIndex(Generic[V]):
+    """key -> value (e.g. request key -> the finished job that answers it), bounded, LRU."""
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._items: OrderedDict[str, str] = OrderedDict()
+        self._items: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> str | None:
+    def get(self, key: str) -> V | None:
         with self._lock:
             value = self._items.get(key)
             if value is not None:
                 self._items.move_to_end(key)
             return value
 
-    def put(self, key: str, job_id: str) -> None:
+    def put(self, key: str, value: V) -> None:
         with self._lock:
-            self._items[key] = job_id
+            self._items[key] = value
             self._items.move_to_end(key)
             while len(self._items) > self.max_entries:
                 self._items.popitem(last=False)

@@ -103,12 +103,33 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(422, "body: not valid UTF-8 JSON")
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such resource: {request.url.path}"
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        allowed = allowed_methods(request) if exc.status_code == 405 else []
+        if allowed:
+            # Starlette names only the first matching route's methods; a path served by
+            # several routes (GET and DELETE /v1/plans/{id}) allows them all.
+            message = f"{request.method} is not allowed on {request.url.path}; use " + \
+                ", ".join(allowed)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+        return error_response(exc.status_code, message, headers=headers)
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(500, f"internal error ({type(exc).__name__}); see the server log")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the OpenAPI document lists for this request's path (what a client reads
+    as the API's contract, whichever internal routes serve it)."""
+    import re
+
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, request.url.path):
+            methods |= {m.upper() for m in operations}
+    return sorted(methods)
 
 
 class _BodyTooLarge(Exception):

@@ -3,9 +3,13 @@
 One dispatcher thread in the server process owns the child processes: it claims queued jobs
 from the store, starts a process per job (forkserver: a clean fork, planner preloaded), relays
 progress and results into the store, enforces each job's time limit and kills the process of a
-cancelled job. The event loop never waits on any of this. At start-up, jobs a dead server left
-running are re-queued or failed with the reason (Store.recover); at shutdown, running jobs are
-re-queued, so the queue survives restarts.
+cancelled job. The event loop never waits on any of this.
+
+Each server is an instance with a lease in the store, renewed by this thread's heartbeat; the
+jobs it runs carry its id. Jobs of an instance whose lease expired (it died, or lost the
+database for longer than the lease) are re-queued or failed by whichever instance notices first
+(Store.reap), at start-up and then every heartbeat; a live instance's jobs are never touched.
+At a clean shutdown, running jobs are re-queued without counting the interrupted attempt.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +30,7 @@ from typing import Any
 from api.metrics import Metrics
 from api.models import CANCELLED, DONE, FAILED, INFEASIBLE, RUNNING, Job
 from api.settings import Settings
-from api.store import Store
+from api.store import Store, new_id
 from api.worker import run_job
 
 log = logging.getLogger("planner.api.jobs")
@@ -75,12 +80,18 @@ class JobManager:
         os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
         self._thread: threading.Thread | None = None
         self._last_status_check = 0.0
+        self.instance_id = new_id()
+        self.address = f"{settings.host}:{settings.port}"
+        self._last_heartbeat = 0.0
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.settings.instance_lease_s / 3
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> list[tuple[str, str]]:
-        recovered = self.store.recover(self.settings.recover_running, self.settings.max_attempts)
-        for job_id, status in recovered:
-            log.warning("job %s was running when the server stopped: now %s", job_id, status)
+        self._register()
+        recovered = self._reap()
         # Start the forkserver now (it imports planner once), not in the first job's time.
         from multiprocessing import forkserver
 
@@ -90,7 +101,8 @@ class JobManager:
         return recovered
 
     def stop(self) -> None:
-        """Stop dispatching; kill running solves and put their jobs back in the queue."""
+        """Stop dispatching; kill running solves and put their jobs back in the queue (the
+        interrupted attempt not counted); give the lease up."""
         self._stop.set()
         self.wake()
         if self._thread is not None:
@@ -101,10 +113,59 @@ class JobManager:
         for r in running:
             self._kill(r)
             r.reaped.set()
-            self.store.requeue(r.job.id, "the server shut down during this attempt; re-queued")
+            try:
+                self.store.requeue(r.job.id, "the server shut down during this attempt; "
+                                   "re-queued", self.instance_id, count_attempt=False)
+            except Exception:  # the database is gone: the lease expires and others take it
+                log.exception("could not re-queue job %s at shutdown", r.job.id)
+        try:
+            self.store.deregister_instance(self.instance_id)
+        except Exception:
+            log.exception("could not give up the lease of instance %s", self.instance_id)
         self._thread = None  # wake() is a no-op from here on: the pipe is closed
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    def _register(self) -> None:
+        self.store.register_instance(
+            self.instance_id, self.settings.instance_lease_s,
+            hostname=socket.gethostname(), pid=os.getpid(), address=self.address,
+        )
+        self._last_heartbeat = time.monotonic()
+        log.info("instance %s holds a %g s lease", self.instance_id,
+                 self.settings.instance_lease_s)
+
+    def _reap(self) -> list[tuple[str, str]]:
+        recovered = self.store.reap(self.settings.recover_running, self.settings.max_attempts,
+                                    self.instance_id)
+        for job_id, status in recovered:
+            log.warning("job %s: its instance is gone (lease expired): now %s", job_id, status)
+        if recovered:
+            self.wake()
+        return recovered
+
+    def _keep_lease(self) -> None:
+        """Heartbeat, then take over the jobs of instances whose leases expired. A lease found
+        lost (this instance was presumed dead) means its jobs are others' now: their solver
+        processes are killed and the instance registers again under a new id."""
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.heartbeat_interval_s:
+            return
+        if self.store.heartbeat(self.instance_id, self.settings.instance_lease_s):
+            self._last_heartbeat = now
+        else:
+            log.error("instance %s lost its lease (no heartbeat for %g s): its jobs were taken "
+                      "over; stopping their solvers and registering again", self.instance_id,
+                      self.settings.instance_lease_s)
+            with self._lock:
+                lost = list(self._running.values())
+                self._running.clear()
+            for r in lost:
+                self._kill(r)
+                r.reaped.set()
+            self.instance_id = new_id()
+            self._register()
+        self._reap()
 
     def wake(self) -> None:
         if self._stop.is_set() and self._thread is None:
@@ -139,6 +200,7 @@ class JobManager:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
+                self._keep_lease()
                 self._dispatch()
                 self._poll()
             except Exception:  # keep dispatching; the store may be briefly unavailable
@@ -150,7 +212,7 @@ class JobManager:
         if free <= 0:
             return
         for job_id in self.store.queued_ids(free):
-            job = self.store.claim(job_id)
+            job = self.store.claim(job_id, self.instance_id)
             if job is not None:
                 self._start(job)
 
@@ -194,15 +256,16 @@ class JobManager:
         log.info("job %s started in process %s", job.id, process.pid)
 
     def _kill_cancelled_elsewhere(self) -> None:
-        """A job cancelled in the store (say, through another replica) loses its process."""
+        """A job cancelled in the store (say, through another instance), or no longer this
+        instance's, loses its process."""
         now = time.monotonic()
         if now - self._last_status_check < STATUS_CHECK_INTERVAL_S:
             return
         self._last_status_check = now
         with self._lock:
             ids = list(self._running)
-        for job_id, status in self.store.statuses(ids).items():
-            if status != RUNNING:
+        for job_id, (status, owner) in self.store.owners(ids).items():
+            if status != RUNNING or owner != self.instance_id:
                 with self._lock:
                     r = self._running.get(job_id)
                 if r is not None and r.process.pid is not None:
@@ -293,8 +356,10 @@ class JobManager:
         error: str | None = None,
         seconds: float | None = None,
     ) -> None:
+        proven = report is not None and proven_answer(status, report)
         if self.store.finish(
-            job.id, status, plan=plan, report=report, error=error, solve_seconds=seconds
+            job.id, status, plan=plan, report=report, error=error, solve_seconds=seconds,
+            instance_id=self.instance_id, proven=proven,
         ):
             self.metrics.solves.labels(status=status).inc()
             if seconds is not None:
@@ -320,3 +385,12 @@ class JobManager:
                 conn.close()
             except OSError:
                 pass
+
+
+def proven_answer(status: str, report: dict[str, Any]) -> bool:
+    """True when more search cannot change the answer: an optimal plan, or infeasibility shown
+    by the engine's proof (some node alone needs more than the budget). Other infeasible
+    answers hold only for the methods and the time tried."""
+    if status == DONE:
+        return report.get("status") == "optimal"
+    return status == INFEASIBLE and report.get("backend") == "proof"

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 QUEUED, RUNNING, DONE, INFEASIBLE, FAILED, CANCELLED = (
@@ -19,6 +19,8 @@ QUEUED, RUNNING, DONE, INFEASIBLE, FAILED, CANCELLED = (
     "cancelled",
 )
 JOB_STATUSES = (QUEUED, RUNNING, DONE, INFEASIBLE, FAILED, CANCELLED)
+ACTIVE = (QUEUED, RUNNING)
+ACTIVE_CONDITION = "status IN ('queued', 'running')"
 FINISHED = (DONE, INFEASIBLE, FAILED, CANCELLED)
 # A request with one of these results is answered from the store instead of solved again.
 CACHEABLE = (DONE, INFEASIBLE)
@@ -38,8 +40,35 @@ class GraphRow(Base):
     created_at: Mapped[float] = mapped_column(Float)  # epoch seconds
 
 
+class InstanceRow(Base):
+    """A running service instance and its lease: it renews `lease_expires_at` while alive; once
+    that passes, any instance may take over its running jobs (Store.reap)."""
+
+    __tablename__ = "planner_instances"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    address: Mapped[str] = mapped_column(String(255), default="")  # host:port it serves on
+    started_at: Mapped[float] = mapped_column(Float)
+    # Both in the database's clock (Store.db_now), so instances need no clock agreement.
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    lease_expires_at: Mapped[float] = mapped_column(Float, index=True)
+
+
 class JobRow(Base):
     __tablename__ = "planner_jobs"
+    __table_args__ = (
+        # One active job per question and time limit: identical concurrent POSTs share it.
+        Index(
+            "uq_planner_jobs_active_request",
+            "request_key",
+            "time_limit_s",
+            unique=True,
+            sqlite_where=text(ACTIVE_CONDITION),
+            postgresql_where=text(ACTIVE_CONDITION),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     # sha256 of (graph hash, budget, method, options): equal keys are the same question.
@@ -63,6 +92,11 @@ class JobRow(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The instance whose dispatcher runs (or last ran) the job; see InstanceRow.
+    owner_instance: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    # True when more search cannot change the answer (optimal, or infeasible by proof): it then
+    # answers requests with any time limit; otherwise only those allowing no more time than it had.
+    proven: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
 
 class SweepRow(Base):
@@ -99,6 +133,8 @@ class Job:
     started_at: float | None
     finished_at: float | None
     resources: dict[str, Any] | None = None
+    owner_instance: str | None = None
+    proven: bool = False
 
     @classmethod
     def from_row(cls, row: JobRow) -> Job:
@@ -123,4 +159,6 @@ class Job:
             started_at=row.started_at,
             finished_at=row.finished_at,
             resources=json.loads(row.resources) if row.resources else None,
+            owner_instance=row.owner_instance,
+            proven=bool(row.proven),
         )

@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-Budget = StrictInt | StrictFloat | StrictStr
+from planner.budget import MAX_BUDGET_BYTES
+from planner.engine.options import METHOD_OPTIONS, describe_options
+
+# Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow.
+Budget = (
+    Annotated[StrictInt, Field(ge=1, le=MAX_BUDGET_BYTES)]
+    | Annotated[StrictFloat, Field(gt=0, le=MAX_BUDGET_BYTES, allow_inf_nan=False)]
+    | Annotated[StrictStr, Field(min_length=1, max_length=64)]
+)
 BUDGET_DESCRIPTION = (
-    "Bytes (12000000000), a string with units ('11GiB', '900MB'), or a fraction of the "
-    "graph's store-all peak (0.8 or '80%')."
+    "Bytes (12000000000: a whole number from 1000 up, at most 2**60), a string with units "
+    "('11GiB', '900MB'), or a fraction of the graph's store-all peak (0.8 or '80%')."
+)
+# graph and graph_id exclude each other: exactly one is given (null counts as absent).
+GRAPH_XOR_GRAPH_ID: dict[str, Any] = {
+    "oneOf": [
+        {"required": ["graph"], "properties": {"graph": {"type": "object"}}},
+        {"required": ["graph_id"], "properties": {"graph_id": {"type": "string"}}},
+    ]
+}
+GRAPH_DESCRIPTION = (
+    "A graph.json document (or a Checkmate node-link graph). Give exactly one of graph and "
+    "graph_id."
+)
+GRAPH_ID_DESCRIPTION = "Id of a graph uploaded with POST /v1/graphs (instead of graph)."
+TIME_LIMIT_DESCRIPTION = (
+    "Seconds for the solver (capped by the server). A finished plan that is not proven optimal "
+    "answers only requests with at most the time limit it was solved with."
+)
+FORCE_DESCRIPTION = "Solve again even when a finished answer to the same question is stored."
+OPTIONS_DESCRIPTION = (
+    "Method options, checked at submission (an unknown key or a bad value is a 422); the "
+    "built-in methods not listed take none. "
+    + "; ".join(
+        f"{method}: " + ", ".join(f"{name} ({text})" for name, text in
+                                  describe_options(method).items())
+        for method in METHOD_OPTIONS
+    )
 )
 EXAMPLE_GRAPH: dict[str, Any] = {
     "nodes": [
@@ -41,16 +75,13 @@ class PlanRequest(BaseModel):
             "examples": [
                 {"graph": EXAMPLE_GRAPH, "budget": 0.8, "method": "auto", "time_limit": 60},
                 {"graph_id": "sha256:0123abcd", "budget": "11GiB", "method": "chen-greedy"},
-            ]
+            ],
+            **GRAPH_XOR_GRAPH_ID,
         },
     )
 
-    graph: dict[str, Any] | None = Field(
-        default=None, description="A graph.json document (or a Checkmate node-link graph)."
-    )
-    graph_id: str | None = Field(
-        default=None, max_length=80, description="Id of a graph uploaded with POST /v1/graphs."
-    )
+    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION)
+    graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
     budget: Budget | None = Field(
         default=None, description=BUDGET_DESCRIPTION + " Optional when resources name a device."
     )
@@ -62,23 +93,23 @@ class PlanRequest(BaseModel):
     )
     method: str = Field(default="auto", max_length=64, description="See GET /v1/methods.")
     time_limit: float | None = Field(
-        default=None, gt=0, description="Seconds for the solver (capped by the server)."
+        default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION
     )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Method options (JSON values only)."
-    )
+    options: dict[str, Any] = Field(default_factory=dict, description=OPTIONS_DESCRIPTION)
+    force: StrictBool = Field(default=False, description=FORCE_DESCRIPTION)
 
 
 class SweepRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"graph": EXAMPLE_GRAPH, "budgets": [0.6, 0.8, 1.0], "method": "auto"}]
+            "examples": [{"graph": EXAMPLE_GRAPH, "budgets": [0.6, 0.8, 1.0], "method": "auto"}],
+            **GRAPH_XOR_GRAPH_ID,
         },
     )
 
-    graph: dict[str, Any] | None = None
-    graph_id: str | None = Field(default=None, max_length=80)
+    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION)
+    graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
     budgets: list[Budget] = Field(min_length=1, description=BUDGET_DESCRIPTION)
     resources: dict[str, Any] | StrictStr | None = Field(
         default=None,
@@ -87,8 +118,11 @@ class SweepRequest(BaseModel):
         "device memory it names is the budget.",
     )
     method: str = Field(default="auto", max_length=64)
-    time_limit: float | None = Field(default=None, gt=0)
-    options: dict[str, Any] = Field(default_factory=dict)
+    time_limit: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description=OPTIONS_DESCRIPTION)
+    force: StrictBool = Field(default=False, description=FORCE_DESCRIPTION)
 
 
 class GraphCreated(BaseModel):
@@ -134,11 +168,51 @@ class JobView(BaseModel):
     finished_at: str | None = None
     solve_seconds: float | None = None
     worker_pid: int | None = Field(default=None, description="Solver process while running.")
+    instance: str | None = Field(
+        default=None, description="The service instance running it (see GET /readyz)."
+    )
     progress: Progress | None = None
     plan: dict[str, Any] | None = Field(default=None, description="plan.json when finished.")
     report: dict[str, Any] | None = Field(default=None, description="The solver's summary.")
     error: str | None = Field(default=None, description="Why it failed, was re-queued, ...")
     timeline_url: str | None = None
+
+
+class JobSummary(BaseModel):
+    """A job in a list: the job view without its plan and report."""
+
+    id: str
+    status: str
+    url: str
+    graph_id: str
+    budget_bytes: int
+    method: str
+    time_limit_s: float
+    attempts: int
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    solve_seconds: float | None = None
+    progress: Progress | None = None
+    error: str | None = None
+    instance: str | None = None
+
+
+class JobList(BaseModel):
+    plans: list[JobSummary] = Field(description="Newest first.")
+
+
+class SweepSummary(BaseModel):
+    id: str
+    url: str
+    graph_id: str
+    method: str
+    created_at: str
+    plans: int = Field(description="Number of budgets (plans) in the sweep.")
+
+
+class SweepList(BaseModel):
+    sweeps: list[SweepSummary] = Field(description="Newest first.")
 
 
 class SweepEntry(BaseModel):
@@ -172,3 +246,5 @@ class Ready(BaseModel):
     database: str
     workers: int
     running: int
+    instance: str = Field(description="This instance's id (it owns the jobs it runs).")
+    lease_s: float = Field(description="Its lease: others take its jobs over once it lapses.")

@@ -11,11 +11,12 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
+from api.bounds import check_graph_bounds
 from api.cache import KeyIndex, RenderedCache
 from api.errors import ApiError
 from api.jobs import JobManager
 from api.metrics import Metrics
-from api.models import CACHEABLE, FINISHED, QUEUED, RUNNING, Job
+from api.models import CACHEABLE, FINISHED, RUNNING, Job
 from api.schemas import JobView, Progress
 from api.settings import Settings
 from api.store import Store
@@ -55,8 +56,9 @@ class PlanService:
         self.manager = manager
         # Finished jobs are immutable: their rendered views and request keys are cached.
         self.rendered = RenderedCache(settings.response_cache_bytes)
-        self.answered = KeyIndex(max_entries=100_000)
-        self.known_graphs = KeyIndex(max_entries=100_000)
+        # request key -> (job id, its time limit, proven): the newest finished answer.
+        self.answered: KeyIndex[tuple[str, float, bool]] = KeyIndex(max_entries=100_000)
+        self.known_graphs: KeyIndex[str] = KeyIndex(max_entries=100_000)
 
     # -- graphs -------------------------------------------------------------------------------
     def parse_graph(self, data: Any) -> Graph:
@@ -81,7 +83,9 @@ class PlanService:
                 )
         from planner.engine.inputs import graph_from_dict
 
-        return graph_from_dict(data, where="graph")
+        graph = graph_from_dict(data, where="graph")
+        check_graph_bounds(graph)
+        return graph
 
     def put_graph(self, graph: Graph) -> tuple[str, bool]:
         graph_hash = graph.content_hash()
@@ -131,41 +135,50 @@ class PlanService:
         graph_hash: str,
         graph: Graph | None,
         resources: dict[str, Any] | None = None,
+        name: str = "budget",
     ) -> int:
-        from planner.budget import parse_budget
+        from planner.budget import MAX_BUDGET_BYTES, parse_budget_spec
 
         if budget is None:
             memory = (resources or {}).get("device_memory_bytes")
             if memory is None:
                 raise InputError(
-                    "budget: missing; give a budget (0.8, '11GiB', bytes) or resources that "
+                    f"{name}: missing; give a budget (0.8, '11GiB', bytes) or resources that "
                     "name a device (e.g. \"h100-pcie-gen5\")"
                 )
+            if int(memory) > MAX_BUDGET_BYTES:
+                raise InputError(
+                    f"resources.device_memory_bytes {memory}: over the largest budget of "
+                    f"{MAX_BUDGET_BYTES} bytes (1 EiB)"
+                )
             return int(memory)
-
-        if isinstance(budget, int) and budget > 1:
-            return budget
-        try:
-            return parse_budget(budget, None)
-        except InputError:
-            pass  # a fraction: it needs the graph's store-all peak
+        # One grammar with the CLI; it refuses budgets over 1 EiB (the store's columns are int64).
+        spec = parse_budget_spec(budget, name)
+        if not spec.needs_reference:
+            return spec.resolve(None, name)
         from solvers.baselines import store_all_peak_bytes
 
         reference = store_all_peak_bytes(graph or self.stored_graph(graph_hash))
-        return parse_budget(budget, reference)
+        return spec.resolve(reference, name)
 
-    def check_method(self, method: str) -> None:
+    def check_method(self, method: str, options: dict[str, Any] | None = None) -> None:
+        """422 for an unknown method, or options it does not take (planner.engine.options)."""
+        from planner.engine.options import check_options
         from planner.engine.registry import load_method
 
         try:
             load_method(method)
         except ImportError as e:
             raise ApiError(422, f"method {method!r} is not available on this server: {e}") from None
+        check_options(method, options or {})
 
     def time_limit(self, requested: float | None) -> float:
         cap = self.settings.max_time_limit_s
         if requested is None:
             return min(self.settings.default_time_limit_s, cap)
+        from planner.limits import check_time_limit
+
+        requested = check_time_limit(requested, "time_limit")  # the CLI's rule: finite, > 0
         if requested > cap:
             raise ApiError(
                 422,
@@ -182,21 +195,22 @@ class PlanService:
         options: dict[str, Any],
         time_limit_s: float,
         resources: dict[str, Any] | None = None,
+        *,
+        force: bool = False,
     ) -> tuple[Job, bool]:
-        """(job, answered from the store at once). Equal questions share one job."""
+        """(job, answered from the store at once). A finished answer serves the request when no
+        more search could improve it (proven, or solved with at least this time limit), unless
+        `force`; identical active requests (same key and time limit) share one job."""
         key = request_key(graph_hash, budget_bytes, method, options, resources)
-        known = self.answered.get(key)
-        done = self.store.get_job(known) if known is not None else None
-        if done is None:
-            done = self.store.find_by_key(key, CACHEABLE)
-        if done is not None:
-            self.answered.put(key, done.id)
-            self.metrics.cache_hits.inc()
-            return done, True
-        active = self.store.find_by_key(key, (QUEUED, RUNNING))
-        if active is not None:
-            return active, False
-        job = self.store.create_job(
+        if not force:
+            done = self._known_answer(key, time_limit_s)
+            if done is None:
+                done = self.store.find_answer(key, time_limit_s)
+            if done is not None:
+                self._remember_answer(key, done)
+                self.metrics.cache_hits.inc()
+                return done, True
+        job, created = self.store.create_or_join_job(
             request_key=key,
             graph_hash=graph_hash,
             budget_bytes=budget_bytes,
@@ -205,9 +219,29 @@ class PlanService:
             time_limit_s=time_limit_s,
             resources=resources,
         )
-        self.metrics.submissions.inc()
-        self.manager.wake()
+        if created:
+            self.metrics.submissions.inc()
+            self.manager.wake()
         return job, False
+
+    def _known_answer(self, key: str, time_limit_s: float) -> Job | None:
+        known = self.answered.get(key)
+        if known is None:
+            return None
+        job_id, solved_with_s, proven = known
+        if not proven and solved_with_s < time_limit_s:
+            return None
+        return self.store.get_job(job_id)
+
+    def _remember_answer(self, key: str, job: Job) -> None:
+        """Keep the answer that serves the most requests: a proven one, else the one solved
+        with the longest time limit."""
+        known = self.answered.get(key)
+        if known is not None and known[0] != job.id:
+            _, solved_with_s, proven = known
+            if proven or (not job.proven and solved_with_s > job.time_limit_s):
+                return
+        self.answered.put(key, (job.id, job.time_limit_s, job.proven))
 
     def get(self, job_id: str) -> Job:
         job = self.store.get_job(job_id)
@@ -260,13 +294,25 @@ class PlanService:
 
     # -- views --------------------------------------------------------------------------------
     def cached_answer(self, graph_id: str | None, budget: object, method: str,
-                      options: dict[str, Any], resources: object = None) -> bytes | None:
+                      options: dict[str, Any], resources: object = None,
+                      time_limit: float | None = None, force: bool = False) -> bytes | None:
         """The rendered 200 answer of a request solved before, from memory only (no database,
         no thread): graph by id, budget in bytes. None when the slow path must decide."""
-        if graph_id is None or not isinstance(budget, int) or budget <= 1 or resources is not None:
+        from planner.budget import MAX_BUDGET_BYTES, MIN_PLAIN_BYTES
+
+        if (force or graph_id is None or resources is not None or not isinstance(budget, int)
+                or not MIN_PLAIN_BYTES <= budget <= MAX_BUDGET_BYTES):
             return None  # resources are validated (and keyed) on the slow path
-        job_id = self.answered.get(request_key(graph_id, budget, method, options))
-        if job_id is None:
+        cap = self.settings.max_time_limit_s
+        requested_s = min(self.settings.default_time_limit_s, cap) if time_limit is None \
+            else time_limit
+        if requested_s > cap:
+            return None  # the slow path says why
+        known = self.answered.get(request_key(graph_id, budget, method, options))
+        if known is None:
+            return None
+        job_id, solved_with_s, proven = known
+        if not proven and solved_with_s < requested_s:
             return None
         body = self.rendered.get((job_id, True))
         if body is not None:
@@ -291,8 +337,8 @@ class PlanService:
         self.render(job)
         if job.status in CACHEABLE:
             self.render(job, cached=True)
-            self.answered.put(request_key(job.graph_hash, job.budget_bytes, job.method,
-                                          job.options, job.resources), job.id)
+            self._remember_answer(request_key(job.graph_hash, job.budget_bytes, job.method,
+                                              job.options, job.resources), job)
 
     def rendered_finished(self, job_id: str) -> bytes | None:
         """A finished job's view from memory, or None (then ask the store)."""
@@ -323,6 +369,7 @@ class PlanService:
             finished_at=iso(job.finished_at),
             solve_seconds=job.solve_seconds,
             worker_pid=job.worker_pid if job.status == RUNNING else None,
+            instance=job.owner_instance if job.status == RUNNING else None,
             progress=progress,
             plan=job.plan,
             report=job.report,

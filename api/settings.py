@@ -54,9 +54,18 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Bearer tokens; empty turns authentication off. Env: JSON list.",
     )
-    # What to do at start-up with jobs a crashed server left running.
+    # What to do with the running jobs of an instance that died (its lease expired).
     recover_running: Literal["requeue", "fail"] = "requeue"
     max_attempts: int = Field(default=2, ge=1, description="Runs of a job across restarts.")
+    instance_lease_s: float = Field(
+        default=15.0, ge=0.5, le=3600,
+        description="An instance renews its lease every third of this; once it has not for "
+        "this long, any instance sharing the database takes its running jobs over.",
+    )
+    max_wait_s: float = Field(
+        default=60.0, ge=0, le=60,
+        description="Cap on POST /v1/plans?wait= (seconds a request may be held).",
+    )
     extra_methods: dict[str, str] = Field(
         default_factory=dict,
         description="Operator-registered methods, name -> 'module:function' (never from requests).",

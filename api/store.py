@@ -3,12 +3,16 @@ finished plans), sweeps. SQLite file by default; any SQLAlchemy URL (PostgreSQL 
 
 Every state change is one short transaction, and transitions are conditional updates
 (`... WHERE status = 'running'`) so a cancel and a finish racing each other cannot both win.
+Several service instances may share one database: each holds a lease in `planner_instances`
+(renewed by its heartbeat, timed by the database's clock), a running job names its instance,
+and only the jobs of an instance whose lease has expired are taken over (`reap`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -16,12 +20,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, event, func, inspect, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    case,
+    create_engine,
+    delete,
+    event,
+    func,
+    inspect,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.models import (
+    ACTIVE,
+    CACHEABLE,
     CANCELLED,
     FAILED,
     FINISHED,
@@ -30,10 +50,13 @@ from api.models import (
     RUNNING,
     Base,
     GraphRow,
+    InstanceRow,
     Job,
     JobRow,
     SweepRow,
 )
+
+log = logging.getLogger("planner.api.store")
 
 
 def new_id() -> str:
@@ -82,6 +105,7 @@ class Store:
     def create_schema(self) -> None:
         Base.metadata.create_all(self.engine)
         self._add_missing_columns()
+        self._add_missing_indexes()
 
     def _add_missing_columns(self) -> None:
         """Columns added since a store was made (all nullable) are added in place, so an
@@ -96,6 +120,31 @@ class Store:
                         conn.execute(text(
                             f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'
                         ))
+
+    def _add_missing_indexes(self) -> None:
+        """Indexes added since a store was made (create_all makes them only with new tables).
+        One that cannot be made (an old store holding duplicate active jobs) is logged."""
+        inspector = inspect(self.engine)
+        for table in Base.metadata.sorted_tables:
+            present = {i["name"] for i in inspector.get_indexes(table.name)}
+            for index in table.indexes:
+                if index.name in present:
+                    continue
+                try:
+                    with self.engine.begin() as conn:
+                        index.create(conn)
+                except DBAPIError as e:
+                    log.warning("index %s not created: %s", index.name, e)
+
+    def db_now(self) -> ColumnElement[Any]:
+        """The database's clock in epoch seconds, as an SQL expression: leases are written and
+        judged by one clock, whichever machines the instances run on."""
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql":
+            return func.extract("epoch", func.clock_timestamp())
+        if dialect == "sqlite":  # one machine: the file's writers share its clock
+            return (func.julianday("now") - 2440587.5) * 86400.0
+        return literal(time.time())
 
     def drop_schema(self) -> None:
         Base.metadata.drop_all(self.engine)
@@ -176,21 +225,71 @@ class Store:
             s.add(row)
         return Job.from_row(row)
 
+    def create_or_join_job(self, **fields: Any) -> tuple[Job, bool]:
+        """(the active job for this request key and time limit, True when made now): the
+        unique index on active jobs makes identical concurrent submissions share one job."""
+        for _ in range(5):
+            active = self.find_active(fields["request_key"], fields["time_limit_s"])
+            if active is not None:
+                return active, False
+            try:
+                return self.create_job(**fields), True
+            except IntegrityError:
+                continue  # another submission made it first: join that one
+        raise RuntimeError("could not create or find the active job")  # pragma: no cover
+
+    def find_active(self, request_key: str, time_limit_s: float) -> Job | None:
+        with self.session() as s:
+            row = s.scalars(
+                select(JobRow).where(
+                    JobRow.request_key == request_key,
+                    JobRow.time_limit_s == time_limit_s,
+                    JobRow.status.in_(ACTIVE),
+                ).limit(1)
+            ).first()
+            return None if row is None else Job.from_row(row)
+
+    def find_answer(self, request_key: str, time_limit_s: float) -> Job | None:
+        """The newest finished answer to this question that no more search could improve:
+        proven (optimal, or infeasible by proof), or solved with at least this time limit."""
+        with self.session() as s:
+            row = s.scalars(
+                select(JobRow)
+                .where(
+                    JobRow.request_key == request_key,
+                    JobRow.status.in_(CACHEABLE),
+                    or_(JobRow.proven.is_(True), JobRow.time_limit_s >= time_limit_s),
+                )
+                .order_by(JobRow.created_at.desc())
+                .limit(1)
+            ).first()
+            return None if row is None else Job.from_row(row)
+
     def get_job(self, job_id: str) -> Job | None:
         with self.session() as s:
             row = s.get(JobRow, job_id)
             return None if row is None else Job.from_row(row)
 
-    def find_by_key(self, request_key: str, statuses: tuple[str, ...]) -> Job | None:
-        """The newest job asking the same question with one of `statuses`."""
+    def list_jobs(self, limit: int, status: str | None = None) -> list[Job]:
+        """The newest jobs (optionally of one status), without their plans and reports."""
+        columns = [c for c in JobRow.__table__.columns
+                   if c.name not in ("plan", "report")]
+        query = select(*columns).order_by(JobRow.created_at.desc()).limit(limit)
+        if status is not None:
+            query = query.where(JobRow.status == status)
         with self.session() as s:
-            row = s.scalars(
-                select(JobRow)
-                .where(JobRow.request_key == request_key, JobRow.status.in_(statuses))
-                .order_by(JobRow.created_at.desc())
-                .limit(1)
-            ).first()
-            return None if row is None else Job.from_row(row)
+            rows = s.execute(query).mappings().all()
+        return [Job.from_row(JobRow(**dict(row), plan=None, report=None)) for row in rows]
+
+    def list_sweeps(self, limit: int) -> list[dict[str, Any]]:
+        """The newest sweeps: id, graph hash, method, created_at, number of plans."""
+        with self.session() as s:
+            rows = s.scalars(
+                select(SweepRow).order_by(SweepRow.created_at.desc()).limit(limit)
+            ).all()
+            return [{"id": r.id, "graph_id": r.graph_hash, "method": r.method,
+                     "created_at": r.created_at, "plans": len(json.loads(r.job_ids))}
+                    for r in rows]
 
     def statuses(self, job_ids: list[str]) -> dict[str, str]:
         if not job_ids:
@@ -210,18 +309,25 @@ class Store:
                 )
             )
 
-    def claim(self, job_id: str) -> Job | None:
-        """queued -> running; None when another claimer (or a cancel) got there first."""
+    def claim(self, job_id: str, instance_id: str | None = None) -> Job | None:
+        """queued -> running, owned by `instance_id` (which must hold a lease); None when
+        another claimer (or a cancel) got there first."""
+        conditions = [JobRow.id == job_id, JobRow.status == QUEUED]
+        if instance_id is not None:  # an instance that lost its lease claims nothing
+            conditions.append(
+                select(InstanceRow.id).where(InstanceRow.id == instance_id).exists()
+            )
         with self.write_session() as s:
             result = s.execute(
                 update(JobRow)
-                .where(JobRow.id == job_id, JobRow.status == QUEUED)
+                .where(*conditions)
                 .values(
                     status=RUNNING,
                     attempts=JobRow.attempts + 1,
                     started_at=time.time(),
                     progress_objective=None,
                     progress_bound=None,
+                    owner_instance=instance_id,
                 )
             )
             if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -254,12 +360,18 @@ class Store:
         report: dict[str, Any] | None = None,
         error: str | None = None,
         solve_seconds: float | None = None,
+        instance_id: str | None = None,
+        proven: bool = False,
     ) -> bool:
-        """running -> a finished status; False when the job was cancelled meanwhile."""
+        """running -> a finished status; False when the job was cancelled meanwhile, or (with
+        `instance_id`) is no longer that instance's (its lease expired and others took it)."""
+        conditions = [JobRow.id == job_id, JobRow.status == RUNNING]
+        if instance_id is not None:
+            conditions.append(JobRow.owner_instance == instance_id)
         with self.write_session() as s:
             result = s.execute(
                 update(JobRow)
-                .where(JobRow.id == job_id, JobRow.status == RUNNING)
+                .where(*conditions)
                 .values(
                     status=status,
                     plan=plan,
@@ -268,17 +380,29 @@ class Store:
                     solve_seconds=solve_seconds,
                     finished_at=time.time(),
                     worker_pid=None,
+                    proven=proven,
                 )
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
 
-    def requeue(self, job_id: str, reason: str) -> bool:
-        """running -> queued (shutdown, restart); the reason stays visible in `error`."""
+    def requeue(
+        self, job_id: str, reason: str, instance_id: str | None = None, *,
+        count_attempt: bool = True,
+    ) -> bool:
+        """running -> queued; the reason stays visible in `error`. A clean shutdown passes
+        count_attempt=False: the interrupted run is not held against the job."""
+        conditions = [JobRow.id == job_id, JobRow.status == RUNNING]
+        if instance_id is not None:
+            conditions.append(JobRow.owner_instance == instance_id)
+        attempts: Any = JobRow.attempts
+        if not count_attempt:  # claim() counted it: take it back
+            attempts = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
         with self.write_session() as s:
             result = s.execute(
                 update(JobRow)
-                .where(JobRow.id == job_id, JobRow.status == RUNNING)
-                .values(status=QUEUED, error=reason, worker_pid=None, started_at=None)
+                .where(*conditions)
+                .values(status=QUEUED, error=reason, worker_pid=None, started_at=None,
+                        owner_instance=None, attempts=attempts)
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
 
@@ -301,28 +425,107 @@ class Store:
             )
             return before if result.rowcount == 1 else None  # type: ignore[attr-defined]
 
-    def recover(self, policy: str, max_attempts: int) -> list[tuple[str, str]]:
-        """At start-up: jobs left running by a server that died are re-queued (while attempts
-        remain) or failed with the reason. Returns (job id, new status) pairs."""
-        changed: list[tuple[str, str]] = []
+    # -- instances and their leases ------------------------------------------------------------
+    def register_instance(
+        self, instance_id: str, lease_s: float, *, hostname: str, pid: int, address: str
+    ) -> None:
+        now = self.db_now()
         with self.write_session() as s:
-            rows = s.scalars(select(JobRow).where(JobRow.status == RUNNING)).all()
-            for row in rows:
-                if policy == "requeue" and row.attempts < max_attempts:
-                    row.status = QUEUED
-                    row.error = (
-                        f"the server stopped during attempt {row.attempts}; re-queued at restart"
-                    )
-                else:
-                    row.status = FAILED
-                    row.error = (
-                        f"the server stopped while this job ran (attempt {row.attempts} of "
-                        f"{max_attempts}); not retried"
-                    )
-                    row.finished_at = time.time()
-                row.worker_pid = None
-                changed.append((row.id, row.status))
+            s.execute(
+                InstanceRow.__table__.insert().values(  # type: ignore[attr-defined]
+                    id=instance_id, hostname=hostname[:255], pid=pid, address=address[:255],
+                    started_at=now, heartbeat_at=now, lease_expires_at=now + lease_s,
+                )
+            )
+
+    def heartbeat(self, instance_id: str, lease_s: float) -> bool:
+        """Renew the lease; False when the row is gone: the lease expired and another
+        instance took this one's jobs over (then stop them and register anew)."""
+        now = self.db_now()
+        with self.write_session() as s:
+            result = s.execute(
+                update(InstanceRow)
+                .where(InstanceRow.id == instance_id)
+                .values(heartbeat_at=now, lease_expires_at=now + lease_s)
+            )
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def deregister_instance(self, instance_id: str) -> None:
+        with self.write_session() as s:
+            s.execute(delete(InstanceRow).where(InstanceRow.id == instance_id))
+
+    def instances(self) -> list[dict[str, Any]]:
+        """The registered instances with the seconds left on each lease (negative: expired)."""
+        with self.session() as s:
+            rows = s.execute(
+                select(InstanceRow.id, InstanceRow.hostname, InstanceRow.pid,
+                       InstanceRow.address, InstanceRow.lease_expires_at - self.db_now())
+            ).all()
+        return [{"id": i, "hostname": h, "pid": p, "address": a, "lease_left_s": float(left)}
+                for i, h, p, a, left in rows]
+
+    def reap(self, policy: str, max_attempts: int, reaper_id: str | None = None
+             ) -> list[tuple[str, str]]:
+        """Take over the running jobs whose instance is gone: its lease expired (its row is then
+        deleted, by exactly one reaper), or it has no row (a server from before leases). Those
+        are re-queued while attempts remain (or, with policy "fail", failed with the reason).
+        Jobs of live instances are never touched, nor the reaper's own lease (`reaper_id`: it
+        has just renewed it). Returns (job id, new status) pairs."""
+        with self.write_session() as s:
+            expired = list(s.scalars(
+                select(InstanceRow.id).where(InstanceRow.lease_expires_at < self.db_now(),
+                                             InstanceRow.id != (reaper_id or ""))
+            ))
+            for instance_id in expired:
+                s.execute(delete(InstanceRow).where(
+                    InstanceRow.id == instance_id,
+                    InstanceRow.lease_expires_at < self.db_now(),
+                ))
+        live = select(InstanceRow.id)
+        with self.session() as s:
+            orphans = s.execute(
+                select(JobRow.id, JobRow.owner_instance, JobRow.attempts).where(
+                    JobRow.status == RUNNING,
+                    or_(JobRow.owner_instance.is_(None), JobRow.owner_instance.not_in(live)),
+                )
+            ).all()
+        changed: list[tuple[str, str]] = []
+        for job_id, owner, attempts in orphans:
+            same_owner = (JobRow.owner_instance.is_(None) if owner is None
+                          else JobRow.owner_instance == owner)
+            if policy == "requeue" and attempts < max_attempts:
+                values: dict[str, Any] = {
+                    "status": QUEUED,
+                    "error": f"its server stopped during attempt {attempts}; re-queued",
+                    "started_at": None,
+                }
+            else:
+                values = {
+                    "status": FAILED,
+                    "error": f"its server stopped while this job ran (attempt {attempts} of "
+                    f"{max_attempts}); not retried",
+                    "finished_at": time.time(),
+                }
+            with self.write_session() as s:
+                result = s.execute(
+                    update(JobRow)
+                    .where(and_(JobRow.id == job_id, JobRow.status == RUNNING, same_owner,
+                                or_(JobRow.owner_instance.is_(None),
+                                    JobRow.owner_instance.not_in(live))))
+                    .values(worker_pid=None, owner_instance=None, **values)
+                )
+                if result.rowcount == 1:  # type: ignore[attr-defined]
+                    changed.append((job_id, values["status"]))
         return changed
+
+    def owners(self, job_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        """job id -> (status, owning instance)."""
+        if not job_ids:
+            return {}
+        with self.session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.status, JobRow.owner_instance)
+                             .where(JobRow.id.in_(job_ids)))
+            return {job_id: (status, owner) for job_id, status, owner in rows}
 
     def counts_by_status(self) -> dict[str, int]:
         with self.session() as s:

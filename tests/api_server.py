@@ -29,6 +29,7 @@ REPO_ROOT = TESTS_DIR.parent
 SLOW_METHOD = {"slow-test": "api_server:slow_method"}
 FINISHED = ("done", "infeasible", "failed", "cancelled")
 POSTGRES_ENV = "PLANNER_TEST_POSTGRES_URL"
+TEST_LEASE_S = 3.0
 
 
 def slow_method(request: SolveRequest) -> MethodResult:
@@ -56,6 +57,8 @@ class ServerProcess:
     def __init__(self, workdir: Path, database_url: str, **settings: Any) -> None:
         self.workdir = workdir
         self.database_url = database_url
+        # A short lease, so a restart after kill -9 takes the dead instance's jobs soon.
+        settings.setdefault("instance_lease_s", TEST_LEASE_S)
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -67,25 +70,7 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 60.0) -> ServerProcess:
         self.port = free_port()
-        env = dict(os.environ)
-        env.update(
-            PLANNER_DATABASE_URL=self.database_url,
-            PLANNER_EXTRA_METHODS=json.dumps(SLOW_METHOD),
-            PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]),
-            MPLBACKEND="Agg",
-        )
-        for key, value in self.settings.items():
-            env[f"PLANNER_{key.upper()}"] = str(value)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "planner.cli.main", "serve", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            cwd=self.workdir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
+        self.proc = self.spawn(self.port)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -98,6 +83,30 @@ class ServerProcess:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"server not ready in {timeout_s} s:\n{self.log()}")
+
+    def spawn(self, port: int) -> subprocess.Popen[bytes]:
+        """`planner-cli serve` on `port` with this server's settings, its output in the log."""
+        env = dict(os.environ)
+        env.update(
+            PLANNER_DATABASE_URL=self.database_url,
+            PLANNER_EXTRA_METHODS=json.dumps(SLOW_METHOD),
+            PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]),
+            MPLBACKEND="Agg",
+        )
+        for key, value in self.settings.items():
+            env[f"PLANNER_{key.upper()}"] = str(value)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "planner.cli.main", "serve", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        finally:
+            log.close()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

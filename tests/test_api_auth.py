@@ -40,3 +40,10 @@ def test_auth_on_and_rate_limit(tmp_path: Path) -> None:
         with srv.client(token=keys[0]) as c:  # the limit is per key
             assert c.post("/v1/plans", json=body).status_code in (200, 202)
 
+        # The OpenAPI document declares the bearer scheme, so the docs page can send a key.
+        spec = httpx.get(srv.url + "/openapi.json").json()
+        schemes = spec["components"]["securitySchemes"]
+        assert [s["scheme"] for s in schemes.values() if s["type"] == "http"] == ["bearer"]
+        name = next(iter(schemes))
+        assert spec["paths"]["/v1/plans"]["post"]["security"] == [{name: []}]
+        assert "security" not in spec["paths"]["/healthz"]["get"]

@@ -1,61 +1,71 @@
-"""schemathesis against the running service's /openapi.json: no 5xx, and every response
-conforms to the documented status codes, content types and schemas (bounded examples)."""
+"""schemathesis against the running service (`planner-cli serve` on loopback): every check it
+has, the rate limit lifted, bounded in time. No request may get a 5xx, and no response may
+break the OpenAPI document (status codes, content types, schemas, headers, Allow)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 import pytest
-import schemathesis
-from api_server import ServerProcess, running_server
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from api_server import running_server
 
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
+MAX_TIME_S = 45  # schemathesis' own budget; the test takes this plus the server's start
+SEED = 20261123
+# Failures schemathesis may report that are not defects: a schema cannot say that a graph is
+# acyclic, that a budget string parses, or what this server's caps are, so a schema-valid
+# request can still be refused (422) on its meaning.
+ACCEPTED = {
+    "ST202": "schema-valid request rejected (graph meaning, budget grammar, caps)",
+    # DELETE /v1/plans/{id} cancels a job; the cancelled job stays readable (status
+    # "cancelled", its reason in `error`) by design, which schemathesis reads as use after free.
+    "ST301": "GET after DELETE answers 200 (a cancelled job is kept)",
+}
+SERVER_ERRORS = {"ST101", "ST102"}
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    workdir: Path = tmp_path_factory.mktemp("schema")
-    with running_server(workdir, f"sqlite:///{workdir / 's.db'}", workers=1,
-                        submissions_per_minute=100_000, max_time_limit_s=5,
-                        default_time_limit_s=2) as srv:
-        yield srv
+def _st() -> str:
+    local = Path(sys.executable).with_name("st")
+    found = str(local) if local.exists() else shutil.which("st")
+    if not found:
+        pytest.skip("schemathesis' `st` command is not installed (test extras)")
+    return found
 
 
-def test_openapi_conformance(service: ServerProcess) -> None:
-    """Every operation, positive and negative examples; one failure list at the end."""
-    schema = schemathesis.openapi.from_url(service.url + "/openapi.json")
-    failures: list[str] = []
-    statuses: dict[int, int] = {}
-    operations = 0
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        operations += 1
-
-        @given(case=st.one_of(operation.as_strategy(mode) for mode in schemathesis.GenerationMode))
-        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None, derandomize=True)
-        def check(case) -> None:  # type: ignore[no-untyped-def]
-            response = case.call_and_validate(checks=CHECKS)
-            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-
-        try:
-            check()
-        except Exception as e:  # collect, so one run reports every non-conforming operation
-            failures.append(f"{operation.label}: {str(e)[:2000]}")
-    print(f"schemathesis: {operations} operations, responses by status {sorted(statuses.items())}")
-    assert operations >= 10 and sum(statuses.values()) >= 3 * operations
-    assert not failures, "\n\n".join(failures)
+def test_schemathesis_all_checks_no_server_errors(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    with running_server(tmp_path, f"sqlite:///{tmp_path / 's.db'}", workers=2,
+                        submissions_per_minute=1_000_000, max_time_limit_s=2,
+                        default_time_limit_s=1, kill_grace_s=1, max_wait_s=0.5) as srv:
+        started = time.monotonic()
+        run = subprocess.run(
+            [_st(), "run", srv.url + "/openapi.json", "--checks", "all",
+             "--max-time", str(MAX_TIME_S), "--workers", "1", "--seed", str(SEED),
+             "--request-timeout", "20", "--generation-database", "none", "--no-color",
+             "--report", "junit", "--report-junit-path", str(junit)],
+            capture_output=True, text=True, timeout=MAX_TIME_S + 120,
+        )
+        elapsed = time.monotonic() - started
+        log = srv.log_path.read_text(errors="replace")
+    out = run.stdout + run.stderr
+    codes = Counter(
+        f.get("message", "?") for f in ET.parse(junit).getroot().iter("failure")
+    ) if junit.exists() else Counter()
+    generated = re.search(r"(\d+) generated", out)
+    responses = Counter(m[0] + "xx" for m in re.findall(r'HTTP/1\.1" (\d)\d\d', log))
+    print(f"schemathesis: {generated.group(1) if generated else '?'} test cases in "
+          f"{elapsed:.0f} s (seed {SEED}); server responses {sorted(responses.items())}; "
+          f"failures by code {sorted(codes.items())}")
+    assert junit.exists(), out[-4000:]
+    assert sum(responses.values()) >= 500, out[-4000:]  # the run reached the server
+    assert responses["5xx"] == 0, "server errors:\n" + "\n".join(
+        line for line in log.splitlines() if re.search(r'HTTP/1\.1" 5\d\d', line))[:4000]
+    assert not SERVER_ERRORS & set(codes), out[-8000:]
+    unexpected = {code: n for code, n in codes.items() if code not in ACCEPTED}
+    assert not unexpected, f"{unexpected}\n{out[-8000:]}"

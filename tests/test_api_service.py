@@ -121,7 +121,7 @@ def test_twenty_concurrent_submissions_while_healthz_stays_fast(
     def submit(budget: float) -> str:
         with server.client() as c:
             r = c.post("/v1/plans", json={"graph": DOC, "budget": budget,
-                                          "method": "best-baseline", "options": {"n": 20}})
+                                          "method": "best-baseline"})
             assert r.status_code in (200, 202), r.text
             return str(r.json()["id"])
 
@@ -216,7 +216,8 @@ def test_sweep(server: ServerProcess) -> None:
 
 
 def test_bad_input_gets_one_json_error(server: ServerProcess) -> None:
-    cyclic = {"nodes": [{"id": 0, "name": "a"}, {"id": 1, "name": "b"}, {"id": 2, "name": "c"}],
+    cyclic = {"nodes": [{"id": i, "name": name, "phase": "forward", "compute_ms": 1.0,
+                         "output_bytes": 8} for i, name in enumerate("abc")],
               "edges": [{"source": 0, "target": 1}, {"source": 1, "target": 2},
                         {"source": 2, "target": 1}]}
     with server.client() as c:
@@ -284,7 +285,7 @@ def test_health_ready_metrics_auth_off(server: ServerProcess) -> None:
             assert name in text, name
 
 
-def test_cli_submit_wait_and_status(server: ServerProcess, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+def test_cli_submit_wait_and_status(server: ServerProcess, tmp_path: Path, cli) -> None:
     graph_path = tmp_path / "g.json"
     graph_path.write_text(GRAPH.model_dump_json())
     out = tmp_path / "plan.json"
@@ -331,3 +332,27 @@ def test_resources_field_preset_and_errors(server: ServerProcess) -> None:
         assert bad.status_code == 422 and "h2d" in bad.json()["error"]["message"]
         none = c.post("/v1/plans", json={"graph": DOC, "resources": {"host_memory_bytes": 0}})
         assert none.status_code == 422 and "budget" in none.json()["error"]["message"]
+
+
+def test_list_plans_and_sweeps(server: ServerProcess) -> None:
+    """The page's job table: newest first, without plans; filtered by status; sweeps too."""
+    with server.client() as c:
+        r = c.post("/v1/sweeps", json={"graph": DOC, "budgets": [0.66, 0.77],
+                                       "method": "chen-greedy"})
+        assert r.status_code == 202, r.text
+        sweep = r.json()
+        for p in sweep["plans"]:
+            wait_finished(c, p["id"])
+        listed = c.get("/v1/plans", params={"limit": 200}).json()["plans"]
+        ids = [p["id"] for p in listed]
+        assert {p["id"] for p in sweep["plans"]} <= set(ids)
+        assert all("plan" not in p and "report" not in p for p in listed)
+        created = [p["created_at"] for p in listed]
+        assert created == sorted(created, reverse=True)
+        done = c.get("/v1/plans", params={"status": "done", "limit": 2}).json()["plans"]
+        assert len(done) == 2 and all(p["status"] == "done" for p in done)
+        assert c.get("/v1/plans", params={"status": "nope"}).status_code == 422
+        assert c.get("/v1/plans", params={"limit": 0}).status_code == 422
+        sweeps = c.get("/v1/sweeps").json()["sweeps"]
+        assert sweeps[0]["id"] == sweep["id"] and sweeps[0]["plans"] == 2
+        assert sweeps[0]["url"] == f"/v1/sweeps/{sweep['id']}"

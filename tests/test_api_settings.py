@@ -43,7 +43,7 @@ def test_missing_settings_file(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
-def test_serve_rejects_bad_settings_in_one_line(cli, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_serve_rejects_bad_settings_in_one_line(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLANNER_WORKERS", "0")
     r = cli("serve", "--port", "1")
     assert r.returncode == 2
