@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from planner.errors import InputError
+from planner.errors import InputError, describe_json_decode_error
 
 log = logging.getLogger("planner.api")
 
@@ -71,6 +71,12 @@ def describe_request_error(exc: RequestValidationError) -> str:
     if not errors:
         return "invalid request"
     first = errors[0]
+    if first.get("type") == "json_invalid":  # a character offset alone says nothing to a person
+        at = first.get("loc", ())
+        offset = at[1] if len(at) > 1 and isinstance(at[1], int) else 0
+        reason = str((first.get("ctx") or {}).get("error", "invalid JSON"))
+        body = exc.body if isinstance(exc.body, str | bytes) else None
+        return describe_json_decode_error(body, offset, reason)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     where = ".".join(loc) or "body"
     msg = str(first.get("msg", "invalid"))
@@ -189,8 +195,9 @@ class BodyLimitMiddleware:
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(
             413,
-            f"request body over this server's limit of max_body_bytes={self.max_bytes}; "
-            "upload the graph once with POST /v1/graphs and refer to it by graph_id",
+            f"request body over this server's limit of max_body_bytes={self.max_bytes} (graph "
+            "uploads with POST /v1/graphs have the same limit); a larger graph needs a server "
+            "started with a larger PLANNER_MAX_BODY_BYTES",
             details={"limit": "max_body_bytes", "max_bytes": self.max_bytes},
         )
         await response(scope, receive, send)

@@ -1,14 +1,32 @@
-"""Parse memory budgets: bytes (`123456`), units (`11.3GiB`, `900MB`), fractions (`0.8`, `80%`)."""
+"""Memory budgets: one grammar for the CLI, the REST API and the runtime agent.
+
+Every form means one thing, whoever reads it:
+
+- `80%`, `150%`: a percentage of the graph's store-all peak (any positive size);
+- `0.8`, `.25`, `1`, `1.0`: a bare number in (0, 1] is a fraction of the store-all peak;
+- `11.3GiB`, `900MB`, `64B`: bytes with a unit (B, KB, MB, GB, TB decimal; KiB … TiB binary);
+- `12000000000`, `1e9`: a bare whole number from `MIN_PLAIN_BYTES` (1000) up is bytes.
+
+A bare number between 1 and 1000 (`1.5`, `2`, `12`, `80`) could mean a multiple of the peak,
+a percentage, gigabytes or bytes: it is refused with the forms that say each. A budget over
+`MAX_BUDGET_BYTES` (1 EiB) is refused too, so no store or solver sees an absurd integer.
+"""
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 from planner.errors import InputError
 
+__all__ = [
+    "BUDGET_GRAMMAR", "MAX_BUDGET_BYTES", "MIN_PLAIN_BYTES", "BudgetSpec", "format_bytes",
+    "parse_budget", "parse_budget_spec",
+]
+
 _UNITS = {
-    "": 1,
     "b": 1,
     "kb": 10**3,
     "mb": 10**6,
@@ -19,33 +37,118 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+MIN_PLAIN_BYTES = 1000  # a bare whole number below this is ambiguous (2, 12, 80, 512)
+MAX_BUDGET_BYTES = 2**60  # 1 EiB: far above any device, far below int64
+BUDGET_GRAMMAR = (
+    "80% (of the store-all peak), 0.8 (a fraction in (0, 1]), 11.3GiB / 900MB / 64B "
+    f"(bytes with a unit), or a plain byte count of at least {MIN_PLAIN_BYTES}"
+)
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*|%)\s*$")
 
 
-def parse_budget(text: str | int | float, reference_peak_bytes: int | None = None) -> int:
-    """Budget in bytes. A bare number ≤ 1 (or a percentage) is a fraction of the reference peak
-    (the store-all peak), rounded up as in the published comparisons."""
-    raw = str(text)
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A parsed budget: either a fraction of the store-all peak or a number of bytes."""
+
+    text: str  # as written
+    fraction: float | None = None  # of the store-all peak (80% -> 0.8)
+    bytes: int | None = None
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when the budget is relative: the graph's store-all peak is needed."""
+        return self.fraction is not None
+
+    def resolve(self, reference_peak_bytes: int | None, name: str = "budget") -> int:
+        """Bytes; a fraction is rounded up, as in the published comparisons."""
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        if reference_peak_bytes is None:
+            raise InputError(f"{name} {self.text!r}: a fraction needs a graph to take it of")
+        value = math.ceil(self.fraction * reference_peak_bytes)
+        if value > MAX_BUDGET_BYTES:
+            raise InputError(
+                f"{name} {self.text!r}: {value} bytes, over the largest budget of "
+                f"{MAX_BUDGET_BYTES} bytes (1 EiB)"
+            )
+        return max(value, 1)
+
+    def __str__(self) -> str:
+        if self.bytes is not None:
+            return f"{self.bytes} bytes"
+        return f"{self.fraction:g} × store-all peak"
+
+
+def parse_budget_spec(value: str | int | float, name: str = "budget") -> BudgetSpec:
+    """Parse a budget without a graph (see the module docstring); InputError naming `name`
+    (`--budget`, `budgets[2]`) with the fix for anything ambiguous or out of range."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise InputError(f"{name} {value!r}: expected a number or a string such as '80%'")
+    raw = value if isinstance(value, str) else repr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{name} {raw!r}: must be a finite number; use {BUDGET_GRAMMAR}")
     m = _PATTERN.match(raw)
     if not m:
-        raise InputError(
-            f"budget {raw!r}: cannot parse; use bytes (123456), units (11.3GiB, 900MB) "
-            "or a fraction of the store-all peak (0.8, 80%)"
-        )
-    value = float(m.group(1))
+        raise InputError(f"{name} {raw!r}: cannot parse; use {BUDGET_GRAMMAR}")
+    try:
+        number = Decimal(m.group(1))
+    except InvalidOperation:  # pragma: no cover - the pattern only lets decimals through
+        raise InputError(f"{name} {raw!r}: cannot parse; use {BUDGET_GRAMMAR}") from None
     unit = m.group(2).lower()
-    if not math.isfinite(value) or value <= 0:
-        raise InputError(f"budget {raw!r}: must be a positive number")
-    if unit == "%" or (unit == "" and value <= 1.0):
-        fraction = value / 100 if unit == "%" else value
-        if reference_peak_bytes is None:
-            raise InputError(f"budget {raw!r}: a fraction needs a graph to take it of")
-        return math.ceil(fraction * reference_peak_bytes)
-    if unit not in _UNITS:
+    if number <= 0:
+        raise InputError(f"{name} {raw!r}: must be more than 0")
+    if unit == "%":
+        # float(text) / 100, as before: published budgets keep their exact byte counts.
+        fraction = float(m.group(1)) / 100
+        return _checked(BudgetSpec(raw, fraction=fraction), number / 100, name)
+    if unit:
+        if unit not in _UNITS:
+            raise InputError(
+                f"{name} {raw!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, "
+                "GiB or TiB"
+            )
+        total = number * _UNITS[unit]
+        if unit == "b" and total != total.to_integral_value():
+            raise InputError(f"{name} {raw!r}: a byte count must be a whole number")
+        return _checked(BudgetSpec(raw, bytes=_ceil(total)), total, name)
+    if number <= 1:
+        return BudgetSpec(raw, fraction=float(m.group(1)))
+    whole = number == number.to_integral_value()
+    if whole and number >= MIN_PLAIN_BYTES:
+        return _checked(BudgetSpec(raw, bytes=_ceil(number)), number, name)
+    text = m.group(1)
+    times = format((number * 100).normalize(), "f")
+    in_bytes = f", or {text}B" if whole else ""
+    raise InputError(
+        f"{name} {raw!r}: ambiguous: a bare number is a fraction of the store-all peak up to 1 "
+        f"and bytes from {MIN_PLAIN_BYTES} up; write {text}% (percent of the store-all peak), "
+        f"{times}% ({text} × it), {text}GB / {text}GiB{in_bytes}"
+    )
+
+
+def parse_budget(
+    value: str | int | float, reference_peak_bytes: int | None = None, name: str = "budget"
+) -> int:
+    """Budget in bytes (see the module docstring). A fraction or percentage is taken of the
+    reference peak (the store-all peak), rounded up as in the published comparisons."""
+    return parse_budget_spec(value, name).resolve(reference_peak_bytes, name)
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _checked(spec: BudgetSpec, amount: Decimal, name: str) -> BudgetSpec:
+    """Refuse budgets over 1 EiB (bytes) or over 2**20 × the store-all peak (fractions)."""
+    if spec.bytes is not None and amount > MAX_BUDGET_BYTES:
         raise InputError(
-            f"budget {raw!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, KiB, MiB, GiB, TiB"
+            f"{name} {spec.text!r}: too large; the largest budget is {MAX_BUDGET_BYTES} bytes "
+            "(1 EiB)"
         )
-    return math.ceil(value * _UNITS[unit])
+    if spec.fraction is not None and amount > 2**20:
+        raise InputError(f"{name} {spec.text!r}: too large; at most 2**20 × the store-all peak")
+    return spec
 
 
 def format_bytes(n: int | float | None) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pydantic import ValidationError
 
 
@@ -25,6 +27,12 @@ def describe_validation_error(err: ValidationError, document: object | None = No
     msg = first.get("msg", "invalid")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+    kind = str(first.get("type", ""))
+    value = first.get("input")
+    if kind.endswith(("_type", "_parsing", "_from_float")) and (
+        value is None or isinstance(value, str | int | float | bool)
+    ):
+        msg += f" (got {json.dumps(value)})"  # "12" vs 12: say which the document holds
     more = f" (and {err.error_count() - 1} more problems)" if err.error_count() > 1 else ""
     return f"{where}: {msg}{more}" if where else f"{msg}{more}"
 
@@ -47,3 +55,24 @@ def _format_loc(loc: tuple[int | str, ...], document: object | None) -> str:
             cursor = cursor.get(item) if isinstance(cursor, dict) else None
             parts.append(("." if parts else "") + str(item))
     return "".join(parts)
+
+
+def json_error_position(document: str | bytes, offset: int) -> tuple[int, int]:
+    """(line, column), both from 1, of a character offset into a JSON text (what
+    json.JSONDecodeError.pos and FastAPI's `("body", pos)` location give)."""
+    text = document.decode("utf-8", "replace") if isinstance(document, bytes) else document
+    offset = max(0, min(offset, len(text)))
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def describe_json_decode_error(
+    document: str | bytes | None, offset: int, reason: str, where: str = "body"
+) -> str:
+    """'body: not valid JSON (line 3, column 5: Expecting value)': one line, never an offset
+    alone."""
+    if document is None:
+        return f"{where}: not valid JSON (character {offset + 1}: {reason})"
+    line, column = json_error_position(document, offset)
+    return f"{where}: not valid JSON (line {line}, column {column}: {reason})"

@@ -20,11 +20,23 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from planner.model_state import ModelState, ParameterState, StateBytes
 
 __all__ = [
-    "CostSource", "Edge", "FixedMemory", "Graph", "GraphIndex", "GraphMetadata", "ModelState",
-    "Node", "ParameterState", "Phase", "StateBytes", "check_structure",
+    "MAX_BYTES", "MAX_NODE_ID", "NODE_REQUIRED_FIELDS", "CostSource", "Edge", "FixedMemory",
+    "Graph", "GraphIndex", "GraphMetadata", "ModelState", "Node", "ParameterState", "Phase",
+    "StateBytes", "check_structure", "graph_from_document",
 ]
 
 GRAPH_SCHEMA_VERSION: Literal["1"] = "1"
+# Fields that decide memory, order and cost: a graph.json node must state them (a default would
+# silently plan a forgotten size as 0 bytes or a backward op as forward). Python code building
+# Node(...) keeps the defaults; documents are checked by `graph_from_document`.
+NODE_REQUIRED_FIELDS = ("id", "phase", "compute_ms", "output_bytes")
+MAX_BYTES = 2**60  # 1 EiB per field: far above any tensor, and sums stay far below int64
+MAX_NODE_ID = 2**63 - 1  # ids are stored in int64 columns
+
+
+def _node_schema(schema: dict[str, Any]) -> None:
+    """graph.json's JSON Schema: what `graph_from_document` requires of every node."""
+    schema["required"] = list(NODE_REQUIRED_FIELDS)
 
 
 class Phase(StrEnum):
@@ -43,19 +55,34 @@ class CostSource(StrEnum):
 class Node(BaseModel):
     """One operation of the training step."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_node_schema
+    )
 
-    id: int = Field(ge=0, description="Stable id, unique in the graph.")
+    id: int = Field(ge=0, le=MAX_NODE_ID, description="Stable id, unique in the graph.")
     name: str = Field(default="", description="Readable name.")
     op: str = Field(default="", description="Operator, e.g. 'aten.mm' or 'Conv2D'.")
-    phase: Phase = Phase.forward
+    phase: Phase = Field(
+        default=Phase.forward, description="forward, loss or backward (required in graph.json)."
+    )
     compute_ms: float = Field(
-        default=0.0, ge=0, description="Compute cost in milliseconds (imported: source units)."
+        default=0.0,
+        ge=0,
+        description="Compute cost in milliseconds (imported: source units); required in "
+        "graph.json (0 for free ops).",
     )
     cost_source: CostSource = CostSource.unknown
-    output_bytes: int = Field(default=0, ge=0, description="Bytes of the node's output.")
+    output_bytes: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_BYTES,
+        description="Bytes of the node's output; required in graph.json (0 for a view).",
+    )
     workspace_bytes: int = Field(
-        default=0, ge=0, description="Transient bytes needed only while the node runs."
+        default=0,
+        ge=0,
+        le=MAX_BYTES,
+        description="Transient bytes needed only while the node runs (default 0).",
     )
     module_path: str = Field(default="", description="Owning module, e.g. 'encoder.layer.3'.")
     recomputable: bool = Field(default=True, description="False: must never run twice.")
@@ -64,6 +91,8 @@ class Node(BaseModel):
     )
     alias_of: int | None = Field(
         default=None,
+        ge=0,
+        le=MAX_NODE_ID,
         description="Id of the node whose storage this view shares: costs no memory of its own "
         "and keeps that storage alive while resident.",
     )
@@ -88,11 +117,11 @@ class FixedMemory(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    parameters_bytes: int = Field(default=0, ge=0)
-    gradients_bytes: int = Field(default=0, ge=0)
-    optimizer_bytes: int = Field(default=0, ge=0)
-    inputs_bytes: int = Field(default=0, ge=0)
-    other_bytes: int = Field(default=0, ge=0)
+    parameters_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
+    gradients_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
+    optimizer_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
+    inputs_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
+    other_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
 
     @property
     def total_bytes(self) -> int:
@@ -240,6 +269,31 @@ class Graph(BaseModel):
             metadata=GraphMetadata(**g.graph.get("metadata", {})),
             model_state=g.graph.get("model_state"),
         )
+
+
+def graph_from_document(data: Mapping[str, Any]) -> Graph:
+    """A graph.json document (parsed JSON) as a Graph, strictly: every node states
+    NODE_REQUIRED_FIELDS, and every field has its JSON type ("12" is not a number of bytes,
+    12.0 not an integer, "false" not a boolean). Raises ValueError naming the node and field
+    for a missing field, pydantic's ValidationError for the rest (planner.io makes both one
+    line). Python code building Node(...) is not affected."""
+    nodes = data.get("nodes")
+    if isinstance(nodes, list):
+        for i, node in enumerate(nodes):
+            if not isinstance(node, Mapping):
+                continue
+            missing = [f for f in NODE_REQUIRED_FIELDS if f not in node]
+            if missing:
+                name = node.get("name")
+                who = ""
+                if "id" in node:
+                    who = f" (id {node['id']}{', ' + str(name) if name else ''})"
+                raise ValueError(
+                    f"nodes[{i}]{who}: missing {', '.join(missing)}; every node states "
+                    f"{', '.join(NODE_REQUIRED_FIELDS)} (see `planner-cli schema graph`)"
+                )
+    # JSON mode: strict types that still read enum values ("forward") from their text.
+    return Graph.model_validate_json(json.dumps(data), strict=True)
 
 
 class GraphIndex:

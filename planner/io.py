@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import InputError, describe_validation_error
-from planner.graph import Graph
+from planner.graph import Graph, graph_from_document
 from planner.plan import Plan
 
 
@@ -32,6 +32,9 @@ def read_json(path: str | Path) -> Any:
 def graph_from_dict(data: Any, where: str = "graph") -> Graph:
     """A graph.json document or a Checkmate/Moccasin node-link file (imported on the fly).
 
+    graph.json is read strictly (`planner.graph.graph_from_document`): each node states id,
+    phase, compute_ms and output_bytes, with JSON types, so nothing is silently misread.
+
     chain.json documents are the chain solver's: `planner.engine.inputs` reads all three."""
     if isinstance(data, dict) and "links" in data and "schema_version" not in data:
         from planner.importers.checkmate import import_checkmate
@@ -48,9 +51,11 @@ def graph_from_dict(data: Any, where: str = "graph") -> Graph:
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a JSON object with 'nodes' and 'edges'")
     try:
-        return Graph.model_validate(data)
+        return graph_from_document(data)
     except ValidationError as e:
         raise InputError(f"{where}: {describe_validation_error(e, data)}") from None
+    except ValueError as e:  # a node without a required field
+        raise InputError(f"{where}: {e}") from None
 
 
 def is_chain_document(data: Any) -> bool:

@@ -52,6 +52,7 @@ class ParameterState(BaseModel):
     )
     bytes: int = Field(
         ge=0,
+        le=2**60,  # planner.graph.MAX_BYTES (not imported: graph imports this module)
         description="Bytes of the weights as the model computes with them (fp32 under 'fp32', "
         "16-bit under the mixed precisions), unsharded.",
     )

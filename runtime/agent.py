@@ -259,7 +259,8 @@ def ask_service(
 
     body = {
         "graph": graph.model_dump(mode="json"),
-        "budget": budget_bytes,
+        # explicit bytes: the budget grammar refuses small bare numbers as ambiguous
+        "budget": f"{budget_bytes}B",
         "method": method,
         "time_limit": time_limit_s,
     }

@@ -1,4 +1,7 @@
-"""Budget parsing: bytes, units, fractions and percentages of the store-all peak, errors."""
+"""Budget parsing: bytes, units, fractions and percentages of the store-all peak, errors.
+
+The grammar is unambiguous (planner/budget.py): a bare number is a fraction up to 1 and bytes
+from 1000 up; anything between is refused with the forms that say what was meant."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ PEAK = 13_484_795_520  # fcn8's store-all peak: the published budgets are fracti
     [
         ("123456", 123456),
         (123456, 123456),
-        ("2", 2),
-        ("1.5", 2),  # above 1: bytes, rounded up
+        ("1000", 1000),  # the least plain byte count
+        ("2B", 2),
         ("900MB", 900 * 10**6),
         ("900 mb", 900 * 10**6),
         ("11.3GiB", 12_133_282_612),  # ceil(11.3 * 2**30)
@@ -68,10 +71,14 @@ def test_fractions_round_up() -> None:
         ("nan", "cannot parse"),
         ("10 GiB of memory", "cannot parse"),
         ("5XB", "unknown unit 'XB'"),
-        ("0", "positive"),
-        ("0%", "positive"),
-        ("0GiB", "positive"),
-        ("1e999", "positive"),
+        ("0", "more than 0"),
+        ("0%", "more than 0"),
+        ("0GiB", "more than 0"),
+        ("1e999", "too large"),
+        ("1.5", "ambiguous"),
+        ("2", "ambiguous"),
+        ("999", "ambiguous"),
+        ("1.5B", "whole number"),
     ],
 )
 def test_bad_budgets_are_input_errors(text: str, fragment: str) -> None:

@@ -171,7 +171,7 @@ def test_methods_and_help(cli: Cli) -> None:
 
 
 def test_impossible_budget_exits_3_with_the_smallest_budget(cli: Cli, work: Path) -> None:
-    result = cli("solve", work / "graph.json", "--budget", "100", "-m", BASELINE,
+    result = cli("solve", work / "graph.json", "--budget", "100B", "-m", BASELINE,
                  "-o", work / "none.json")
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr
@@ -182,7 +182,7 @@ def test_impossible_budget_exits_3_with_the_smallest_budget(cli: Cli, work: Path
     assert smallest in numbers, lines[0]
     assert not (work / "none.json").exists()
     # That budget does work.
-    ok = cli("solve", work / "graph.json", "--budget", str(smallest), "-m", BASELINE, "--json")
+    ok = cli("solve", work / "graph.json", "--budget", f"{smallest}B", "-m", BASELINE, "--json")
     assert ok.returncode == 0, ok.stderr
 
 
@@ -223,7 +223,7 @@ BAD_GRAPH_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], tuple[str, ..
     "duplicate id": (_duplicate, ("duplicate node id 2",)),
     "negative cost": (_negative, ("nodes[3]", "compute_ms")),
     "NaN bytes": (_nan, ("nodes[3]", "output_bytes")),
-    "missing field": (_missing, ("nodes[3].id", "required")),
+    "missing field": (_missing, ("nodes[3]", "missing id")),
 }
 
 
@@ -270,7 +270,8 @@ def test_usage_errors_are_one_line(cli: Cli, work: Path) -> None:
     bad_input(cli("solve", work / "graph.json"), "--budget")
     bad_input(cli("frobnicate"), "frobnicate")
     bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--threads", "0"), "--threads")
-    bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--time-limit", "-1"), "time limit")
+    bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--time-limit", "-1"),
+              "--time-limit -1", "more than 0")
     bad_input(cli("schema", "nope"), "schema 'nope'")
     bad_input(cli("simulate", work / "graph.json", work / "plan.json", "--plot",
                   work / "no_such_dir" / "t.png"), "cannot write the plot")
@@ -305,3 +306,19 @@ def test_bad_plan_document(cli: Cli, work: Path, tmp_path: Path) -> None:
     bad_input(cli("validate", work / "graph.json", path), "actions[0].op")
     path.write_text("[]")
     bad_input(cli("simulate", work / "graph.json", path), "expected a JSON object")
+
+
+def test_serve_on_a_busy_port_exits_4_and_creates_no_database(cli: Cli, tmp_path: Path) -> None:
+    """A command's own exit code (typer.Exit) reaches the shell: `serve` on a port in use is
+    exit 4 with one line, before any database is opened."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        db = tmp_path / "s.db"
+        r = cli("serve", "--port", str(port), "--database-url", f"sqlite:///{db}")
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    assert r.stderr.strip().startswith(f"error: 127.0.0.1:{port} is already in use")
+    assert not db.exists()

@@ -21,9 +21,9 @@ from planner.synthetic import random_dag, training_graph
 def base_doc() -> dict[str, Any]:
     return {
         "nodes": [
-            {"id": 0, "name": "conv", "output_bytes": 8, "compute_ms": 1.5},
-            {"id": 1, "name": "relu", "output_bytes": 8},
-            {"id": 2, "name": "loss", "phase": "loss", "output_bytes": 4},
+            {"id": 0, "name": "conv", "phase": "forward", "output_bytes": 8, "compute_ms": 1.5},
+            {"id": 1, "name": "relu", "phase": "forward", "output_bytes": 8, "compute_ms": 0},
+            {"id": 2, "name": "loss", "phase": "loss", "output_bytes": 4, "compute_ms": 0},
         ],
         "edges": [{"source": 0, "target": 1}, {"source": 1, "target": 2}],
     }
@@ -55,7 +55,7 @@ BAD_GRAPHS: dict[str, tuple[Any, tuple[str, ...]]] = {
         ("edges[2]", "missing node 7"),
     ),
     "duplicate id": (
-        lambda d: d["nodes"].append({"id": 1, "name": "again"}),
+        lambda d: d["nodes"].append(dict(d["nodes"][1], name="again")),
         ("nodes[3]", "duplicate node id 1"),
     ),
     "negative cost": (
@@ -78,7 +78,7 @@ BAD_GRAPHS: dict[str, tuple[Any, tuple[str, ...]]] = {
         lambda d: d["nodes"][0].update(workspace_bytes=-1),
         ("nodes[0] (id 0, conv).workspace_bytes",),
     ),
-    "missing node id": (lambda d: d["nodes"][1].pop("id"), ("nodes[1].id", "Field required")),
+    "missing node id": (lambda d: d["nodes"][1].pop("id"), ("nodes[1]:", "missing id")),
     "missing nodes": (lambda d: d.pop("nodes"), ("nodes", "Field required")),
     "missing edge end": (
         lambda d: d["edges"][0].pop("target"),
@@ -152,7 +152,7 @@ def test_cycle_names_a_node_on_the_cycle_only() -> None:
 def test_graph_is_immutable() -> None:
     g = graph_from_dict(base_doc())
     with pytest.raises(ValidationError):
-        g.nodes[0].output_bytes = 1  # type: ignore[misc]
+        g.nodes[0].output_bytes = 1
 
 
 # -- networkx -----------------------------------------------------------------------------------
@@ -250,7 +250,8 @@ def test_index_adjacency_and_storage() -> None:
 
 def test_topological_order_prefers_the_given_order() -> None:
     doc = base_doc()
-    doc["nodes"].append({"id": 3, "name": "side"})
+    doc["nodes"].append({"id": 3, "name": "side", "phase": "forward", "output_bytes": 0,
+                         "compute_ms": 0})
     doc["edges"].append({"source": 0, "target": 3})
     doc["order"] = [0, 3, 1, 2]
     g = graph_from_dict(doc)

@@ -33,7 +33,7 @@ for _module in COMMAND_MODULES:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
@@ -59,6 +59,9 @@ def main() -> None:
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         print(f"error: {' '.join(str(message).split())}{hint}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    # Without standalone mode click returns a command's `typer.Exit(code)` instead of exiting.
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        sys.exit(code)
 
 
 def _usage_error_types() -> tuple[type[Exception], ...]:

@@ -1,4 +1,6 @@
-"""Options shared by several commands: the machine a plan is for (`--resources`)."""
+"""Options shared by several commands: the machine a plan is for (`--resources`), the memory
+budget (`--budget`, one grammar with the REST API) and the solver's time limit (`--time-limit`,
+validated once by `planner.limits`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,34 @@ ResourcesOpt = Annotated[
         "-r",
         help="The machine: a preset (h100-pcie-gen5, a100-80g, ...) or a resources.json file",
     ),
+]
+
+BUDGET_HELP = (
+    "80% or 0.8 (of the store-all peak; a bare number is a fraction only up to 1), "
+    "11.3GiB / 900MB / 64B, or a plain byte count ≥ 1000; 1.5 or 12 are refused as ambiguous"
+)
+
+
+def _checked_time_limit(value: float | None) -> float | None:
+    """Click callback: finite, > 0, at most a day; InputError (exit 2, one line) otherwise."""
+    if value is None:
+        return None
+    from planner.limits import check_time_limit
+
+    return check_time_limit(value, "--time-limit")
+
+
+def _time_limit_option(help_text: str) -> typer.models.OptionInfo:
+    return typer.Option("--time-limit", help=help_text, callback=_checked_time_limit)
+
+
+TIME_LIMIT_HELP = "Seconds (finite, > 0, at most 86400)"
+TimeLimitOpt = Annotated[float, _time_limit_option(TIME_LIMIT_HELP)]
+TimeLimitPerBudgetOpt = Annotated[
+    float, _time_limit_option("Seconds per budget (finite, > 0, at most 86400)")
+]
+OptionalTimeLimitOpt = Annotated[
+    float | None, _time_limit_option(TIME_LIMIT_HELP + "; default: the server's")
 ]
 
 

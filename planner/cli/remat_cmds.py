@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from planner.budget import format_bytes
+from planner.cli.options import TimeLimitOpt, TimeLimitPerBudgetOpt
 from planner.cli.output import console, key_value_table, print_json
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -26,7 +27,7 @@ def min_budget_cmd(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="plan.json to write")
     ] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds")] = 30.0,
+    time_limit: TimeLimitOpt = 30.0,
     threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
     backend: Annotated[str, typer.Option("--backend", help="cpsat, scip, highs, cbc")] = "cpsat",
     as_json: JsonFlag = False,
@@ -84,14 +85,17 @@ def min_budget_cmd(
 def sweep_cmd(
     graph_path: GraphArg,
     budgets: Annotated[str, typer.Option(
-        "--budgets", help="start:stop:step fractions of the store-all peak, or a comma list"
+        "--budgets", help="start:stop:step fractions of the store-all peak, or a comma list of "
+        "budgets (80%, 0.8, 11GiB, bytes ≥ 1000)"
     )] = "0.3:1.0:0.05",
     method: Annotated[str, typer.Option("--method", "-m")] = "auto",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds per budget")] = 20.0,
+    time_limit: TimeLimitPerBudgetOpt = 20.0,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Parallel processes")] = 2,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Table as CSV")] = None,
     json_path: Annotated[Path | None, typer.Option("--json-out", help="Table as JSON")] = None,
-    png_path: Annotated[Path | None, typer.Option("--png", help="Pareto plot")] = None,
+    png_path: Annotated[
+        Path | None, typer.Option("--png", help="Draw the Pareto plot (overhead vs budget) here")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Solve a range of budgets in parallel; overhead never rises with the budget."""

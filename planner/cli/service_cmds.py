@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from planner.cli.options import BUDGET_HELP, OptionalTimeLimitOpt
 from planner.cli.output import console, key_value_table, print_json
 from planner.errors import InputError, NoPlanFits
 
@@ -47,11 +48,12 @@ def serve(
         int | None, typer.Option(min=1, help="Solves at once (PLANNER_WORKERS).")
     ] = None,
 ) -> None:
-    """Run the planning service (REST API; jobs in worker processes; SQLite file by default)."""
-    import uvicorn
+    """Run the planning service (REST API; jobs in worker processes; SQLite file by default).
+
+    Exit 4: the port is in use (nothing else is touched); exit 5: the service could not start."""
     from pydantic import ValidationError
 
-    from api.app import create_app
+    from api.server import serve as run_service
     from api.settings import load_settings
     from planner.errors import describe_validation_error
 
@@ -65,16 +67,13 @@ def serve(
     except ValidationError as e:
         raise InputError(f"settings: {describe_validation_error(e)}") from None
     console.print(
-        f"planner service on http://{settings.host}:{settings.port} "
-        f"(database {_redact(settings.database_url)}, {settings.workers} workers, "
+        f"planner service on http://{settings.host}:{settings.port} (page /, API docs /docs; "
+        f"database {_redact(settings.database_url)}, {settings.workers} workers, "
         f"auth {'on' if settings.auth_enabled else 'off'})"
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-    )
+    code = run_service(settings)
+    if code:
+        raise typer.Exit(code)
 
 
 def _redact(url: str) -> str:
@@ -106,10 +105,10 @@ def _call(
 
 def submit(
     graph_path: Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json to plan")],
-    budget: Annotated[str, typer.Option("--budget", "-b", help="Bytes, 11GiB, or 0.8")],
+    budget: Annotated[str, typer.Option("--budget", "-b", help=BUDGET_HELP)],
     server: ServerOpt = DEFAULT_SERVER,
     method: Annotated[str, typer.Option("--method", "-m")] = "auto",
-    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds")] = None,
+    time_limit: OptionalTimeLimitOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Poll until the plan is finished.")] = False,
     output: OutputOpt = None,
     token: TokenOpt = None,
@@ -152,16 +151,13 @@ def status(
     _show(answer, as_json, output)
 
 
-def _budget_value(text: str) -> int | float | str:
-    """Send numbers as numbers (0.8 is a fraction, 123456 bytes); anything else as text."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+def _budget_value(text: str) -> str:
+    """The budget as written, checked here first (the service reads the same grammar), so a
+    typo is one line before anything is sent."""
+    from planner.budget import parse_budget_spec
+
+    parse_budget_spec(text, "--budget")
+    return text.strip()
 
 
 def _poll(client: PlannerClient, plan_id: str, quiet: bool) -> dict[str, Any]:
@@ -207,9 +203,11 @@ def _show(answer: dict[str, Any], as_json: bool, output: Path | None) -> None:
         console.print(key_value_table("plan", rows))
     if answer["status"] == "infeasible":
         smallest = (answer.get("report") or {}).get("smallest_feasible_bytes")
+        known = "" if smallest is None else (
+            f"; smallest feasible found: {smallest} bytes (the report's smallest_feasible_bytes)"
+        )
         raise NoPlanFits(
-            f"plan {answer['id']}: no plan within {answer['budget_bytes']} bytes; smallest "
-            f"feasible found: {smallest} bytes",
+            f"plan {answer['id']}: no plan within {answer['budget_bytes']} bytes{known}",
             smallest,
         )
     if answer["status"] in ("failed", "cancelled"):

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from planner.budget import format_bytes, parse_budget
-from planner.cli.options import ResourcesOpt, resolve_resources
+from planner.cli.options import BUDGET_HELP, ResourcesOpt, TimeLimitOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
 from planner.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
     from planner.graph import Graph
+    from planner.plan import Plan
     from planner.resources import Resources
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -40,22 +41,25 @@ def run_solve(
     options: dict[str, object] | None = None,
     resources: Resources | None = None,
 ) -> None:
-    from planner.engine.reports import plan_summary, smallest_budget_tried
+    from planner.engine.reports import plan_summary
     from planner.engine.solve import solve
     from planner.io import write_json
     from planner.plan import PlanStatus
     from solvers.baselines import store_all_peak_bytes
 
     if budget is not None:
-        budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
+        budget_bytes = parse_budget(budget, store_all_peak_bytes(graph), "--budget")
     elif resources is not None:
         budget_bytes = resources.require_device_memory_bytes("--resources")
     else:
-        raise InputError("--budget: missing; give a budget (0.8, 11GiB) or --resources")
+        raise InputError("--budget: missing; give a budget (80%, 0.8, 11GiB) or --resources")
     plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed,
                  options=options, resources=resources)
     summary = plan_summary(plan, graph)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
+    known = None if fits else _smallest_known(plan, method, _least_baseline(graph))
+    if known is not None:
+        summary["smallest_known_budget_bytes"], summary["smallest_known_budget_by"] = known
     if fits and output is not None:
         write_json(output, plan)
         summary["output"] = str(output)
@@ -82,14 +86,46 @@ def run_solve(
         for note in plan.notes:
             console.print(f"note: {note}")
     if not fits:
-        smallest = smallest_budget_tried(graph, plan)
-        raise NoPlanFits(
-            f"{graph_path or 'graph'}: no plan within {budget_bytes} bytes "
-            f"({format_bytes(budget_bytes)}) from method {method} ({plan.status.value}); the "
-            f"smallest budget that works for the methods tried is {smallest} bytes "
-            f"({format_bytes(smallest)})",
-            smallest,
-        )
+        assert known is not None
+        raise _no_plan_fits(str(graph_path or "graph"), plan, method, budget_bytes, known)
+
+
+def _least_baseline(graph: Graph) -> tuple[int, str]:
+    """(peak, name) of the baseline that fits the least budget: a budget known to work."""
+    from planner.simulator import simulate
+    from solvers.baselines import BASELINES
+
+    return min((simulate(graph, fn(graph, None)).peak_bytes, name)
+               for name, fn in BASELINES.items())
+
+
+def _smallest_known(plan: Plan, method: str, baseline: tuple[int, str]) -> tuple[int, str]:
+    """(bytes, who): the least budget known to work, from the method's report or a baseline."""
+    own = plan.details.get("smallest_feasible_bytes")
+    least, name = baseline
+    if own is not None and int(own) < least:
+        return int(own), f"method {method}"
+    return least, f"baseline {name}"
+
+
+def _no_plan_fits(
+    where: str, plan: Plan, method: str, budget_bytes: int, known: tuple[int, str]
+) -> NoPlanFits:
+    """One line: the method's own best plan (when it made one) and the least budget known to
+    work, named as in the --json summary (peak_bytes, smallest_known_budget_bytes)."""
+    parts = [
+        f"{where}: no plan within {budget_bytes} bytes ({format_bytes(budget_bytes)}) from "
+        f"method {method} ({plan.status.value})"
+    ]
+    peak = plan.predicted.peak_bytes if plan.predicted is not None else None
+    if peak is not None and peak > budget_bytes:
+        parts.append(f"its best plan peaks at {peak} bytes ({format_bytes(peak)})")
+    smallest, by = known
+    parts.append(
+        f"the smallest budget known to work is {smallest} bytes ({format_bytes(smallest)}, "
+        f"found by {by})"
+    )
+    return NoPlanFits("; ".join(parts), smallest)
 
 
 def solve_cmd(
@@ -101,8 +137,7 @@ def solve_cmd(
         typer.Option(
             "--budget",
             "-b",
-            help="Bytes, units (11.3GiB) or a fraction of the store-all peak (0.8); "
-            "default: the device memory of --resources",
+            help=BUDGET_HELP + "; default: the device memory of --resources",
         ),
     ] = None,
     method: Annotated[
@@ -111,7 +146,7 @@ def solve_cmd(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="plan.json to write")
     ] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds")] = 60.0,
+    time_limit: TimeLimitOpt = 60.0,
     threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: JsonFlag = False,
@@ -142,10 +177,10 @@ def bundled_example_path() -> Path:
 
 
 def demo(
-    budget: Annotated[str, typer.Option("--budget", "-b")] = "0.7",
+    budget: Annotated[str, typer.Option("--budget", "-b", help=BUDGET_HELP)] = "70%",
     method: Annotated[str, typer.Option("--method", "-m")] = "auto",
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit")] = 20.0,
+    time_limit: TimeLimitOpt = 20.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Solve the bundled example graph (a 24-layer residual network) and print the plan summary."""

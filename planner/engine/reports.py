@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from planner.engine.solve import smallest_baseline_peak_bytes
 from planner.graph import Graph
 from planner.plan import Plan
 from solvers.baselines import store_all_peak_bytes
@@ -40,12 +39,3 @@ def _event_figures(plan: Plan) -> dict[str, object]:
             "per_rank_peak_bytes", "throughput_per_s", "bubble_fraction")
     figures = plan.predicted.model_dump(include=set(keys))
     return {k: v for k, v in figures.items() if v is not None}
-
-
-def smallest_budget_tried(graph: Graph, plan: Plan) -> int | None:
-    """The least peak among the plan's own report and every baseline: a budget that works."""
-    candidates = [smallest_baseline_peak_bytes(graph)]
-    known = plan.details.get("smallest_feasible_bytes")
-    if known is not None:
-        candidates.append(int(known))
-    return min(candidates)

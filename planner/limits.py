@@ -1,0 +1,39 @@
+"""Time limits: one validation for every CLI command, the REST API and the engine.
+
+A limit must be a finite number of seconds, more than 0 and at most `MAX_TIME_LIMIT_S` (one
+day): `inf` would overflow the solver back-ends' integer clocks, `nan` compares false with
+everything (so no deadline would ever pass), and 0 leaves no time to find any plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.errors import InputError
+
+__all__ = ["MAX_TIME_LIMIT_S", "check_time_limit"]
+
+MAX_TIME_LIMIT_S = 86_400.0  # one day; a server may cap it lower (max_time_limit_s)
+
+
+def check_time_limit(value: object, name: str = "time limit") -> float:
+    """`value` as seconds, or InputError naming `name` (`--time-limit`, `time_limit`)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InputError(f"{name} {value!r}: expected a number of seconds")
+    try:
+        seconds = float(value)
+    except (ValueError, OverflowError):
+        raise InputError(f"{name} {value!r}: expected a number of seconds, e.g. 30") from None
+    shown = value if isinstance(value, str) else f"{seconds:g}"
+    if not math.isfinite(seconds):
+        raise InputError(
+            f"{name} {shown}: must be a finite number of seconds (at most "
+            f"{MAX_TIME_LIMIT_S:g}, one day)"
+        )
+    if seconds <= 0:
+        raise InputError(f"{name} {shown}: must be more than 0 seconds")
+    if seconds > MAX_TIME_LIMIT_S:
+        raise InputError(
+            f"{name} {shown}: over the largest time limit of {MAX_TIME_LIMIT_S:g} s (one day)"
+        )
+    return seconds
