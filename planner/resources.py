@@ -12,7 +12,6 @@ See docs/resources.md for the presets and their sources.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -271,18 +270,9 @@ def resources_from_dict(data: Any, where: str = "resources") -> Resources:
 
 
 def load_resources(path: str | Path) -> Resources:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    return resources_from_dict(data, where=str(path))
+    from planner.io import read_json  # here: planner.io imports planner.plan, which imports us
+
+    return resources_from_dict(read_json(path), where=str(path))
 
 
 def _schema_extra(schema: dict[str, Any]) -> None:
