@@ -53,8 +53,11 @@ def run_solve(
         budget_bytes = resources.require_device_memory_bytes("--resources")
     else:
         raise InputError("--budget: missing; give a budget (80%, 0.8, 11GiB) or --resources")
-    plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads, seed=seed,
-                 options=options, resources=resources)
+    from planner.cli.progress_view import solve_progress
+
+    with solve_progress(graph.total_compute_ms, quiet=as_json, label=method) as progress:
+        plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads,
+                     seed=seed, options=options, resources=resources, progress=progress)
     summary = plan_summary(plan, graph)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
     known = None if fits else _smallest_known(plan, method, _least_baseline(graph))
