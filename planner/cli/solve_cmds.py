@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from importlib import resources as package_files
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from planner.plan import Plan
     from planner.resources import Resources
 
+EXIT_SOLVER_ERROR = 1  # the README's exit codes: 0 ok, 1 solver error, 2 bad input, 3 no plan
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 BUNDLED_EXAMPLE = "resnet24.json"
 
@@ -88,6 +90,12 @@ def run_solve(
         console.print(key_value_table(str(graph_path or "graph"), rows))
         for note in plan.notes:
             console.print(f"note: {note}")
+    if plan.status is PlanStatus.error:
+        # The judge refused the method's answer (an invalid plan, or a bound that a known plan
+        # contradicts): a solver fault, not "no plan fits".
+        reason = plan.notes[-1] if plan.notes else "the method's answer was refused"
+        print(f"error: solver error ({method}/{plan.backend}): {reason}", file=sys.stderr)
+        raise typer.Exit(EXIT_SOLVER_ERROR)
     if not fits:
         assert known is not None
         raise _no_plan_fits(str(graph_path or "graph"), plan, method, budget_bytes, known)
