@@ -30,3 +30,24 @@ def test_solve_prints_progress_lines_on_stderr(tmp_path: Path) -> None:
                     "cpsat-intervals", "--time-limit", "2", "--json")
     assert "best " not in quiet.stderr
     assert json.loads(quiet.stdout)["method"] == "cpsat-intervals"
+
+
+def _invalid_plan(request):  # type: ignore[no-untyped-def]
+    from planner.plan import PlanStatus, compute
+    from solvers.request import MethodResult
+
+    return MethodResult(actions=[compute(request.graph.nodes[-1].id)], status=PlanStatus.feasible)
+
+
+def test_refused_answer_exits_1_not_3(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.engine import registry
+
+    monkeypatch.setattr(registry, "_PLUGINS", {"broken": f"{__name__}:_invalid_plan"})
+    write_json(tmp_path / "g.json", training_graph(4, seed=1))
+    result = CliRunner().invoke(app, ["solve", str(tmp_path / "g.json"), "--budget", "0.9",
+                                      "--method", "broken"])
+    assert result.exit_code == 1, result.output
+    assert "solver error (broken/none)" in result.output
