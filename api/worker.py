@@ -42,6 +42,7 @@ def run_job(
         except OSError:
             pass
     send_lock = threading.Lock()
+    solved = threading.Event()  # set, under send_lock, as the answer goes out
     try:
         from planner.engine.registry import register_method
         from planner.engine.solve import solve
@@ -56,14 +57,34 @@ def run_job(
         resources = spec.get("resources")
         last_sent = 0.0
 
-        def progress(objective: float | None, bound: float | None) -> None:
+        pending: list[tuple[float | None, float | None]] = []  # the latest unsent report
+
+        def send_progress(report: tuple[float | None, float | None]) -> None:
             nonlocal last_sent
-            now = time.monotonic()
-            if now - last_sent < PROGRESS_INTERVAL_S:
-                return
-            last_sent = now
+            last_sent = time.monotonic()
             with send_lock:
-                results.send(("progress", objective, bound))
+                if not solved.is_set():  # nothing after the answer
+                    results.send(("progress", *report))
+
+        def progress(objective: float | None, bound: float | None) -> None:
+            # At most one report per interval; a report that comes too soon is kept and sent by
+            # the flusher, so the last improvement before a long quiet spell is not lost.
+            with send_lock:
+                pending[:] = [(objective, bound)]
+            if time.monotonic() - last_sent >= PROGRESS_INTERVAL_S:
+                with send_lock:
+                    report = pending.pop() if pending else None
+                if report is not None:
+                    send_progress(report)
+
+        def flush_progress() -> None:
+            while not solved.wait(PROGRESS_INTERVAL_S):
+                with send_lock:
+                    report = pending.pop() if pending else None
+                if report is not None:
+                    send_progress(report)
+
+        threading.Thread(target=flush_progress, daemon=True).start()
 
         try:
             plan = solve(
@@ -79,15 +100,18 @@ def run_job(
             )
         except InputError as e:
             with send_lock:
+                solved.set()
                 results.send(("error", str(e)))
             return
         report = plan_report(plan, graph)
         with send_lock:
+            solved.set()
             results.send(("result", plan.model_dump_json(), report))
     except Exception as e:  # a solver bug: report it as the job's failure reason
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
         with send_lock:
+            solved.set()
             results.send(("error", f"solver error: {type(e).__name__}: {e}{where}"))
 
 

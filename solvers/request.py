@@ -23,7 +23,9 @@ class SolveRequest:
     threads: int = 2
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
-    # Called with (best objective, best bound) as a solve progresses; may be None.
+    # Called with (best objective, best bound) whenever the method's incumbent or bound
+    # improves (either None when unknown), possibly from a solver's threads; the engine passes
+    # on only changes. Long-running methods call it: auto, milp, lp-rounding, cpsat-intervals.
     progress: Callable[[float | None, float | None], None] | None = None
     # The machine (links, host memory); None: one device, the budget alone.
     resources: Resources | None = None

@@ -256,7 +256,7 @@ def test_solve_uses_the_simulator_not_the_method_claims(monkeypatch: pytest.Monk
     sim = simulate(graph, plan)
     assert plan.objective == sim.compute_cost > 0
     assert sim.recomputations > 0
-    assert plan.status is PlanStatus.feasible  # a bound above the plan's cost is not believed
+    assert plan.status is PlanStatus.error  # a bound above a known plan's cost is an error
     assert plan.lower_bound == graph.total_compute_ms
     assert any("exceeds the simulated cost" in note for note in plan.notes)
     assert plan.lower_bound is not None and plan.lower_bound <= sim.compute_cost

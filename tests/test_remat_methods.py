@@ -61,7 +61,7 @@ def test_infeasible_budget_reports_smallest_and_exit_3(tmp_path: Path) -> None:
     assert plan.details["smallest_feasible_bytes"] == least
     assert solve(g, least, "milp", time_limit_s=20).status.value == "optimal"
     path = _write(tmp_path, g)
-    run = subprocess.run([*CLI, "solve", str(path), "-b", str(least - 1), "-m", "milp"],
+    run = subprocess.run([*CLI, "solve", str(path), "-b", f"{least - 1}B", "-m", "milp"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 3, run.stderr
     assert f"{least} bytes" in run.stderr

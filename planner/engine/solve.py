@@ -1,24 +1,33 @@
 """solve(): run a method, check its plan with the simulator, and report honestly.
 
 Whatever a method claims, the returned Plan's peak and cost are the simulator's, a plan over
-budget is never reported as feasible, and "optimal" means the gap to a proven bound is closed.
+budget is never reported as feasible, "optimal" means the gap to a proven bound is closed, and a
+claimed bound above the cost of any plan known to fit (`planner.engine.judge`) is an error.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from planner.engine.judge import (
+    BOUND_TOLERANCE,
+    PLAN_BOOK,
+    KnownPlan,
+    contradicting_plan,
+    known_plan,
+)
+from planner.engine.progress import ProgressFn, monotone_progress
 from planner.engine.registry import MethodResult, SolveRequest, load_method
 from planner.errors import InputError
 from planner.graph import Graph
-from planner.plan import Plan, PlanStatus, relative_gap
+from planner.limits import check_time_limit
+from planner.plan import Action, Plan, PlanStatus, relative_gap
 from planner.resources import Resources
 from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 
 OPTIMAL_GAP = 1e-9
-BOUND_TOLERANCE = 1e-6  # relative: solvers may round costs when scaling them to integers
 
 
 def solve(
@@ -30,15 +39,20 @@ def solve(
     threads: int = 2,
     seed: int = 0,
     options: dict[str, Any] | None = None,
-    progress: Callable[[float | None, float | None], None] | None = None,
+    progress: ProgressFn | None = None,
     resources: Resources | None = None,
+    known_plans: Iterable[tuple[str, Sequence[Action]]] = (),
 ) -> Plan:
     """Plan `graph` within `budget_bytes` of device memory with `method`; `resources` (the
-    machine: links, host memory) travel with the plan and its simulation."""
+    machine: links, host memory) travel with the plan and its simulation.
+
+    `progress(best_objective, best_bound)` is called as the method's incumbent or bound
+    improves (objective non-increasing, bound non-decreasing, bound ≤ objective; the bound is
+    at least every node computed once). `known_plans` ((source, actions), e.g. a sweep's plans
+    at smaller budgets) join the plans a claimed bound is checked against."""
     if budget_bytes < 0:
         raise InputError(f"budget {budget_bytes}: must be ≥ 0 bytes")
-    if time_limit_s <= 0:
-        raise InputError(f"time limit {time_limit_s}: must be > 0 seconds")
+    time_limit_s = check_time_limit(time_limit_s, "time limit")
     fn = load_method(method)
     started = time.perf_counter()
     floor_bytes = lower_bound_peak_bytes(graph)
@@ -65,12 +79,21 @@ def solve(
         threads=threads,
         seed=seed,
         options=dict(options or {}),
-        progress=progress,
+        progress=(reporter := monotone_progress(progress, graph.total_compute_ms)),
         resources=resources,
     )
     result = fn(request)
     wall = time.perf_counter() - started
-    return checked_plan(graph, budget_bytes, method, result, wall, resources)
+    witnesses = [k for source, actions in known_plans
+                 if (k := known_plan(graph, source, actions)) is not None]
+    plan = checked_plan(graph, budget_bytes, method, result, wall, resources, witnesses)
+    if plan.status in (PlanStatus.optimal, PlanStatus.feasible) and plan.actions:
+        mine = known_plan(graph, f"{method}/{plan.backend}", plan.actions)
+        if mine is not None:
+            PLAN_BOOK.add(plan.graph_hash, mine)
+        if reporter is not None:  # the simulator's cost, the judged bound
+            reporter(plan.objective, plan.lower_bound)
+    return plan
 
 
 def smallest_baseline_peak_bytes(graph: Graph) -> int:
@@ -87,8 +110,11 @@ def checked_plan(
     result: MethodResult,
     wall_seconds: float,
     resources: Resources | None = None,
+    known: Iterable[KnownPlan] = (),
 ) -> Plan:
-    """Judge a method's result by the simulator and build the Plan that reports it."""
+    """Judge a method's result by the simulator and build the Plan that reports it; a claimed
+    bound is held against the method's own plan and every plan known to fit (`known`, the
+    baselines', those judged earlier in this process)."""
     common: dict[str, Any] = dict(
         graph_hash=graph.content_hash(),
         budget_bytes=budget_bytes,
@@ -108,6 +134,12 @@ def checked_plan(
         status: PlanStatus = (
             result.status if result.status is not PlanStatus.feasible else PlanStatus.timeout
         )
+        claimed = bound if status is not PlanStatus.infeasible else float("inf")
+        if claimed > baseline_cost * (1 + BOUND_TOLERANCE) and result.backend != "proof":
+            witness = contradicting_plan(graph, budget_bytes, claimed, known)
+            if witness is not None:
+                common["notes"].append(_contradiction(method, result, claimed, witness, graph))
+                return Plan(status=PlanStatus.error, lower_bound=baseline_cost, **common)
         return Plan(status=status, lower_bound=bound, **common)
     try:
         sim = simulate(graph, result.actions, resources)
@@ -130,14 +162,17 @@ def checked_plan(
             actions=list(result.actions),
             **common,
         )
-    if bound > sim.compute_cost * (1 + BOUND_TOLERANCE):
-        # A bound above the cost of a plan that exists is wrong (or in other units): keep the
-        # one that holds for every plan, so "optimal" is never claimed on its word.
-        common["notes"].append(
-            f"the method's lower bound {bound:g} exceeds the simulated cost "
-            f"{sim.compute_cost:g} of its own plan; using every node once ({baseline_cost:g})"
-        )
-        bound = baseline_cost
+    if bound > baseline_cost * (1 + BOUND_TOLERANCE):
+        # A bound above the cost of a plan that exists is false (or in other units), and so is
+        # any "optimal" resting on it: an error, not a report.
+        own = KnownPlan("its own plan", sim.compute_cost, sim.peak_bytes)
+        witness = (own if bound > sim.compute_cost * (1 + BOUND_TOLERANCE)
+                   else contradicting_plan(graph, budget_bytes, bound, known))
+        if witness is not None:
+            common["notes"].append(_contradiction(method, result, bound, witness, graph))
+            return Plan(status=PlanStatus.error, objective=sim.compute_cost,
+                        lower_bound=baseline_cost, predicted=predicted,
+                        actions=list(result.actions), **common)
     gap = relative_gap(sim.compute_cost, bound)
     status = PlanStatus.optimal if gap is not None and gap <= OPTIMAL_GAP else PlanStatus.feasible
     return Plan(
@@ -149,6 +184,23 @@ def checked_plan(
         actions=list(result.actions),
         **common,
     )
+
+
+def _contradiction(
+    method: str, result: MethodResult, bound: float, witness: KnownPlan, graph: Graph
+) -> str:
+    """One note: who claimed what, and the plan within the budget that refutes it."""
+    total = graph.total_compute_ms
+
+    def cost_text(cost: float) -> str:
+        return f"{cost:g} ({100 * (cost / total - 1):+.3f} %)" if total > 0 else f"{cost:g}"
+
+    claim = ("that no plan fits" if bound == float("inf")
+             else f"a lower bound of {cost_text(bound)}")
+    return (f"method {method}, backend {result.backend} claims {claim}, but {witness.source} "
+            f"costs {cost_text(witness.cost)} at a peak of {witness.peak_bytes} bytes, within "
+            f"the budget: the claim exceeds the simulated cost of a plan that exists, so it is "
+            f"false and no status, bound or gap is reported from it")
 
 
 def _block_plan_fields(

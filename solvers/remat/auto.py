@@ -40,7 +40,7 @@ from solvers.remat.problem import (
     staged_actions,
     staged_from_actions,
 )
-from solvers.remat.stop import SearchStop
+from solvers.remat.stop import Progress, SearchStop
 
 EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation
 LP_MAX_NODES = 120
@@ -62,7 +62,9 @@ class AutoResult:
 
 
 def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
-               threads: int = 2, seed: int = 0) -> AutoResult:
+               threads: int = 2, seed: int = 0, progress: Progress | None = None) -> AutoResult:
+    """`progress(objective, bound)` hears of every better plan (the simulator's cost) and every
+    better bound, as soon as each phase or search finds it."""
     started = time.perf_counter()
     deadline = started + time_limit_s * 0.93
 
@@ -75,6 +77,8 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         return AutoResult(None, None, "none", problem.total_cost, False, True,
                           [f"no schedule fits: computing one node needs {least} bytes"])
     best: tuple[float, list[Action], str] | None = None
+    bound = order_bound = problem.total_cost  # raised by the LP, MILP and interval searches
+    given = schedule_order(graph)
     notes: list[str] = []
     timings: dict[str, float] = {}
 
@@ -85,10 +89,27 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         sim = simulate(graph, actions)
         if sim.peak_bytes <= budget_bytes and (best is None or sim.compute_cost < best[0]):
             best = (sim.compute_cost, actions, source)
+            tell()
+
+    def covers(found_bound: float) -> bool:
+        """Whether a bound of a search in the graph's order covers the best plan: not when the
+        plan reorders, nor when it is cheaper (then it lies outside the search's space)."""
+        return best is None or (found_bound <= best[0] and _follows(best[1], given))
+
+    def tell() -> None:
+        if progress is not None and best is not None:
+            progress(best[0], bound if covers(bound) else None)
+
+    def report_in_order(objective: float | None, found_bound: float | None) -> None:
+        if progress is not None:
+            progress(objective, found_bound if found_bound is not None and covers(found_bound)
+                     else None)
+
+    # None without a listener: the searches then install no callbacks at all.
+    within_order = report_in_order if progress is not None else None
 
     for name, fn in BASELINES.items():
         offer(fn(graph, budget_bytes), f"baseline:{name}")
-    given = schedule_order(graph)
     order_of: dict[str, list[int]] = {}
     lowest: tuple[int, str, list[int]] | None = None  # random order with the least peak
     for name, order in explore_orders(graph, budget_bytes, started + 0.25 * time_limit_s, seed):
@@ -114,7 +135,6 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     # Two bounds, valid over different spaces: `bound` (LP, MILP) over Checkmate's staged
     # schedules only; `order_bound` (the uncapped interval model) over every schedule whose
     # first computations follow the graph's order, staged or not.
-    bound = order_bound = problem.total_cost
     zero = best is not None and best[0] <= bound * (1 + 1e-12)
     if problem.n <= LP_MAX_NODES and left() > 2 and not zero:
         t0 = time.perf_counter()
@@ -122,6 +142,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         lp = lp_relaxation(problem, backend="highs-lp", time_limit_s=lp_time)
         if lp.bound is not None:
             bound = max(bound, lp.bound)
+            tell()
             sched, _ = round_lp(problem, lp)
             if sched is not None:
                 offer(staged_actions(problem, sched)[0], "lp-rounding")
@@ -141,12 +162,12 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         # The frontier MILP often proves optimality fast on mid-sized graphs: HiGHS (its own
         # thread, no hint) races the CP-SAT searches below and stops them once it has a proof.
         if threads >= 2:
-            race = _HighsRace(problem, left(), seed, stop)
+            race = _HighsRace(problem, left(), seed, stop, within_order)
             workers = threads - 1
         t1 = time.perf_counter()
         hint = staged_from_actions(problem, best[1]) if best is not None else None
         r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=workers, seed=seed,
-                       hint=hint, stop=stop)
+                       hint=hint, stop=stop, progress=within_order)
         if r.bound is not None:
             bound = max(bound, r.bound)
         offer(r.actions, "milp:cpsat")
@@ -158,7 +179,8 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     while not proven and not stop.stopped and left() > 1.0:
         r = solve_intervals(ordered_problem, max_computations=cap, time_limit_s=left(),
                             threads=workers, seed=seed, hint=best[1] if best is not None else None,
-                            stop=stop)
+                            stop=stop, progress=(within_order if order == given
+                                                 else _objective_only(progress)))
         offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
         if cap is None and order == given:  # every recomputation allowed: a real bound
             if r.bound is not None:
@@ -205,13 +227,14 @@ class _HighsRace:
     the other searches when it proves optimality."""
 
     def __init__(self, problem: RematProblem, time_limit_s: float, seed: int,
-                 stop: SearchStop) -> None:
+                 stop: SearchStop, progress: Progress | None = None) -> None:
         self._outcome: list[RematResult] = []
         self.wall_seconds = 0.0
 
         def run() -> None:
             started = time.perf_counter()
-            r = solve_milp(problem, "highs", time_limit_s=time_limit_s, threads=1, seed=seed)
+            r = solve_milp(problem, "highs", time_limit_s=time_limit_s, threads=1, seed=seed,
+                           progress=progress)
             self.wall_seconds = time.perf_counter() - started
             self._outcome.append(r)
             if (r.cost is not None and r.bound is not None
@@ -224,6 +247,13 @@ class _HighsRace:
     def result(self, timeout_s: float) -> RematResult | None:
         self._thread.join(timeout_s)
         return self._outcome[0] if self._outcome else None
+
+
+def _objective_only(progress: Progress | None) -> Progress | None:
+    """A search outside the graph's order proves nothing about the bound auto reports."""
+    if progress is None:
+        return None
+    return lambda objective, _bound: progress(objective, None)
 
 
 def _increase(cost: float, total: float) -> str:

@@ -17,9 +17,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from solvers.remat.linear import LinearModel
-from solvers.remat.stop import SearchStop, solve_unless_stopped
+from solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
 
 MIP_BACKENDS = ("cpsat", "scip", "highs", "cbc", "pulp-cbc")
+CBC_OBJECTIVE_SCALE = 1e3  # CBC's largest objective coefficient (see _pywraplp)
 LP_BACKENDS = ("glop", "highs-lp", "pdlp")
 _PYWRAPLP_ID = {"scip": "SCIP", "highs": "HIGHS", "cbc": "CBC", "glop": "GLOP",
                 "highs-lp": "HIGHS_LP", "pdlp": "PDLP"}
@@ -44,11 +45,14 @@ def solve_linear(
     seed: int = 0,
     hint: Mapping[int, float] | None = None,
     stop: SearchStop | None = None,
+    progress: Progress | None = None,
 ) -> BackendResult:
-    """`stop` ends a CP-SAT search early (other backends run to their limit)."""
+    """`stop` ends a CP-SAT search early (other backends run to their limit). `progress` gets
+    (objective, bound) from CP-SAT as they improve; the other backends have no callbacks here
+    (pywraplp, PuLP), so they report once, when they finish."""
     started = time.perf_counter()
     if backend == "cpsat":
-        status, values, bound = _cpsat(model, time_limit_s, threads, seed, hint, stop)
+        status, values, bound = _cpsat(model, time_limit_s, threads, seed, hint, stop, progress)
     elif backend in _PYWRAPLP_ID:
         status, values, bound = _pywraplp(model, backend, time_limit_s, threads, seed, hint)
     elif backend == "pulp-cbc":
@@ -64,10 +68,12 @@ def solve_linear(
             if bound < objective - 1e-7 * max(1.0, abs(objective)):
                 # Within the solver's gap tolerance (HiGHS: 1e-4 relative), not closed.
                 status = "feasible"
+    if progress is not None and backend != "cpsat" and (objective, bound) != (None, None):
+        progress(objective, bound)
     return BackendResult(backend, status, values, objective, bound, time.perf_counter() - started)
 
 
-def _cpsat(model, time_limit_s, threads, seed, hint, stop):
+def _cpsat(model, time_limit_s, threads, seed, hint, stop, progress=None):
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -102,7 +108,13 @@ def _cpsat(model, time_limit_s, threads, seed, hint, stop):
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s - (time.perf_counter() - t0))
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
-    code = solve_unless_stopped(solver, cp, stop)
+    objective = None
+    if progress is not None:
+        terms = [(xs[v], c) for v, c in model.objective.items()]
+
+        def objective(cb) -> float:  # the true cost; CP-SAT's objective is floor-scaled
+            return math.fsum(c * cb.value(x) for x, c in terms)
+    code = solve_unless_stopped(solver, cp, stop, progress, objective, scale)
     if code is None:
         return "unknown", None, None
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
@@ -137,16 +149,26 @@ def _pywraplp(model, backend, time_limit_s, threads, seed, hint):
     for lo, hi, integral in zip(model.lower, model.upper, model.integer, strict=True):
         xs.append(solver.IntVar(lo, hi, "") if integral else solver.NumVar(lo, hi, ""))
     lp_only = not any(model.integer)
+    # LPs are equilibrated (rows scaled to unit max coefficient) for the simplex's sake, and so
+    # are SCIP's MIPs: with unscaled memory rows (coefficients ~1e7) SCIP proved wrong optima
+    # (+6.1 % beside +4.1 % on a 29-node graph). HiGHS and CBC keep the integer data (scaled,
+    # CBC proved more wrong optima); any overshoot a tolerance admits is caught when the
+    # schedule is rebuilt and checked exactly.
+    equilibrate = lp_only or backend == "scip"
     for idx, coef, lo, hi in model.rows:
-        # LPs are equilibrated (rows scaled to unit max coefficient) for the simplex's sake;
-        # MIP rows keep their integer data so that tolerances cannot admit an overshoot.
-        k = 1.0 / max(abs(c) for c in coef) if lp_only else 1.0
+        k = 1.0 / max(abs(c) for c in coef) if equilibrate else 1.0
         ct = solver.RowConstraint(lo * k if lo > -math.inf else -inf,
                                   hi * k if hi < math.inf else inf, "")
         for v, c in zip(idx, coef, strict=True):
             ct.SetCoefficient(xs[v], c * k)
     obj = solver.Objective()
     top = max((abs(c) for c in model.objective.values()), default=1.0) or 1.0
+    if backend == "cbc":
+        # CBC (2.10 in OR-Tools) proved wrong optima when the largest cost was 1 (3 of 18
+        # corpus-like cases, up to 0.5 % above HiGHS's proven optimum); with the largest cost
+        # 1e3 (or 1e6) it proved the right ones in all 18: some absolute tolerance of its
+        # search. (Scaling CBC's rows instead made it worse: 4 of 9 wrong.)
+        top /= CBC_OBJECTIVE_SCALE
     for v, c in model.objective.items():
         obj.SetCoefficient(xs[v], c / top)
     obj.SetMinimization()
@@ -162,7 +184,13 @@ def _pywraplp(model, backend, time_limit_s, threads, seed, hint):
         solver.SetSolverSpecificParametersAsString(
             f"output_flag = false\nlog_to_console = false\n{presolve}")
     if backend == "scip":
-        solver.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {seed}\n")
+        # SCIP hands its incumbent's objective to the LP solver as an objective limit. On these
+        # models (memory rows with coefficients ~1e7) SoPlex stopped the root LP at that limit
+        # after numerical trouble, SCIP pruned the root, and the hint came back "optimal" with
+        # its own cost as the bound (fcn8 at 0.8: +21.55 % "proven" beside CBC's +0.136 %).
+        # Without the cutoff in the LP the search and its bound stay honest.
+        solver.SetSolverSpecificParametersAsString(
+            f"randomization/randomseedshift = {seed}\nlp/disablecutoff = 1\n")
     if hint and backend != "highs":  # pywraplp's HiGHS crashes on hints (OR-Tools 9.15)
         keys = list(hint)
         solver.SetHint([xs[v] for v in keys], [float(hint[v]) for v in keys])

@@ -9,7 +9,7 @@ from planner.plan import Action
 from solvers.remat.backends import solve_linear
 from solvers.remat.milp import build_checkmate
 from solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
-from solvers.remat.stop import SearchStop
+from solvers.remat.stop import Progress, SearchStop
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,13 @@ def schedule_result(
                        time.perf_counter() - started, notes)
 
 
+def _fits(problem: RematProblem, sched: StagedSchedule) -> bool:
+    try:
+        return staged_actions(problem, sched)[1] <= problem.budget_bytes
+    except ValueError:
+        return False
+
+
 def solve_milp(
     problem: RematProblem,
     backend: str = "cpsat",
@@ -54,15 +61,20 @@ def solve_milp(
     seed: int = 0,
     hint: StagedSchedule | None = None,
     stop: SearchStop | None = None,
+    progress: Progress | None = None,
 ) -> RematResult:
+    """`progress(objective, bound)`: the hint's cost first, then the backend's improvements."""
     started = time.perf_counter()
+    if progress is not None and hint is not None and _fits(problem, hint):
+        progress(hint.cost(problem), None)
     milp = build_checkmate(problem)
     remaining = time_limit_s - (time.perf_counter() - started)
     if remaining <= 0.05 and hint is not None:  # building took the whole limit
         return schedule_result(problem, hint, "feasible", backend, None, started,
                                ("no time left to solve the MILP; returning the hint",))
     raw = solve_linear(milp.model, backend, time_limit_s=max(0.05, remaining), threads=threads,
-                       seed=seed, hint=milp.hint(hint) if hint is not None else None, stop=stop)
+                       seed=seed, hint=milp.hint(hint) if hint is not None else None, stop=stop,
+                       progress=progress)
     found = (schedule_result(problem, milp.schedule(raw.values), raw.status, backend, raw.bound,
                              started) if raw.values is not None else None)
     if hint is not None and (found is None or found.actions is None):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from planner.plan import Action, ActionOp, compute, free
 from solvers.remat.exact import RematResult
 from solvers.remat.problem import RematProblem
-from solvers.remat.stop import SearchStop, solve_unless_stopped
+from solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,11 @@ def solve_intervals(
     seed: int = 0,
     hint: list[Action] | None = None,
     stop: SearchStop | None = None,
+    progress: Progress | None = None,
 ) -> RematResult:
     """Solve; max_computations caps C_v (default: every stage it could appear in); `stop` ends
-    the search early from another thread."""
+    the search early from another thread; `progress(objective, bound)` hears of the hint (when
+    it fits) and of every improvement (the bound only when it is one: uncapped)."""
     from ortools.sat.python import cp_model
 
     started = time.perf_counter()
@@ -151,7 +153,18 @@ def solve_intervals(
     solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - started))
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
-    code = solve_unless_stopped(solver, m, stop)
+    report = progress
+    if progress is not None and max_computations is not None:
+        report = lambda objective, _bound: progress(objective, None)  # noqa: E731 (no proof)
+    if report is not None and hint is not None:
+        hint_peak, hint_cost = plan_peak_and_cost(problem, hint)
+        if hint_peak <= problem.budget_bytes:
+            report(hint_cost, None)
+    terms = [(P[k], problem.cost[k[0]]) for k in P]
+
+    def objective(cb) -> float:  # the true cost of the solution (CP-SAT's is rounded)
+        return sum(c * cb.value(p) for p, c in terms)
+    code = solve_unless_stopped(solver, m, stop, report, objective, _scale(problem))
     if code is None:
         return _hint_result(problem, hint, None, time.perf_counter() - started) or RematResult(
             "unknown", "cpsat-intervals", wall_seconds=time.perf_counter() - started)

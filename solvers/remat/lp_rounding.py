@@ -4,18 +4,22 @@ Phase 1 rounds the retention variables S of the LP optimum at a threshold; phase
 least recomputation R for that retention (each stage computes its target, the non-resident
 ancestors it needs, and whatever it must hand to the next stage). Rounding can overshoot the
 budget (Checkmate's did on fcn8), so several thresholds are tried and only plans within budget
-are kept; with none, the caller falls back. The LP optimum is a proven lower bound.
+are kept; with none, the caller falls back. The LP optimum is a proven lower bound. The result
+never gets worse as the budget grows (see `solve_lp_rounding`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 
 from solvers.remat.backends import solve_linear
 from solvers.remat.exact import RematResult, schedule_result
 from solvers.remat.milp import build_checkmate
 from solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
+from solvers.remat.stop import Progress
 
 THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.2, 0.4, 0.6, 0.8, 0.05, 0.95, 0.01, 0.99)
 
@@ -93,21 +97,78 @@ def round_lp(problem: RematProblem, lp: LpBound, thresholds: tuple[float, ...] =
 TIGHTEN = (1.0, 0.97, 0.93, 0.88, 0.8, 0.7)
 
 
-def solve_lp_rounding(problem: RematProblem, *, backend: str = "glop",
-                      time_limit_s: float = 60.0, threads: int = 1) -> RematResult:
-    """Rounded plan within budget (or none) with the LP optimum as its bound.
+class RoundedPlans:
+    """Staged plans this process's lp-rounding found, per problem (budget aside): the cheapest
+    at each peak. A later solve at a larger budget starts from every one that fits it, so a
+    ladder of budgets never gets worse as the budget grows (fcn8 rounded to +0.32 % at 0.85
+    and +53.5 % at 0.9 before)."""
 
-    When no rounding fits, the LP is solved again for a tightened budget (rounding overshoots
-    by a few percent) and its roundings are judged against the real budget.
+    def __init__(self, problems: int = 16, per_problem: int = 32) -> None:
+        self._lock = threading.Lock()
+        self._fronts: OrderedDict[int, list[tuple[int, float, StagedSchedule]]] = OrderedDict()
+        self._problems, self._per_problem = problems, per_problem
+
+    @staticmethod
+    def key(problem: RematProblem) -> int:
+        return hash(replace(problem, budget_bytes=0))
+
+    def add(self, problem: RematProblem, peak_bytes: int, sched: StagedSchedule) -> None:
+        cost = sched.cost(problem)
+        key = self.key(problem)
+        with self._lock:
+            front = self._fronts.pop(key, [])
+            if not any(p <= peak_bytes and c <= cost for p, c, _ in front):
+                front = [e for e in front if not (peak_bytes <= e[0] and cost <= e[1])]
+                front.append((peak_bytes, cost, sched))
+                front.sort(key=lambda e: e[0])
+                if len(front) > self._per_problem:
+                    del front[len(front) // 2]
+            self._fronts[key] = front
+            while len(self._fronts) > self._problems:
+                self._fronts.popitem(last=False)
+
+    def fitting(self, problem: RematProblem) -> list[StagedSchedule]:
+        with self._lock:
+            front = self._fronts.get(self.key(problem), [])
+            return [s for p, _, s in front if p <= problem.budget_bytes]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fronts.clear()
+
+
+ROUNDED = RoundedPlans()
+
+
+def solve_lp_rounding(problem: RematProblem, *, backend: str = "glop",
+                      time_limit_s: float = 60.0, threads: int = 1,
+                      progress: Progress | None = None) -> RematResult:
+    """The cheapest in-budget rounding (or none) with the LP optimum as its bound.
+
+    Rounding is not monotone in the LP's budget: a larger budget's LP can round to a much worse
+    plan than a smaller one's. So the LP is solved at the budget and at every tightened budget
+    (within the time limit), each rounding judged against the real budget, and the plans found
+    earlier in this process at smaller budgets join in; the cheapest wins.
     """
     started = time.perf_counter()
     name = f"lp-rounding:{backend}"
     bound: float | None = None
     notes: list[str] = []
+    best: tuple[float, StagedSchedule, str] | None = None
+
+    def consider(sched: StagedSchedule | None, source: str) -> None:
+        nonlocal best
+        if sched is not None and (best is None or sched.cost(problem) < best[0]):
+            best = (sched.cost(problem), sched, source)
+            if progress is not None:
+                progress(best[0], bound)
+
+    for earlier in ROUNDED.fitting(problem):
+        consider(earlier, "a plan rounded earlier at a smaller budget")
     for factor in TIGHTEN:
         left = time_limit_s - (time.perf_counter() - started)
         if left <= 0:
-            notes.append("time ran out")
+            notes.append(f"time ran out before the LP at {factor:g} x budget")
             break
         tight = problem.with_budget(int(problem.budget_bytes * factor))
         lp = lp_relaxation(tight, backend=backend, time_limit_s=left, threads=threads)
@@ -116,11 +177,16 @@ def solve_lp_rounding(problem: RematProblem, *, backend: str = "glop",
             break
         if factor == 1.0:
             bound = lp.bound
-        sched, tried = round_lp(problem, lp)
-        if sched is not None:
-            if factor < 1.0:
-                notes.append(f"rounded the LP for {factor:g} x budget")
-            return schedule_result(problem, sched, "feasible", name, bound, started, tuple(notes))
-        notes.append(f"no rounding of {tried} of the LP at {factor:g} x budget fits")
-    return RematResult("unknown", name, bound=bound, notes=tuple(notes),
-                       wall_seconds=time.perf_counter() - started)
+            if progress is not None:
+                progress(best[0] if best else None, bound)
+        sched, _ = round_lp(problem, lp)
+        consider(sched, f"rounded the LP for {factor:g} x budget")
+    if best is None:
+        notes.append("no rounding of the LP at any tightened budget fits")
+        return RematResult("unknown", name, bound=bound, notes=tuple(notes),
+                           wall_seconds=time.perf_counter() - started)
+    result = schedule_result(problem, best[1], "feasible", name, bound, started,
+                             (*notes, best[2]))
+    if result.peak_bytes is not None:
+        ROUNDED.add(problem, result.peak_bytes, best[1])
+    return result

@@ -57,25 +57,33 @@ def milp(request: SolveRequest) -> MethodResult:
     problem = problem_from_graph(request.graph, request.budget_bytes)
     hint = _baseline_hint(request, problem) if request.options.get("hint", True) else None
     r = solve_milp(problem, backend, time_limit_s=request.time_limit_s, threads=request.threads,
-                   seed=request.seed, hint=hint)
+                   seed=request.seed, hint=hint, progress=request.progress)
     return _result(request, r)
 
 
 def lp_rounding(request: SolveRequest) -> MethodResult:
-    """LP relaxation + two-phase rounding; never over budget (falls back to the best baseline)."""
+    """LP relaxation + two-phase rounding; never over budget, never worse than the baselines
+    that fit, and never worse at a larger budget (see `solve_lp_rounding`)."""
+    from planner.simulator import simulate
     from solvers.baseline_methods import best_baseline
     from solvers.remat.lp_rounding import solve_lp_rounding
 
     backend = _backend(request, "highs-lp", LP_BACKENDS)
     problem = problem_from_graph(request.graph, request.budget_bytes)
-    r = solve_lp_rounding(problem, backend=backend, time_limit_s=request.time_limit_s,
-                          threads=request.threads)
-    if r.actions is not None:
-        return _result(request, r)
     base = best_baseline(request)
+    base_sim = simulate(request.graph, base.actions) if base.actions is not None else None
+    base_fits = base_sim is not None and base_sim.peak_bytes <= request.budget_bytes
+    if base_fits and base_sim is not None and request.progress is not None:
+        request.progress(base_sim.compute_cost, None)
+    r = solve_lp_rounding(problem, backend=backend, time_limit_s=request.time_limit_s,
+                          threads=request.threads, progress=request.progress)
+    if r.actions is not None and not (
+            base_fits and base_sim is not None and base_sim.compute_cost < (r.cost or 0.0)):
+        return _result(request, r)
+    why = "no rounding fits" if r.actions is None else "it is cheaper than every rounding"
     return MethodResult(
         actions=base.actions, status=PlanStatus.feasible, backend=f"{r.backend}+{base.backend}",
-        lower_bound=r.bound, notes=[*r.notes, "fell back to the best baseline"],
+        lower_bound=r.bound, notes=[*r.notes, f"fell back to the best baseline: {why}"],
     )
 
 
@@ -83,7 +91,7 @@ def auto(request: SolveRequest) -> MethodResult:
     from solvers.remat.auto import solve_auto
 
     r = solve_auto(request.graph, request.budget_bytes, time_limit_s=request.time_limit_s,
-                   threads=request.threads, seed=request.seed)
+                   threads=request.threads, seed=request.seed, progress=request.progress)
     details = {"source": r.source, "timings_s": {k: round(v, 3) for k, v in r.timings.items()}}
     if r.actions is None:
         if not r.proven_infeasible:  # nothing found in time: the CLI reports what fits
@@ -115,7 +123,8 @@ def cpsat_intervals(request: SolveRequest) -> MethodResult:
         hint = base.actions
     problem = problem_from_graph(request.graph, request.budget_bytes)
     r = solve_intervals(problem, max_computations=cap, time_limit_s=request.time_limit_s,
-                        threads=request.threads, seed=request.seed, hint=hint)
+                        threads=request.threads, seed=request.seed, hint=hint,
+                        progress=request.progress)
     result = _result(request, r)
     if cap is not None:  # a capped model bounds only the capped plans
         result = MethodResult(
