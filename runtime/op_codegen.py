@@ -90,6 +90,8 @@ class _Emitter:
         args = [self.expr(a, where) for a in node.args]
         args += [f"{k}={self.expr(v, where)}" for k, v in node.kwargs.items()]
         call = f"{self.const(_runnable(node.target))}({', '.join(args)})"
+        if node.name in self.program.identity_fx:  # the tracer counted it as a view: no copy
+            call = f"{self.const(torch.ops.aten.alias.default)}({args[0]})"
         if node.name in self.program.random:  # replays its RNG state when recomputed
             call = f"R({node.name!r}, lambda: {call})"
         self.lines.append(f"V[{node.name!r}] = {call}")

@@ -70,6 +70,11 @@ class JointProgram:
         self.primal_kinds: dict[str, str] = dict(trace.primal_kinds)
         self.primal_names: dict[str, str] = dict(trace.primal_names)
         self.loss_fx: str = trace.loss_fx_name
+        # clones the joint graph makes for an identity dropout (p = 0, eval): eager returns the
+        # input itself, and the tracer sized them as views of it; run them as that alias
+        self.identity_fx: frozenset[str] = frozenset(
+            (getattr(trace, "details", None) or {}).get("identity_dropout_fx_names", ())
+        )
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self.grad_fx, self.mutations = _outputs(output, len(self.primals))
         self.output_fx: set[str] = {self.loss_fx, *self.grad_fx.values(), *self.mutations}
