@@ -41,6 +41,9 @@ class MethodResult:
     objective: float | None = None
     lower_bound: float | None = None
     smallest_feasible_bytes: int | None = None  # what the method knows of the least budget
+    # status infeasible as a proof (a solver proved no plan of its space fits), which the judge
+    # holds against known plans; False: none found by this method (a heuristic, a chain DP)
+    infeasibility_proven: bool = False
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     # Chain solvers: the block modes a module-level runtime applies (one level of

@@ -86,13 +86,15 @@ CLAIM: dict[str, object] = {}
 def _claims(request: SolveRequest) -> MethodResult:
     return MethodResult(actions=CLAIM.get("actions"),  # type: ignore[arg-type]
                         status=PlanStatus(str(CLAIM["status"])), backend="liar",
-                        lower_bound=CLAIM.get("bound"))  # type: ignore[arg-type]
+                        lower_bound=CLAIM.get("bound"),  # type: ignore[arg-type]
+                        infeasibility_proven=bool(CLAIM.get("proven", False)))
 
 
 @pytest.fixture
 def liar(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_PLUGINS", {"liar": "test_honest_bounds:_claims"})
     judge.PLAN_BOOK.clear()
+    CLAIM.clear()
 
 
 def _baseline_costs(g: Graph, budget: int) -> dict[str, float]:
@@ -153,10 +155,13 @@ def test_bound_above_a_plan_of_another_method_or_the_caller_is_an_error(liar: No
 
 def test_infeasible_claim_with_a_plan_that_fits_is_an_error(liar: None) -> None:
     g = training_graph(6)
-    CLAIM.update(actions=None, status="infeasible", bound=None)
+    CLAIM.update(actions=None, status="infeasible", bound=None, proven=True)
     plan = solve(g, store_all_peak_bytes(g), "liar")
     assert plan.status is PlanStatus.error
     assert any("claims that no plan fits" in n for n in plan.notes)
+    # "none found" by a heuristic or a chain DP is no proof: reported, not refuted
+    CLAIM.update(proven=False)
+    assert solve(g, store_all_peak_bytes(g), "liar").status is PlanStatus.infeasible
 
 
 def test_plans_outside_the_bound_space_do_not_refute_it() -> None:

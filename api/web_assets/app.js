@@ -46,9 +46,10 @@
       state.listEndpoint = true;
       for (const job of items) {
         const known = state.jobs.get(job.id);
-        // List items may leave out the plan; keep a full finished view when we have one.
+        // List items leave out the plan: keep a full finished view when we have one, and mark
+        // a merged entry as not full, so that opening it fetches the job with its plan.
         if (!known || !FINISHED.has(known.status) || known.status !== job.status) {
-          state.jobs.set(job.id, { ...known, ...job });
+          state.jobs.set(job.id, { ...known, ...job, full: false });
         }
       }
       return items.map((j) => j.id);
@@ -63,8 +64,8 @@
 
   async function refreshJob(id) {
     const known = state.jobs.get(id);
-    if (known && FINISHED.has(known.status) && known.plan !== undefined) return known;
-    const job = await api.get(`v1/plans/${encodeURIComponent(id)}`);
+    if (known && FINISHED.has(known.status) && known.full) return known;
+    const job = { ...(await api.get(`v1/plans/${encodeURIComponent(id)}`)), full: true };
     state.jobs.set(id, job);
     return job;
   }
@@ -253,7 +254,7 @@
         const { data } = await api.post("v1/plans", body);
         message.textContent = data.status === "done" ? `plan ${fmt.shortId(data.id)}: answered from the store`
           : `plan ${fmt.shortId(data.id)} sent`;
-        if (data.plan !== undefined) state.jobs.set(data.id, data);
+        if (data.plan !== undefined) state.jobs.set(data.id, { ...data, full: true });
         open("plan", data.id);
       } else {
         const budgets = $("sweep-budgets").value.split(",").map((s) => s.trim()).filter(Boolean);

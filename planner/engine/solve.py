@@ -134,7 +134,8 @@ def checked_plan(
         status: PlanStatus = (
             result.status if result.status is not PlanStatus.feasible else PlanStatus.timeout
         )
-        claimed = bound if status is not PlanStatus.infeasible else float("inf")
+        proof = status is PlanStatus.infeasible and result.infeasibility_proven
+        claimed = float("inf") if proof else bound
         if claimed > baseline_cost * (1 + BOUND_TOLERANCE) and result.backend != "proof":
             witness = contradicting_plan(graph, budget_bytes, claimed, known)
             if witness is not None:

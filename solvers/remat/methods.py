@@ -39,6 +39,7 @@ def _result(request: SolveRequest, r: RematResult) -> MethodResult:
         smallest_feasible_bytes=smallest,
         notes=list(r.notes),
         details={"solver_status": r.status, "solver_wall_seconds": round(r.wall_seconds, 3)},
+        infeasibility_proven=r.actions is None and r.status == "infeasible",
     )
 
 
@@ -100,7 +101,7 @@ def auto(request: SolveRequest) -> MethodResult:
         smallest = _smallest(request, min(10.0, request.time_limit_s))
         return MethodResult(actions=None, status=PlanStatus.infeasible, backend="auto",
                             lower_bound=r.bound, notes=r.notes, details=details,
-                            smallest_feasible_bytes=smallest)
+                            smallest_feasible_bytes=smallest, infeasibility_proven=True)
     return MethodResult(
         actions=r.actions, status=PlanStatus.optimal if r.proven_optimal else PlanStatus.feasible,
         backend=f"auto:{r.source}", objective=r.cost, lower_bound=r.bound, notes=r.notes,
