@@ -12,14 +12,18 @@ communication. A rank that can never go on is a deadlock, reported with what it 
 
 Per-rank memory over time: the stages' model state, plus each in-flight micro-batch's saved
 activations (taken when its F starts, released when its B, or its W, ends), plus a stage's
-transient bytes while one of its computes runs. Makespan: when the last rank ends; bubble
-fraction: 1 - busy compute / (ranks x makespan); throughput: micro-batches per second.
+transient bytes while one of its computes runs. A micro-batch the stage recomputes
+(PipelineStage.recompute_microbatches) keeps only its input from F on; its B (or I) reruns the
+forward first (forward_ms longer) and takes the rest of the saved bytes back when it starts.
+Makespan: when the last rank ends; bubble fraction: 1 - busy compute / (ranks x makespan);
+throughput: micro-batches per second.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from planner.events_result import PlanError, RankResult, SimulationResult
 from planner.events_stages import StageCosts, stage_costs
@@ -32,6 +36,16 @@ F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_inpu
 SEND_F, RECV_F, SEND_B, RECV_B = (PipelineOp.send_f, PipelineOp.recv_f, PipelineOp.send_b,
                                   PipelineOp.recv_b)
 Key = tuple[int, PipelineOp, int]  # (stage, op, micro-batch)
+
+
+@dataclass(frozen=True)
+class ActionSpan:
+    """When one compute action ran (for schedule pictures)."""
+
+    rank: int
+    action: PipelineAction
+    start_ms: float
+    end_ms: float
 
 
 class _Blocked(Exception):
@@ -56,6 +70,9 @@ class _Ranks:
         self.partition = partition
         self.lists = rank_actions
         self.costs: list[StageCosts] = stage_costs(graph, partition)
+        self.recomputed = [frozenset(partition.stage(s).recompute_microbatches)
+                           for s in range(partition.stage_count)]
+        self.spans: list[ActionSpan] = []
         self.link = resources.device_link if resources is not None else None
         self.last = partition.stage_count - 1
         self.implicit = not any(not a.is_compute for row in rank_actions for a in row)
@@ -182,12 +199,18 @@ class _Ranks:
             self.received.add(key)
             self.done[key] = (start, i)
             return
+        again = mb in self.recomputed[s]
+        kept = c.input_bytes if again else c.saved_bytes
         duration = {F: c.forward_ms, B: c.backward_ms, I_: c.backward_input_ms,
                     W: c.backward_weight_ms}[op]
+        if again and op in (B, I_):
+            duration += c.forward_ms
         end = start + duration
         seq = len(self.events)
         if op is F:
-            self.events.append((start, rank, seq, c.saved_bytes))
+            self.events.append((start, rank, seq, kept))
+        elif op in (B, I_) and again:
+            self.events.append((start, rank, seq, c.saved_bytes - kept))
         self.events.append((start, rank, seq + 1, c.transient_bytes))
         self.events.append((end, rank, seq + 2, -c.transient_bytes))
         if op in (B, W):
@@ -195,6 +218,7 @@ class _Ranks:
         self.clock[rank] = end
         self.busy[rank] += duration
         self.done[key] = (end, i)
+        self.spans.append(ActionSpan(rank, a, start, end))
 
     # -- the whole schedule ------------------------------------------------------------------
     def run(self, graph: Graph) -> SimulationResult:
@@ -304,3 +328,15 @@ def simulate_pipeline(
 ) -> SimulationResult:
     """Simulate every rank of a pipeline plan; PlanError names rank and action."""
     return _Ranks(graph, partition, rank_actions, resources).run(graph)
+
+
+def simulate_pipeline_spans(
+    graph: Graph,
+    partition: Partition,
+    rank_actions: Sequence[Sequence[PipelineAction]],
+    resources: Resources | None = None,
+) -> tuple[SimulationResult, list[ActionSpan]]:
+    """`simulate_pipeline` plus when each compute action ran (rank, start, end)."""
+    ranks = _Ranks(graph, partition, rank_actions, resources)
+    result = ranks.run(graph)
+    return result, sorted(ranks.spans, key=lambda x: (x.rank, x.start_ms))

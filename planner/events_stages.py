@@ -13,11 +13,17 @@ same or earlier ones.
 
 Memory of a stage (per rank, summed over its stages):
 - model state: each parameter's bytes (weights, gradient, optimizer state after ZeRO; whatever
-  the gradient lifetime) go to the stage that owns its gradient_node or a node of its module;
+  the gradient lifetime) go to the stage that owns its gradient_node, else a node of its module
+  or of the nearest enclosing module that has nodes (a block-level trace names 'h.0', its
+  parameters 'h.0.attn.qkv');
   the rest of the step's fixed bytes (inputs, buffers, unplaced parameters; the whole fixed bytes
   without model_state) is split evenly over the stages;
 - saved activations per in-flight micro-batch: every forward/loss storage that a backward node
-  of the stage reads (held on the rank that needs it, the received input included);
+  of the stage reads, plus the boundary storages it receives from earlier stages and reads
+  (torch's PipelineStage keeps a micro-batch's inputs until its backward);
+- under recomputation (a micro-batch in the stage's recompute_microbatches) only the received
+  input bytes are kept from F to B; the backward first reruns the forward (B and I take
+  forward_ms longer) and holds the saved bytes again until the backward (with I/W: the W) ends;
 - transient while an F/B/I/W runs: the largest output + workspace of one node of the stage.
 Boundary bytes: a send from stage s to s+1 carries every forward storage made at stages <= s and
 read by a forward node of a later stage; a gradient send from s to s-1 every backward storage
@@ -41,6 +47,7 @@ class StageCosts:
     backward_input_ms: float
     backward_weight_ms: float
     saved_bytes: int
+    input_bytes: int  # received from earlier stages and read here: kept under recomputation
     transient_bytes: int
     model_state_bytes: int
     send_forward_bytes: int  # to stage + 1
@@ -104,6 +111,7 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     has_weight = [False] * count
     transient = [0] * count
     saved: list[set[int]] = [set() for _ in range(count)]
+    received: list[set[int]] = [set() for _ in range(count)]
     send_f: list[set[int]] = [set() for _ in range(count)]
     send_b: list[set[int]] = [set() for _ in range(count)]
     backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
@@ -126,6 +134,7 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
             elif n.id not in backward and t != s:
                 if t < s:
                     raise _backwards(graph, n.id, w, s, t, "forward")
+                received[t].add(root)
                 for cut in range(s, t):
                     send_f[cut].add(root)
             elif n.id in backward and t != s:
@@ -144,7 +153,8 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
                 backward_ms=bwd[s],
                 backward_input_ms=bwd[s] - w_ms,
                 backward_weight_ms=w_ms,
-                saved_bytes=sum(size[r] for r in saved[s]),
+                saved_bytes=sum(size[r] for r in saved[s] | received[s]),
+                input_bytes=sum(size[r] for r in received[s]),
                 transient_bytes=transient[s],
                 model_state_bytes=states[s],
                 send_forward_bytes=sum(size[r] for r in send_f[s]),
@@ -169,6 +179,18 @@ def _gradient_nodes(graph: Graph) -> set[int]:
     return {p.gradient_node for p in ms.parameters if p.trainable and p.gradient_node is not None}
 
 
+def _enclosing_stage(module_stage: dict[str, int], module_path: str) -> int | None:
+    """The stage of `module_path`'s nodes, else of its nearest enclosing module with nodes."""
+    if module_path in module_stage:
+        return module_stage[module_path]
+    path = module_path.rpartition(".")[0]
+    while path:
+        if path in module_stage:
+            return module_stage[path]
+        path = path.rpartition(".")[0]
+    return None
+
+
 def _model_state_bytes(graph: Graph, stage: dict[int, int], count: int) -> list[int]:
     step = step_memory(graph)
     total = step.start_bytes + sum(step.held_from_node.values())
@@ -181,7 +203,7 @@ def _model_state_bytes(graph: Graph, stage: dict[int, int], count: int) -> list[
         for p, b in ms.per_parameter():
             s = stage.get(p.gradient_node) if p.gradient_node is not None else None
             if s is None:
-                s = module_stage.get(p.module_path)
+                s = _enclosing_stage(module_stage, p.module_path)
             if s is not None:
                 placed[s] += b.total_bytes
     rest = max(0, total - sum(placed))

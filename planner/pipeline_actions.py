@@ -136,6 +136,14 @@ class PipelineStage(BaseModel):
         default_factory=list,
         description="Module paths: every node whose module_path is one of them or inside one.",
     )
+    recompute_microbatches: list[int] = Field(
+        default_factory=list,
+        description="Micro-batches whose activations this stage does not keep: it keeps its "
+        "input and reruns its forward before their backward (activation checkpointing).",
+    )
+
+    def recomputes(self, microbatch_index: int) -> bool:
+        return microbatch_index in self.recompute_microbatches
 
 
 class Partition(BaseModel):

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "planner.cli.trace_cmd",
     "planner.cli.remat_cmds",
     "planner.cli.service_cmds",
+    "planner.cli.pipeline_cmds",
 )
 
 app = typer.Typer(

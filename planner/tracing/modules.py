@@ -409,7 +409,13 @@ def _unit_graph(
                 pairs.add((bwd(i), bwd(j)))
     if n > 1:
         pairs.add((n - 1, bwd(n - 1)))
-    fixed, extra = fixed_fn(model, inputs, None, optimizer)
+    from planner.tracing.api import _model_state
+
+    # Per-parameter model state (module paths) so that pipeline partitioners place each layer's
+    # weights on its stage; no gradient nodes (a unit's backward outputs its input gradient, not
+    # the weights'), so gradients are charged from the start, the totals as before.
+    model_state = _model_state(model, optimizer, {})
+    fixed, extra = fixed_fn(model, inputs, None, optimizer, model_state)
     extra.update(
         level="module", block_pattern=block_pattern or "", costs=costs, optimizer=optimizer, units=n
     )
@@ -417,6 +423,7 @@ def _unit_graph(
         nodes=nodes,
         edges=[Edge(source=a, target=b) for a, b in sorted(pairs)],
         fixed=fixed,
+        model_state=model_state,
         order=list(range(2 * n)),
         metadata=GraphMetadata(
             model_name=model_name,

@@ -1,0 +1,253 @@
+"""Pipeline commands: `partition` (a split over P devices with a schedule; --sweep over
+micro-batch counts and schedules) and `memory` (model state per device under ZeRO, per rank of
+a pipeline plan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from planner.budget import format_bytes
+from planner.cli.options import ResourcesOpt, resolve_resources
+from planner.cli.output import console, key_value_table, print_json
+from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.engine.partition import PartitionReport, SweepRow
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+GraphArg = Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json")]
+ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3 (shards over --dp)")]
+DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree ZeRO shards over")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("partition")(partition_cmd)
+    app.command("memory")(memory_cmd)
+
+
+def _csv(value: str, name: str, cast: type = str) -> list:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise InputError(f"{name} {value!r}: give a comma-separated list")
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        raise InputError(f"{name} {value!r}: expected numbers, e.g. 4,8,16") from None
+
+
+def partition_cmd(
+    graph_path: GraphArg,
+    devices: Annotated[int | None, typer.Option("--devices", "-p", help="Pipeline ranks")] = None,
+    device_memory: Annotated[
+        str | None, typer.Option("--device-memory", help="Memory per device: 80GiB, 40GB, bytes")
+    ] = None,
+    microbatches: Annotated[int | None, typer.Option("--microbatches", "-m")] = None,
+    schedule: Annotated[
+        str | None,
+        typer.Option("--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2"),
+    ] = None,
+    method: Annotated[
+        str, typer.Option("--method", help="dp, ilp, param-balanced, layer-balanced, "
+                          "compute-balanced")
+    ] = "dp",
+    chunks: Annotated[int, typer.Option("--chunks", help="Stages per rank (interleaved)")] = 2,
+    split: Annotated[
+        str | None,
+        typer.Option("--split", help="Your own split: the layers that start stages 1.., "
+                     "e.g. h.4,h.8,h.12 (checked and simulated)"),
+    ] = None,
+    resources: ResourcesOpt = None,
+    zero: ZeroOpt = None,
+    dp: DpOpt = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="ILP seconds")] = 10.0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="plan.json")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Schedule grid picture")] = None,
+    csv_out: Annotated[
+        Path | None, typer.Option("--csv", help="Action lists as torch.distributed.pipelining's "
+                                  "CSV")
+    ] = None,
+    sweep: Annotated[bool, typer.Option("--sweep", help="Sweep micro-batches x schedules")] = False,
+    sweep_microbatches: Annotated[str, typer.Option("--sweep-microbatches")] = "4,8,16,32",
+    sweep_schedules: Annotated[str, typer.Option("--sweep-schedules")] = "gpipe,1f1b,zb-h1",
+    sweep_methods: Annotated[str | None, typer.Option("--sweep-methods")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Split a model into contiguous stages over devices so every rank fits its memory and the
+    simulated step is fastest; prints the stage table (exit 3 when nothing fits).
+
+    The graph is one micro-batch's training step: trace the model at the micro-batch size
+    (batch / --microbatches)."""
+    from planner.engine.inputs import load_graph
+    from planner.engine.partition import parse_device_memory, partition_plan, sweep_partitions
+    graph = load_graph(graph_path)
+    common = dict(devices=devices, device_memory_bytes=parse_device_memory(device_memory),
+                  chunks=chunks, resources=resolve_resources(resources), zero_stage=zero, dp=dp,
+                  time_limit_s=time_limit)
+    if sweep:
+        rows = sweep_partitions(
+            graph, microbatch_counts=_csv(sweep_microbatches, "--sweep-microbatches", int),
+            schedules=_csv(sweep_schedules, "--sweep-schedules"),
+            methods=_csv(sweep_methods, "--sweep-methods") if sweep_methods else [method],
+            **common,
+        )
+        _print_sweep(rows, as_json)
+        return
+    report = partition_plan(graph, microbatches=microbatches, schedule=schedule,
+                            method=method, split=_csv(split, "--split") if split else None,
+                            **common)  # type: ignore[arg-type]
+    plan = report.plan
+    if output is not None:
+        from planner.io import write_json
+
+        write_json(output, plan)
+    if csv_out is not None:
+        from planner.pipeline_actions import rank_actions_to_csv
+
+        assert plan.rank_actions is not None
+        csv_out.write_text(rank_actions_to_csv(plan.rank_actions))
+    if plot is not None:
+        from planner.engine.pipeline_plot import plot_schedule
+
+        plot_schedule(graph, plan, plot)
+    if as_json:
+        print_json({"plan": plan.model_dump(mode="json"), "fits": report.fits,
+                    "stages": [vars(r) for r in report.rows]})
+    else:
+        _print_report(report)
+        for path, what in ((output, "plan"), (csv_out, "CSV"), (plot, "schedule grid")):
+            if path is not None:
+                console.print(f"wrote {what} to {path}")
+    if not report.fits:
+        raise typer.Exit(3)
+
+
+def _print_report(report: PartitionReport) -> None:
+    from rich.table import Table
+
+    plan = report.plan
+    limit = report.memory_bytes
+    d = plan.details
+    table = Table(title=f"{plan.method}: {d['layers']} layers, {len(report.rows)} stages, "
+                  f"{d['schedule']}, {d['microbatches']} micro-batches", title_justify="left")
+    for col in ("stage", "rank", "modules", "params", "activations x in-flight", "recomputed",
+                "peak / limit", "compute ms/mb"):
+        table.add_column(col, justify="left" if col == "modules" else "right", no_wrap=True)
+    for r in report.rows:
+        mods = r.modules[0] if len(r.modules) == 1 else f"{r.modules[0]} .. {r.modules[-1]}"
+        mods += f" ({len(r.modules)})"
+        over = limit is not None and r.rank_peak_bytes > limit
+        peak = f"{format_bytes(r.rank_peak_bytes)} / {format_bytes(limit)}"
+        table.add_row(str(r.stage_index), str(r.rank), mods, format_bytes(r.parameter_bytes),
+                      f"{format_bytes(r.saved_bytes)} x {r.inflight}",
+                      f"{r.recomputed}" if r.recomputed else "-",
+                      f"[red]{peak} OVER[/red]" if over else peak, f"{r.compute_ms:.3f}")
+    _wide(table)
+    p = plan.predicted
+    assert p is not None
+    rows: list[tuple[str, object]] = [
+        ("fits", "yes" if report.fits else "NO"),
+        ("step time (simulated)", f"{p.makespan_ms:.4g} ms"),
+        ("throughput", f"{p.throughput_per_s:.4g} micro-batches/s"),
+        ("bubble", f"{100 * (p.bubble_fraction or 0):.1f}%"),
+        ("largest rank peak", format_bytes(p.peak_bytes)),
+        ("status", plan.status.value + (f", gap {100 * plan.gap:.2f}%" if plan.gap is not None
+                                        else "")),
+        ("solve time", f"{report.solve_seconds:.3f} s"),
+    ]
+    rows += [("note", n) for n in report.notes]
+    console.print(key_value_table("predicted", rows))
+
+
+def _print_sweep(rows: list[SweepRow], as_json: bool) -> None:
+    if as_json:
+        print_json([vars(r) for r in rows])
+        return
+    from rich.table import Table
+
+    table = Table(title="partition sweep", title_justify="left")
+    for col in ("schedule", "m", "method", "fits", "peak", "step (ms)", "mb/s", "bubble",
+                "solve (s)", "note"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r.schedule, str(r.microbatches), r.method, "yes" if r.fits else "no",
+            format_bytes(r.peak_bytes), f"{r.makespan_ms:.4g}" if r.makespan_ms else "-",
+            f"{r.throughput_per_s:.4g}" if r.throughput_per_s else "-",
+            f"{100 * r.bubble_fraction:.1f}%" if r.bubble_fraction is not None else "-",
+            f"{r.solve_seconds:.3f}", r.note)
+    _wide(table)
+
+
+def _wide(table: object) -> None:
+    """Tables keep one line a row when the output is not a terminal (files, pipes)."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        from rich.console import Console
+
+        Console(highlight=False, width=200).print(table)
+
+
+def memory_cmd(
+    graph_path: GraphArg,
+    zero: ZeroOpt = None,
+    dp: DpOpt = None,
+    optimizer: Annotated[str | None, typer.Option("--optimizer", help="sgd, sgd-momentum, adam, "
+                                                  "adamw")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="fp32, bf16-mixed, "
+                                                  "fp16-mixed")] = None,
+    plan_path: Annotated[
+        Path | None, typer.Option("--plan", help="A pipeline plan: the breakdown per rank")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Model-state memory per device (parameters, gradients, optimizer state) under an
+    optimizer, precision and ZeRO stage over a data-parallel degree; per rank with --plan."""
+    from planner.engine.inputs import load_graph
+    from planner.engine.pipeline_memory import device_breakdown, rank_breakdown, with_training_setup
+
+    graph = with_training_setup(load_graph(graph_path), optimizer, precision, zero, dp)
+    state = device_breakdown(graph)
+    ranks = None
+    if plan_path is not None:
+        from planner.io import load_plan
+
+        changed = any(x is not None for x in (optimizer, precision, zero, dp))
+        ranks = rank_breakdown(graph, load_plan(plan_path), check_hash=not changed)
+    if as_json:
+        print_json({
+            "per_device": vars(state.per_device) | {"total_bytes": state.total_bytes},
+            "optimizer": state.optimizer, "precision": state.precision,
+            "zero_stage": state.zero_stage, "data_parallel_degree": state.data_parallel_degree,
+            "per_module": {m or "(root)": b.total_bytes for m, b in state.per_module.items()},
+            "ranks": [vars(r) | {"state": vars(r.state)} for r in ranks] if ranks else None,
+        })
+        return
+    s = state.per_device
+    title = ("model state per device" if not state.derived else
+             f"model state per device: {state.optimizer}, {state.precision}, "
+             f"ZeRO-{state.zero_stage} over {state.data_parallel_degree} data-parallel ranks")
+    console.print(key_value_table(title, [
+        ("parameters", format_bytes(s.parameters_bytes)),
+        ("gradients", format_bytes(s.gradients_bytes)),
+        ("optimizer state", f"{format_bytes(s.optimizer_bytes)} (fp32 master copy "
+                            f"{format_bytes(s.master_weights_bytes)})"),
+        ("total", f"{format_bytes(s.total_bytes)} ({s.total_bytes} B)"),
+    ]))
+    if ranks:
+        from rich.table import Table
+
+        table = Table(title="per pipeline rank", title_justify="left")
+        for col in ("rank", "stages", "parameters", "gradients", "optimizer", "other",
+                    "activations + transient", "peak"):
+            table.add_column(col, justify="right")
+        for r in ranks:
+            table.add_row(str(r.rank), ",".join(map(str, r.stages)),
+                          format_bytes(r.state.parameters_bytes),
+                          format_bytes(r.state.gradients_bytes),
+                          format_bytes(r.state.optimizer_bytes), format_bytes(r.other_bytes),
+                          format_bytes(r.activations_bytes), format_bytes(r.peak_bytes))
+        _wide(table)

@@ -1,0 +1,186 @@
+"""The partitioning problem and how a candidate split is built, measured and simulated.
+
+A `Split` is the stage boundaries over the unit chain plus, per stage, how many of its
+in-flight micro-batches keep their activations (`stored`; fewer than in flight: the others are
+recomputed in the backward, micro-batches mb with mb mod in-flight >= stored, so any window of
+in-flight micro-batches holds exactly `stored` full sets). `PipelineProblem.build` turns a split
+into a Partition and the schedule's per-rank action lists (zero-bubble lists are generated on
+the split's own stage times); `simulate` judges it with planner.events_pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from planner.events_pipeline import simulate_pipeline
+from planner.events_result import SimulationResult
+from planner.graph import Graph
+from planner.pipeline_actions import Partition, PipelineAction, PipelineStage
+from planner.resources import Resources
+from solvers.pipeline.schedules import (
+    SPLIT_BACKWARD,
+    StageTimes,
+    compute_lists,
+    inflight_counts,
+    inflight_limit,
+    rank_peak_bytes,
+    stage_rank,
+    stages_per_rank,
+    with_communication,
+)
+from solvers.pipeline.units import RangeCosts, UnitChain
+
+
+@dataclass(frozen=True)
+class Split:
+    bounds: tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
+    stored: tuple[int | None, ...] = ()  # per stage: micro-batches kept in full; None: all
+
+    def stored_of(self, stage_index: int) -> int | None:
+        return self.stored[stage_index] if self.stored else None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A split with its partition, action lists, exact per-rank peaks and simulation."""
+
+    split: Split
+    partition: Partition
+    rank_actions: list[list[PipelineAction]]
+    peaks: list[int]
+    simulation: SimulationResult | None  # None: not simulated (does not fit)
+    fits: bool
+
+
+@dataclass
+class PipelineProblem:
+    graph: Graph
+    chain: UnitChain
+    ranks: int
+    microbatches: int
+    schedule: str
+    memory_bytes: int | None  # per device; None: unbounded
+    chunks: int = 2  # stages per rank, interleaved schedules only
+    resources: Resources | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def stage_count(self) -> int:
+        return self.ranks * stages_per_rank(self.schedule, self.chunks)
+
+    @property
+    def length(self) -> int:
+        return self.chain.length
+
+    @cached_property
+    def inflight(self) -> list[int]:
+        """Per stage, the micro-batches holding activations at most under the schedule."""
+        if self.schedule in SPLIT_BACKWARD:
+            return [inflight_limit(self.schedule, self.ranks, self.microbatches, s)
+                    for s in range(self.stage_count)]
+        lists = compute_lists(self.schedule, self.ranks, self.microbatches, self.chunks)
+        return inflight_counts(lists, self.stage_count)
+
+    # -- one stage ------------------------------------------------------------------------------
+    def costs(self, first: int, end: int, stage_index: int) -> RangeCosts:
+        return self.chain.range_costs(first, end, stage_index, self.stage_count)
+
+    def transfer_ms(self, nbytes: int) -> float:
+        link = self.resources.device_link if self.resources is not None else None
+        return 0.0 if link is None or nbytes == 0 else link.transfer_ms(nbytes)
+
+    def recomputed(self, stage_index: int, stored: int | None) -> frozenset[int]:
+        k = self.inflight[stage_index]
+        if stored is None or stored >= k:
+            return frozenset()
+        return frozenset(mb for mb in range(self.microbatches) if mb % k >= stored)
+
+    def stage_memory(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> int:
+        """Peak of a rank running this stage alone (exact with one stage a rank; an upper
+        bound with recomputation, whose rematerialised bytes are counted once on top)."""
+        k = self.inflight[stage_index]
+        q = k if stored is None else min(stored, k)
+        extra = c.saved_bytes - c.input_bytes if q < k else 0
+        return (c.model_state_bytes + q * c.saved_bytes + (k - q) * c.input_bytes + extra
+                + c.transient_bytes)
+
+    def stage_time(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> float:
+        """Average busy time per micro-batch, plus the transfers of its boundaries."""
+        again = len(self.recomputed(stage_index, stored)) / self.microbatches
+        return (c.compute_ms + again * c.forward_ms + self.transfer_ms(c.send_forward_bytes)
+                + self.transfer_ms(c.send_backward_bytes))
+
+    # -- a whole split --------------------------------------------------------------------------
+    def partition(self, split: Split) -> Partition:
+        stages = []
+        for s, (i, j) in enumerate(split.bounds):
+            stages.append(PipelineStage(
+                stage_index=s, rank=stage_rank(s, self.ranks), modules=self.chain.modules(i, j),
+                recompute_microbatches=sorted(self.recomputed(s, split.stored_of(s))),
+            ))
+        return Partition(stages=stages)
+
+    def action_lists(self, split: Split) -> list[list[PipelineAction]]:
+        times = None
+        if self.schedule in SPLIT_BACKWARD:
+            times = []
+            for s, (i, j) in enumerate(split.bounds):
+                c = self.costs(i, j, s)
+                again = len(self.recomputed(s, split.stored_of(s))) / self.microbatches
+                times.append(StageTimes(
+                    forward_ms=c.forward_ms,
+                    backward_input_ms=c.backward_ms - c.backward_weight_ms + again * c.forward_ms,
+                    backward_weight_ms=c.backward_weight_ms,
+                    send_forward_ms=self.transfer_ms(c.send_forward_bytes),
+                    send_backward_ms=self.transfer_ms(c.send_backward_bytes),
+                ))
+        recompute = [self.recomputed(s, split.stored_of(s)) for s in range(self.stage_count)]
+        lists = compute_lists(self.schedule, self.ranks, self.microbatches, self.chunks, times,
+                              recompute)
+        return with_communication(lists, self.ranks)
+
+    def peaks(self, split: Split, lists: Sequence[Sequence[PipelineAction]]) -> list[int]:
+        costs = [self.costs(i, j, s) for s, (i, j) in enumerate(split.bounds)]
+        return rank_peak_bytes(
+            lists,
+            [stage_rank(s, self.ranks) for s in range(self.stage_count)],
+            [c.model_state_bytes for c in costs],
+            [c.saved_bytes for c in costs],
+            [c.input_bytes for c in costs],
+            [c.transient_bytes for c in costs],
+            [self.recomputed(s, split.stored_of(s)) for s in range(self.stage_count)],
+        )
+
+    def candidate(self, split: Split, simulate: bool = True) -> Candidate:
+        partition = self.partition(split)
+        lists = self.action_lists(split)
+        peaks = self.peaks(split, lists)
+        fits = self.memory_bytes is None or max(peaks) <= self.memory_bytes
+        sim = None
+        if simulate:
+            sim = simulate_pipeline(self.graph, partition, lists, self.resources)
+        return Candidate(split, partition, lists, peaks, sim, fits)
+
+    def best_simulated(self, splits: Sequence[Split]) -> Candidate | None:
+        """The fitting split with the least simulated step time (ties: lower peak)."""
+        best: Candidate | None = None
+        seen: set[Split] = set()
+        for split in splits:
+            if split in seen:
+                continue
+            seen.add(split)
+            cand = self.candidate(split, simulate=False)
+            if not cand.fits:
+                continue
+            cand = self.candidate(split)
+            assert cand.simulation is not None
+            if best is None or _key(cand) < _key(best):
+                best = cand
+        return best
+
+
+def _key(c: Candidate) -> tuple[float, int]:
+    assert c.simulation is not None
+    return (round(c.simulation.makespan_ms, 9), max(c.peaks))

@@ -1,0 +1,322 @@
+"""A graph as an ordered chain of units (layers), with what any contiguous range of them costs.
+
+A unit is a module: a node's module_path cut after its first numeric component ('h.3.attn.qkv'
+-> 'h.3', the 4th block of a ModuleList), else its first component ('tok', 'head'); an op-level
+graph grouped by module and a module-level trace both give one unit per layer. Nodes outside
+every module (a loss, an `x + pos`) follow their inputs exactly as the simulator places them
+(planner.events_stages: a forward node goes with its latest input, a backward node with its
+earliest gradient input), so the costs of a range of units equal `stage_costs` of the stage
+that names those modules (tests/test_pipeline_units.py checks it). Units whose data would flow
+backwards across a cut (a module used twice, tied weights) are merged.
+
+`UnitChain.range_costs(i, j, stage_count)` gives a stage [i, j)'s forward/backward/weight-grad
+times, model state (its parameters plus an even share of the rest), saved bytes per micro-batch,
+received input bytes, the largest transient, and the boundary bytes sent at each cut.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+from planner.errors import InputError
+from planner.graph import Graph, Phase
+from planner.memory_model import step_memory
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str  # the module path that names it in a partition
+    forward_ms: float
+    backward_ms: float
+    parameter_bytes: int  # weights alone (what parameter-balanced splits count)
+    model_state_bytes: int  # weights, gradients, optimizer state on one device
+    node_count: int
+
+
+@dataclass(frozen=True)
+class RangeCosts:
+    """Stage [first, end) of a chain: the quantities of planner.events_stages.StageCosts."""
+
+    first: int
+    end: int
+    forward_ms: float
+    backward_ms: float
+    backward_weight_ms: float
+    saved_bytes: int
+    input_bytes: int
+    transient_bytes: int
+    model_state_bytes: int  # its parameters plus its share of the rest
+    send_forward_bytes: int  # to the next stage (cut at `end`)
+    send_backward_bytes: int  # to the previous stage (cut at `first`)
+
+    @property
+    def compute_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+def unit_key(module_path: str) -> str:
+    """'h.3.attn.qkv' -> 'h.3'; 'head' -> 'head'; '' -> '' (outside every module)."""
+    if not module_path:
+        return ""
+    parts = module_path.split(".")
+    for k, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: k + 1])
+    return parts[0]
+
+
+class UnitChain:
+    """The units of `graph` in forward order and their range costs."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        index = graph.index
+        order = index.topological_order
+        keys = _resolve_ancestors({unit_key(n.module_path) for n in graph.nodes} - {""})
+        if not keys:
+            raise InputError(
+                "the graph names no modules (module_path is empty on every node): a pipeline "
+                "partition splits by module; trace the model at module or op level"
+            )
+        first_seen: dict[str, int] = {}
+        for pos, v in enumerate(order):
+            n = index.node(v)
+            k = keys.get(unit_key(n.module_path), "")
+            if k and n.phase is not Phase.backward:
+                first_seen.setdefault(k, pos)
+        for k in set(keys.values()) - set(first_seen):  # backward-only modules: last
+            first_seen[k] = len(order) + len(first_seen)
+        names = sorted(set(keys.values()), key=lambda k: first_seen[k])
+        groups = [[k] for k in names]
+        while True:
+            unit_of_key = {k: u for u, g in enumerate(groups) for k in g}
+            node_unit = self._place(keys, unit_of_key, len(groups))
+            bad = self._backward_flow(node_unit)
+            if bad is None:
+                break
+            lo, hi = bad
+            groups = groups[:lo] + [list(itertools.chain(*groups[lo : hi + 1]))] + groups[hi + 1 :]
+        self.groups: list[list[str]] = groups
+        self.node_unit = node_unit
+        self._tables()
+
+    # -- which node is in which unit -----------------------------------------------------------
+    def _place(
+        self, keys: dict[str, str], unit_of_key: dict[str, int], count: int
+    ) -> dict[int, int]:
+        index = self.graph.index
+        out: dict[int, int] = {}
+        for n in self.graph.nodes:
+            k = keys.get(unit_key(n.module_path), "")
+            if k:
+                out[n.id] = unit_of_key[k]
+        for v in index.topological_order:  # planner.events_stages._place_the_rest, per unit
+            if v in out:
+                continue
+            preds = index.predecessors[v]
+            if index.node(v).phase != Phase.backward:
+                out[v] = max((out[u] for u in preds), default=0)
+                continue
+            grads = [out[u] for u in preds if index.node(u).phase == Phase.backward]
+            out[v] = min(grads) if grads else max((out[u] for u in preds), default=count - 1)
+        return out
+
+    def _backward_flow(self, unit: dict[int, int]) -> tuple[int, int] | None:
+        """Units (lo, hi) to merge: forward data from hi to lo, or gradients from lo to hi."""
+        index = self.graph.index
+        worst: tuple[int, int] | None = None
+        for e in self.graph.edges:
+            a, b = unit[e.source], unit[e.target]
+            fa = index.node(e.source).phase != Phase.backward
+            fb = index.node(e.target).phase != Phase.backward
+            if fa == fb and a != b and ((fa and b < a) or (not fa and b > a)):
+                span = (min(a, b), max(a, b))
+                if worst is None or span[1] - span[0] > worst[1] - worst[0]:
+                    worst = span
+        return worst
+
+    # -- per-unit tables -------------------------------------------------------------------------
+    def _tables(self) -> None:
+        g = self.graph
+        index = g.index
+        count = len(self.groups)
+        unit = self.node_unit
+        fwd = [0.0] * count
+        bwd = [0.0] * count
+        weight = [0.0] * count
+        has_weight = [False] * count
+        transient = [0] * count
+        nodes = [0] * count
+        grad_nodes = _gradient_nodes(g)
+        backward = {n.id for n in g.nodes if n.phase == Phase.backward}
+        # storage root -> units whose backward reads it (forward storages)
+        self.read_back: list[set[int]] = [set() for _ in range(count)]
+        # unit -> (producer unit, storage root) of forward data it reads from earlier units
+        self.read_forward: list[set[tuple[int, int]]] = [set() for _ in range(count)]
+        cut_f: list[set[int]] = [set() for _ in range(count + 1)]
+        cut_b: list[set[int]] = [set() for _ in range(count + 1)]
+        for n in g.nodes:
+            s = unit[n.id]
+            nodes[s] += 1
+            transient[s] = max(transient[s], index.storage_bytes[n.id] + n.workspace_bytes)
+            if n.id in backward:
+                bwd[s] += n.compute_ms
+                if n.id in grad_nodes:
+                    weight[s] += n.compute_ms
+                    has_weight[s] = True
+            else:
+                fwd[s] += n.compute_ms
+            root = index.storage_root(n.id)
+            for w in index.successors[n.id]:
+                t = unit[w]
+                if n.id not in backward and w in backward:
+                    self.read_back[t].add(root)
+                elif n.id not in backward and t != s:
+                    self.read_forward[t].add((s, root))
+                    for c in range(s + 1, t + 1):
+                        cut_f[c].add(root)
+                elif n.id in backward and t != s:
+                    for c in range(t + 1, s + 1):
+                        cut_b[c].add(root)
+        size = index.storage_bytes
+        self.forward_ms = fwd
+        self.backward_ms = bwd
+        self.weight_ms = weight
+        self.has_weight = has_weight
+        self.transient = transient
+        self.size = size
+        self.cut_forward_bytes = [sum(size[r] for r in c) for c in cut_f]
+        self.cut_backward_bytes = [sum(size[r] for r in c) for c in cut_b]
+        state, params, rest = self._model_state(count)
+        self.state_bytes = state
+        self.rest_bytes = rest
+        self.units = [
+            Unit(".".join(self.groups[u][:1]) if len(self.groups[u]) == 1 else "+".join(
+                self.groups[u]), fwd[u], bwd[u], params[u], state[u], nodes[u])
+            for u in range(count)
+        ]
+
+    def _model_state(self, count: int) -> tuple[list[int], list[int], int]:
+        g = self.graph
+        step = step_memory(g)
+        total = step.start_bytes + sum(step.held_from_node.values())
+        state = [0] * count
+        params = [0] * count
+        ms = g.model_state
+        if ms is not None:
+            module_unit: dict[str, int] = {}
+            for n in g.nodes:
+                module_unit.setdefault(n.module_path, self.node_unit[n.id])
+            for p, b in ms.per_parameter():
+                u = self.node_unit.get(p.gradient_node) if p.gradient_node is not None else None
+                if u is None:
+                    u = _enclosing(module_unit, p.module_path)
+                if u is not None:
+                    state[u] += b.total_bytes
+                    params[u] += p.bytes
+        return state, params, max(0, total - sum(state))
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return len(self.groups)
+
+    def modules(self, first: int, end: int) -> list[str]:
+        return [k for u in range(first, end) for k in self.groups[u]]
+
+    def share_bytes(self, stage_index: int, stage_count: int) -> int:
+        """Stage `stage_index`'s even share of what no unit owns (inputs, buffers)."""
+        rest = self.rest_bytes
+        return rest // stage_count + (1 if stage_index < rest % stage_count else 0)
+
+    @cached_property
+    def _prefix(self) -> tuple[list[float], list[float], list[float], list[int]]:
+        f = [0.0]
+        b = [0.0]
+        w = [0.0]
+        h = [0]
+        for u in range(self.length):
+            f.append(f[-1] + self.forward_ms[u])
+            b.append(b[-1] + self.backward_ms[u])
+            w.append(w[-1] + self.weight_ms[u])
+            h.append(h[-1] + int(self.has_weight[u]))
+        return f, b, w, h
+
+    @cached_property
+    def _saved(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(first, end) -> (saved bytes, received input bytes), every range."""
+        out: dict[tuple[int, int], tuple[int, int]] = {}
+        size = self.size
+        for i in range(self.length):
+            saved: set[int] = set()
+            received: set[int] = set()
+            saved_b = received_b = 0
+            for j in range(i, self.length):
+                for r in self.read_back[j]:
+                    if r not in saved:
+                        saved.add(r)
+                        saved_b += size[r]
+                for src, r in self.read_forward[j]:
+                    if src < i:
+                        if r not in received:
+                            received.add(r)
+                            received_b += size[r]
+                        if r not in saved:
+                            saved.add(r)
+                            saved_b += size[r]
+                out[(i, j + 1)] = (saved_b, received_b)
+        return out
+
+    def range_costs(self, first: int, end: int, stage_index: int, stage_count: int) -> RangeCosts:
+        f, b, w, h = self._prefix
+        bwd = b[end] - b[first]
+        weight = w[end] - w[first] if h[end] > h[first] else bwd / 2
+        saved, received = self._saved[(first, end)]
+        return RangeCosts(
+            first=first,
+            end=end,
+            forward_ms=f[end] - f[first],
+            backward_ms=bwd,
+            backward_weight_ms=weight,
+            saved_bytes=saved,
+            input_bytes=received,
+            transient_bytes=max(self.transient[first:end]),
+            model_state_bytes=sum(self.state_bytes[first:end])
+            + self.share_bytes(stage_index, stage_count),
+            send_forward_bytes=self.cut_forward_bytes[end] if end < self.length else 0,
+            send_backward_bytes=self.cut_backward_bytes[first] if first > 0 else 0,
+        )
+
+
+def _resolve_ancestors(keys: set[str]) -> dict[str, str]:
+    """Each key -> its outermost ancestor among the keys (a unit 'h' swallows 'h.0')."""
+    out = {}
+    for k in keys:
+        best = k
+        path = k.rpartition(".")[0]
+        while path:
+            if path in keys:
+                best = path
+            path = path.rpartition(".")[0]
+        out[k] = best
+    return out
+
+
+def _enclosing(module_unit: dict[str, int], module_path: str) -> int | None:
+    if module_path in module_unit:
+        return module_unit[module_path]
+    path = module_path.rpartition(".")[0]
+    while path:
+        if path in module_unit:
+            return module_unit[path]
+        path = path.rpartition(".")[0]
+    return None
+
+
+def _gradient_nodes(graph: Graph) -> set[int]:
+    ms = graph.model_state
+    if ms is None:
+        return set()
+    return {p.gradient_node for p in ms.parameters if p.trainable and p.gradient_node is not None}
