@@ -202,6 +202,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         graph_hash, graph = service.resolve_graph(body.graph, body.graph_id)
         resources = service.resources(body.resources)
         budget_bytes = service.budget_bytes(body.budget, graph_hash, graph, resources)
+        service.check_offload(graph_hash, graph, body.method, resources)
         time_limit_s = service.time_limit(body.time_limit)
         return service.submit(graph_hash, budget_bytes, body.method, body.options, time_limit_s,
                               resources, force=body.force)
@@ -276,6 +277,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         graph_hash, graph = service.resolve_graph(body.graph, body.graph_id)
         time_limit_s = service.time_limit(body.time_limit)
         resources = service.resources(body.resources)
+        service.check_offload(graph_hash, graph, body.method, resources)
         budgets = sorted({service.budget_bytes(b, graph_hash, graph, name=f"budgets[{i}]")
                           for i, b in enumerate(body.budgets)})
         jobs = [
@@ -350,6 +352,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return method_names()
 
     app.include_router(v1)
+    from api.pipeline_routes import pipeline_router
+
+    app.include_router(pipeline_router([Depends(identity)]))
     install_web(app, settings)  # the page at / and the API docs served offline (api/web.py)
 
     @app.get("/healthz", response_model=Health)

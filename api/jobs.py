@@ -231,6 +231,7 @@ class JobManager:
             "nice": self.settings.solver_nice,
             "options": job.options,
             "resources": job.resources,
+            "started_monotonic": time.monotonic(),  # the limit counts from here
         }
         process = self._ctx.Process(
             target=run_job,

@@ -172,6 +172,19 @@ class PlanService:
             raise ApiError(422, f"method {method!r} is not available on this server: {e}") from None
         check_options(method, options or {})
 
+    def check_offload(self, graph_hash: str, graph: Graph | None, method: str,
+                      resources: dict[str, Any] | None) -> None:
+        """422 for an offload method on a machine without a host tier or a graph with nothing
+        to offload: the CLI's exit-2 line (planner.engine.offload_checks)."""
+        from planner.engine.offload_checks import check_offload_request, is_offload_method
+        from planner.resources import resources_from_dict
+
+        if not is_offload_method(method):
+            return
+        machine = resources_from_dict(resources, "resources") if resources is not None else None
+        check_offload_request(graph or self.stored_graph(graph_hash), method, machine,
+                              graph_where="graph", resources_where="resources")
+
     def time_limit(self, requested: float | None) -> float:
         cap = self.settings.max_time_limit_s
         if requested is None:

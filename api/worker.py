@@ -9,6 +9,7 @@ the server dies, so a kill -9 of the server leaves no solver running on.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 PROGRESS_INTERVAL_S = 0.5
+MIN_SOLVE_S = 0.1  # what a method gets when loading the graph took the whole limit
 
 
 def _watch_lifeline(lifeline: Connection) -> None:
@@ -34,6 +36,7 @@ def run_job(
     lifeline: Connection,
     extra_methods: dict[str, str],
 ) -> None:
+    entered = time.monotonic()
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     nice = int(spec.get("nice", 0))
     if nice > 0:
@@ -47,13 +50,17 @@ def run_job(
         from planner.engine.registry import register_method
         from planner.engine.solve import solve
         from planner.errors import InputError
-        from planner.graph import Graph
+        from planner.graph import Graph, paused_gc
 
         for name, target in extra_methods.items():
             register_method(name, target)
         from planner.resources import Resources
 
-        graph = Graph.model_validate_json(graph_json)
+        with paused_gc():  # validated when it was stored; this is the parse
+            graph = Graph.model_validate_json(graph_json)
+        # This process lives for one solve: the graph's objects stay until it ends, so later
+        # collections need not walk them again and again (a large graph has millions).
+        gc.freeze()
         resources = spec.get("resources")
         last_sent = 0.0
 
@@ -86,12 +93,16 @@ def run_job(
 
         threading.Thread(target=flush_progress, daemon=True).start()
 
+        # The job's limit counts from its start (the dispatcher's clock, CLOCK_MONOTONIC like
+        # ours): starting this process and reading the graph come out of it.
+        began = float(spec.get("started_monotonic", entered))
+        time_limit_s = max(MIN_SOLVE_S, float(spec["time_limit_s"]) - (time.monotonic() - began))
         try:
             plan = solve(
                 graph,
                 int(spec["budget_bytes"]),
                 str(spec["method"]),
-                time_limit_s=float(spec["time_limit_s"]),
+                time_limit_s=time_limit_s,
                 threads=int(spec.get("threads", 1)),
                 seed=int(spec.get("seed", 0)),
                 options=dict(spec.get("options") or {}),
@@ -107,6 +118,10 @@ def run_job(
         with send_lock:
             solved.set()
             results.send(("result", plan.model_dump_json(), report))
+        from planner.engine.deadline import abandoned_methods
+
+        if abandoned_methods():  # the answer is out (send returns once it is written): a method
+            os._exit(0)  # left running must not hold the process in the interpreter's exit
     except Exception as e:  # a solver bug: report it as the job's failure reason
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" at {last[0].filename}:{last[0].lineno}" if last else ""

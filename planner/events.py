@@ -45,7 +45,7 @@ class _Streams:
         self.fixed = step.start_bytes
         self.held = step.held_from_node
         self.control = control_predecessors(self.index)
-        self.root = {v: self.index.storage_root(v) for v in self.index.position}
+        self.root = self.index.storage_roots
         self.events: list[Event] = []
         self.compute_free = self.d2h_free = self.h2d_free = 0.0
         self.exposed = self.transfer = self.compute_total = 0.0
@@ -80,6 +80,9 @@ class _Streams:
     def where(self, v: int) -> str:
         if v in self.host_done:
             return f"it is on the host only (offloaded at action {self.offloaded_at[v]})"
+        if v in self.freed_at and v in self.dropped_at:
+            return (f"it was freed at action {self.freed_at[v]} and its host copy dropped at "
+                    f"action {self.dropped_at[v]}: prefetch (P{v}) before the drop")
         if v in self.freed_at:
             return f"it was freed at action {self.freed_at[v]}"
         return "it was never computed"
@@ -144,6 +147,9 @@ class _Streams:
         base = self.index.node(v).alias_of
         if base is not None:
             raise self.fail(i, a, f"{g.describe(v)} is a view of {g.describe(base)}: offload that")
+        if not self.index.node(v).offloadable:
+            raise self.fail(i, a, f"{g.describe(v)} is marked offloadable: false: keep or "
+                            "recompute it")
         if v in self.host_done:
             raise self.fail(
                 i, a, f"{g.describe(v)} already has a host copy (offloaded at action "

@@ -25,6 +25,10 @@ class PlanError(ValueError):
         self.rank = rank
 
 
+class SimulationAbandoned(Exception):
+    """A replay ran past its deadline (`simulate(..., deadline=)`): no verdict on the plan."""
+
+
 @dataclass(frozen=True)
 class TimelinePoint:
     action_index: int

@@ -6,10 +6,12 @@ Validation happens on construction, so any `Graph` instance is a well-formed DAG
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
@@ -22,7 +24,7 @@ from planner.model_state import ModelState, ParameterState, StateBytes
 __all__ = [
     "MAX_BYTES", "MAX_NODE_ID", "NODE_REQUIRED_FIELDS", "CostSource", "Edge", "FixedMemory",
     "Graph", "GraphIndex", "GraphMetadata", "ModelState", "Node", "ParameterState", "Phase",
-    "StateBytes", "check_structure", "graph_from_document",
+    "StateBytes", "check_structure", "generation_order", "graph_from_document", "paused_gc",
 ]
 
 GRAPH_SCHEMA_VERSION: Literal["1"] = "1"
@@ -86,6 +88,10 @@ class Node(BaseModel):
     )
     module_path: str = Field(default="", description="Owning module, e.g. 'encoder.layer.3'.")
     recomputable: bool = Field(default=True, description="False: must never run twice.")
+    offloadable: bool = Field(
+        default=True, description="False: the output must stay on the device (never copied to "
+        "the host)."
+    )
     random: bool = Field(
         default=False, description="Random op: recomputation must replay its RNG state."
     )
@@ -179,7 +185,8 @@ class Graph(BaseModel):
 
     @model_validator(mode="after")
     def _check_structure(self) -> Graph:
-        check_structure(self)
+        with paused_gc():
+            check_structure(self)
         return self
 
     def model_copy(
@@ -201,7 +208,8 @@ class Graph(BaseModel):
     @property
     def index(self) -> GraphIndex:
         if self._index is None:
-            self._index = GraphIndex(self)
+            with paused_gc():
+                self._index = GraphIndex(self)
         return self._index
 
     @property
@@ -229,9 +237,13 @@ class Graph(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical JSON of everything but metadata: same graph, same hash."""
         if self._hash is None:  # frozen model: computed once
-            body = self.model_dump(mode="json", exclude={"metadata"})
+            with paused_gc():
+                body = self.model_dump(mode="json", exclude={"metadata"})
             if body.get("model_state") is None:  # graphs without it keep their v1 hash
                 body.pop("model_state", None)
+            for node in body["nodes"]:  # likewise nodes with the default offloadable
+                if node.get("offloadable", True):
+                    node.pop("offloadable", None)
             text = json.dumps(body, sort_keys=True, separators=(",", ":"))
             self._hash = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
         return self._hash
@@ -271,6 +283,20 @@ class Graph(BaseModel):
         )
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection inside (restored after, when it was on). Building a large
+    graph or plan allocates hundreds of thousands of acyclic objects, and each automatic
+    collection on the way walks all of them: half the time of loading a 20,000-node graph."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def graph_from_document(data: Mapping[str, Any]) -> Graph:
     """A graph.json document (parsed JSON) as a Graph, strictly: every node states
     NODE_REQUIRED_FIELDS, and every field has its JSON type ("12" is not a number of bytes,
@@ -293,7 +319,8 @@ def graph_from_document(data: Mapping[str, Any]) -> Graph:
                     f"{', '.join(NODE_REQUIRED_FIELDS)} (see `planner-cli schema graph`)"
                 )
     # JSON mode: strict types that still read enum values ("forward") from their text.
-    return Graph.model_validate_json(json.dumps(data), strict=True)
+    with paused_gc():
+        return Graph.model_validate_json(json.dumps(data), strict=True)
 
 
 class GraphIndex:
@@ -302,6 +329,9 @@ class GraphIndex:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.position: dict[int, int] = {n.id: i for i, n in enumerate(graph.nodes)}
+        # Other derived values of this (immutable) graph, computed once by whoever needs them
+        # (e.g. solvers.baselines.store_all_peak_bytes): keyed by a name of the value.
+        self.memo: dict[str, Any] = {}
         self.predecessors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}
         self.successors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}
         for e in graph.edges:
@@ -317,12 +347,16 @@ class GraphIndex:
         sort in file order respecting `order_predecessors` (backward after the loss)."""
         if self.graph.order is not None:
             return list(self.graph.order)
-        g = nx.DiGraph()
-        g.add_nodes_from(n.id for n in self.graph.nodes)
-        g.add_edges_from((e.source, e.target) for e in self.graph.edges)
-        # Control edges only where there are some, so other graphs keep today's order.
-        g.add_edges_from((u, v) for v, us in self.control_predecessors.items() for u in us)
-        return list(nx.topological_sort(g))
+        successors = self.successors
+        control = self.control_predecessors
+        if control:  # control edges only where there are some, so others keep today's order
+            successors = {v: list(ws) for v, ws in successors.items()}
+            for v, us in control.items():
+                for u in us:
+                    successors[u].append(v)
+        order = generation_order([n.id for n in self.graph.nodes], successors)
+        assert order is not None  # control edges never close a cycle (see control_predecessors)
+        return order
 
     @cached_property
     def model_state_resident(self) -> tuple[int, dict[int, int]]:
@@ -384,10 +418,24 @@ class GraphIndex:
 
     def storage_root(self, node_id: int) -> int:
         """The node that owns the storage `node_id` reads (itself unless it is a view)."""
-        seen = node_id
-        while (parent := self.node(seen).alias_of) is not None:
-            seen = parent
-        return seen
+        return self.storage_roots[node_id]
+
+    @cached_property
+    def storage_roots(self) -> dict[int, int]:
+        """`storage_root` of every node, each alias chain walked once (linear time)."""
+        alias = {n.id: n.alias_of for n in self.graph.nodes}
+        roots: dict[int, int] = {}
+        for start in alias:
+            path = []
+            v = start
+            while v not in roots and alias[v] is not None:
+                path.append(v)
+                v = alias[v]  # type: ignore[assignment]
+            root = roots.get(v, v)
+            roots[v] = root
+            for u in path:
+                roots[u] = root
+        return roots
 
     @cached_property
     def storage_bytes(self) -> dict[int, int]:
@@ -403,6 +451,27 @@ class GraphIndex:
             else n.output_bytes
             for n in self.graph.nodes
         }
+
+
+def generation_order(ids: list[int], successors: Mapping[int, list[int]]) -> list[int] | None:
+    """networkx's topological_sort, exactly, without building a networkx graph: generation by
+    generation (nodes whose inputs are all in earlier ones), each in the order its nodes became
+    ready, the first in `ids` order. None when the edges close a cycle. Linear time."""
+    indegree = dict.fromkeys(ids, 0)
+    for v in ids:
+        for w in successors[v]:
+            indegree[w] += 1
+    ready = [v for v in ids if indegree[v] == 0]
+    order: list[int] = []
+    while ready:
+        generation, ready = ready, []
+        for v in generation:
+            for w in successors[v]:
+                indegree[w] -= 1
+                if indegree[w] == 0:
+                    ready.append(w)
+        order.extend(generation)
+    return order if len(order) == len(ids) else None
 
 
 def _reachable(start: int, adjacency: dict[int, list[int]]) -> set[int]:
@@ -440,13 +509,15 @@ def check_structure(graph: Graph) -> None:
         if (e.source, e.target) in seen_edges:
             raise ValueError(f"edges[{i}]: duplicate edge {e.source} -> {e.target}")
         seen_edges.add((e.source, e.target))
-    g = nx.DiGraph()
-    g.add_nodes_from(ids)
-    g.add_edges_from(seen_edges)
-    try:
+    successors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}
+    for e in graph.edges:
+        successors[e.source].append(e.target)
+    cycle = None
+    if generation_order(list(successors), successors) is None:  # linear; networkx names it
+        g = nx.DiGraph()
+        g.add_nodes_from(ids)
+        g.add_edges_from(seen_edges)
         cycle = nx.find_cycle(g)
-    except nx.NetworkXNoCycle:
-        cycle = None
     if cycle:
         path = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
         raise ValueError(f"the graph has a cycle through {label(cycle[0][0])}: {path}")

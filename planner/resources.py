@@ -270,9 +270,17 @@ def resources_from_dict(data: Any, where: str = "resources") -> Resources:
 
 
 def load_resources(path: str | Path) -> Resources:
+    """A resources.json file; it must name its device (a preset, device_memory_bytes or
+    device_name): a file describing a machine without one is a mistake, not a bare budget."""
     from planner.io import read_json  # here: planner.io imports planner.plan, which imports us
 
-    return resources_from_dict(read_json(path), where=str(path))
+    resources = resources_from_dict(read_json(path), where=str(path))
+    if resources.device_memory_bytes is None and not resources.device_name:
+        raise InputError(
+            f"{path}: names no device: give a preset (e.g. \"preset\": \"h100-pcie-gen5\"; "
+            f"devices: {', '.join(_DEVICES)}), device_memory_bytes or device_name"
+        )
+    return resources
 
 
 def _schema_extra(schema: dict[str, Any]) -> None:

@@ -17,22 +17,25 @@ planner.events_pipeline (every rank, send/recv matched). docs/plan.md describes 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 from planner.events_result import (
     MemoryPoint,
     PlanError,
     RankResult,
+    SimulationAbandoned,
     SimulationResult,
     TimelinePoint,
 )
-from planner.graph import Graph, GraphIndex
+from planner.graph import Graph, GraphIndex, paused_gc
 from planner.memory_model import step_memory
 from planner.plan import Action, ActionOp, Plan, PlanKind
 from planner.resources import Resources
 
 __all__ = [
-    "MemoryPoint", "PlanError", "RankResult", "SimulationResult", "TimelinePoint",
+    "MemoryPoint", "PlanError", "RankResult", "SimulationAbandoned", "SimulationResult",
+    "TimelinePoint",
     "control_predecessors", "describe_missing", "lower_bound_peak_bytes", "simulate",
 ]
 
@@ -43,9 +46,12 @@ def simulate(
     resources: Resources | None = None,
     *,
     check_hash: bool = True,
+    deadline: float | None = None,
 ) -> SimulationResult:
     """Replay `plan` on `graph` (on `resources`, else the plan's own); raise PlanError at the
-    first action that cannot run."""
+    first action that cannot run. With a `deadline` (time.perf_counter()), a compute/free
+    replay still running then raises SimulationAbandoned (a plan can be far longer than its
+    graph: recompute-all's grows with the square)."""
     if isinstance(plan, Plan):
         if check_hash and plan.graph_hash != graph.content_hash():
             raise PlanError(
@@ -63,11 +69,13 @@ def simulate(
     else:
         actions = plan
     try:
-        return _replay(graph, actions)
+        with paused_gc():
+            return _replay(graph, actions, deadline)
     except _NeedsStreams:
         from planner.events import simulate_streams
 
-        return simulate_streams(graph, actions, resources)
+        with paused_gc():
+            return simulate_streams(graph, actions, resources)
 
 
 class _NeedsStreams(Exception):
@@ -104,7 +112,12 @@ def describe_missing(graph: Graph, missing: list[int]) -> str:
     return f"the plan never computes {listed}{more}"
 
 
-def _replay(graph: Graph, actions: Sequence[Action]) -> SimulationResult:
+_CHECK_EVERY = 1 << 16  # actions between deadline checks
+
+
+def _replay(
+    graph: Graph, actions: Sequence[Action], deadline: float | None = None
+) -> SimulationResult:
     """One device, one stream, compute/free only: memory per action (version 1)."""
     index = graph.index
     describe = graph.describe
@@ -112,7 +125,7 @@ def _replay(graph: Graph, actions: Sequence[Action]) -> SimulationResult:
     position = index.position
     nodes = graph.nodes
     own_bytes = index.storage_bytes
-    root = {v: index.storage_root(v) for v in position}
+    root = index.storage_roots
     step = step_memory(graph)
     fixed = step.start_bytes
     held = step.held_from_node
@@ -129,6 +142,8 @@ def _replay(graph: Graph, actions: Sequence[Action]) -> SimulationResult:
     timeline: list[TimelinePoint] = []
 
     for i, a in enumerate(actions):
+        if deadline is not None and not i % _CHECK_EVERY and time.perf_counter() > deadline:
+            raise SimulationAbandoned(f"replay stopped at action {i} of {len(actions)}")
         v = a.node
         op = a.op
         if v not in position:

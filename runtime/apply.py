@@ -5,6 +5,11 @@ deterministic cost estimate, so that the graph hash is reproducible), refuses a 
 another graph, and returns a `PlannedModule` sharing the model's parameters, buffers and
 submodules. Calling it runs forward + loss under the plan and returns the loss; `loss.backward()`
 runs the backward part of the plan and leaves gradients in the parameters' `.grad`.
+
+Plans with host copies (kinds offload and remat+offload: `O`, `P`, `D` actions) run through
+runtime.offload_program on the plan's resources (a host tier is needed): copy streams and a
+pinned host pool on CUDA, synchronous copies into a host pool on CPU;
+`PlannedModule.last_transfer_stats` says what the last step moved.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from planner.errors import InputError
 from planner.graph import Graph
 from planner.io import load_plan, plan_from_dict
 from planner.memory_model import model_state_breakdown
-from planner.plan import Plan, PlanStatus
+from planner.plan import Plan, PlanKind, PlanStatus
+from planner.resources import Resources
 from planner.simulator import PlanError, simulate
+from runtime.op_codegen import PlanExecutionError
 from runtime.op_executor import JointProgram, PlanRun
 
 
@@ -49,6 +56,7 @@ def apply(
     loss_fn: Any = None,
     trace: Any = None,
     graph: Graph | None = None,
+    resources: Resources | None = None,
 ) -> Any:
     """Bind `plan` to `model`; `trace` (a TraceResult of this model) skips re-tracing.
 
@@ -58,6 +66,8 @@ def apply(
 
     `graph` is the graph the plan was solved for when it is not the freshly traced one (e.g. a
     graph with measured costs): it must then match the trace in structure (ops, sizes, edges).
+
+    `resources` (default: the plan's own) is the machine an offload plan is checked on.
     """
     plan = load(plan)
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -66,11 +76,13 @@ def apply(
             f"plan ({plan.method}): status {PlanStatus(plan.status).value} with "
             f"{len(plan.actions)} actions: only a feasible or optimal plan can be applied"
         )
-    if plan.kind is not None and plan.kind.value != "remat":
+    if plan.kind is PlanKind.pipeline:
         raise InputError(
-            f"plan ({plan.method}): a {plan.kind.value} plan; runtime.apply runs remat plans "
-            "(compute/free) only: offload and pipeline execution are not built yet"
+            f"plan ({plan.method}): a pipeline plan; runtime.apply runs one-device plans "
+            "(remat, offload, remat+offload): pipeline execution is not built yet"
         )
+    offloads = plan.kind in (PlanKind.offload, PlanKind.remat_offload)
+    machine = resources if resources is not None else plan.resources
     if trace is None:
         from planner.tracing.api import trace as trace_fn
 
@@ -83,16 +95,30 @@ def apply(
             if plan.graph_hash == eager.graph.content_hash():
                 trace = eager
     if getattr(trace, "level", "op") == "module":
+        if offloads:
+            raise InputError(
+                f"plan ({plan.method}): a {plan.kind} plan needs an op-level "
+                "trace (level='op'): host copies are not applied to module-level blocks"
+            )
         return _apply_blocks(model, plan, trace, graph, loss_fn)
     if trace.joint is None:
         raise InputError("trace: an op-level TraceResult is needed for an op-level plan")
     traced = trace.graph
     check_plan_graph(plan, traced, graph)
     try:
-        simulate(traced, plan.actions)
+        simulate(traced, plan.actions, machine if offloads else None)
     except PlanError as e:
         raise InputError(f"plan ({plan.method}): does not run on the traced graph: {e}") from None
-    program = JointProgram(trace, plan.actions)
+    program: JointProgram
+    if offloads:
+        from runtime.offload_program import OffloadProgram
+
+        try:
+            program = OffloadProgram(trace, plan.actions, machine)
+        except PlanExecutionError as e:
+            raise InputError(f"plan ({plan.method}): cannot run: {e}") from None
+    else:
+        program = JointProgram(trace, plan.actions)
     module = PlannedModule(model, plan, program, _signature(trace), traced)
     module._holder["loss_fn"] = loss_fn
     return module
@@ -195,7 +221,14 @@ class _PlanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, holder: dict[str, Any], *primals: torch.Tensor) -> torch.Tensor:
-        run = PlanRun(holder["program"], primals)
+        program = holder["program"]
+        run: PlanRun
+        if hasattr(program, "streams_for"):  # an OffloadProgram
+            from runtime.offload_program import OffloadRun
+
+            run = OffloadRun(program, primals)
+        else:
+            run = PlanRun(program, primals)
         loss = run.run_forward()
         # The state must not hold the returned tensor itself (that would tie it to ctx).
         run.values[holder["program"].loss_fx] = loss.detach()
@@ -216,6 +249,7 @@ class _PlanFunction(torch.autograd.Function):
         ctx.run = None
         holder: dict[str, Any] = ctx.holder
         holder["last_computations"] = run.computations
+        holder["last_transfer_stats"] = getattr(run, "transfer_stats", None)
         return (None, *grads)
 
 
@@ -260,6 +294,11 @@ class PlannedModule(nn.Module):
     def last_computations(self) -> int:
         """Node computations of the last step (forward only until its backward has run)."""
         return int(self._holder.get("last_computations", 0))
+
+    @property
+    def last_transfer_stats(self) -> Any:
+        """runtime.offload_engine.TransferStats of the last full step (None for remat plans)."""
+        return self._holder.get("last_transfer_stats")
 
     def forward(self, *inputs: Any) -> torch.Tensor:
         if not self._model.training:

@@ -9,8 +9,10 @@ compile time (errors name the action and node), and the step runs straight-line 
 
 from __future__ import annotations
 
+import bisect
+import math
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +57,15 @@ class _Emitter:
             if n.op == "call_function" and n.target is operator.getitem
             and isinstance(n.args[0], fx.Node) and isinstance(n.args[1], int)
         }
-        self.actions: list[Any] = [
-            *program.forward.actions, *program.backward.actions]  # the whole plan, for lookahead
+        actions: list[Any] = [*program.forward.actions, *program.backward.actions]
+        # Lookahead over the whole plan by index lists (a scan per freed element was quadratic):
+        # node -> indices of the actions on it, and of the computes of it, ascending.
+        self.touches: dict[int, list[int]] = {}
+        self.computes: dict[int, list[int]] = {}
+        for i, action in enumerate(actions):
+            self.touches.setdefault(action.node, []).append(i)
+            if action.op is ActionOp.compute:
+                self.computes.setdefault(action.node, []).append(i)
 
     def const(self, value: Any) -> str:
         key = id(value)
@@ -120,12 +129,9 @@ class _Emitter:
         owner = self.program.group_of.get(tup)
         if tup not in self.available or owner == group:
             return False
-        for action in self.actions[index + 1:]:
-            if action.node == owner:
-                return True
-            if action.node == group and action.op is ActionOp.compute:
-                return False
-        return True
+        # The first later action on the tuple's node decides, unless `group` is computed first.
+        return _next_after(self.touches.get(owner, ()), index) <= \
+            _next_after(self.computes.get(group, ()), index)
 
     def free(self, group: int, index: int) -> None:
         if group not in self.resident:
@@ -147,6 +153,12 @@ class _Emitter:
                 self.lines.append(f"K.setdefault({name!r}, V.pop({name!r}, None))")
             else:
                 self.lines.append(f"del V[{name!r}]")
+
+
+def _next_after(indices: Sequence[int], index: int) -> float:
+    """The first of the ascending `indices` after `index`, or infinity."""
+    k = bisect.bisect_right(indices, index)
+    return indices[k] if k < len(indices) else math.inf
 
 
 def _runnable(target: Any) -> Any:
@@ -173,8 +185,9 @@ class SegmentCompiler:
 
     def __init__(self, program: Any) -> None:
         self.emitter = _Emitter(program, set(program.primals))
-        # Graph nodes the generated code holds after each action, over every compiled segment:
-        # the runtime's resident sets, tied to the simulator's by tests.
+        # Subclasses that move memory (runtime.offload_program) record the graph nodes their
+        # code holds after each action here; remat plans' resident sets follow from the actions
+        # alone (`resident_sets`), so none are stored per action (that was quadratic).
         self.resident_after: list[frozenset[int]] = []
 
     def compile(self, segment: Any, extra_inputs: Iterable[str] = ()) -> CompiledSegment:
@@ -192,9 +205,20 @@ class SegmentCompiler:
             else:  # offload/prefetch are not remat actions: refuse rather than ignore
                 raise PlanExecutionError(f"action {index} ({action}): {action.op} is not "
                                          "supported by the remat executor")
-            self.resident_after.append(frozenset(em.resident))
         body = "\n".join(f"    {line}" for line in em.lines) or "    pass"
         source = f"def segment(V, K, R, L):\n{body}\n"
         namespace: dict[str, Any] = {"C": list(em.constants)}
         exec(compile(source, "<plan segment>", "exec"), namespace)  # noqa: S102 - our own code
         return CompiledSegment(namespace["segment"], computations, source)
+
+
+def resident_sets(actions: Iterable[Any]) -> Iterable[frozenset[int]]:
+    """The graph nodes a compiled remat plan holds after each action (computes add their node,
+    frees remove it: the compiler checked the plan), built as they are iterated."""
+    resident: set[int] = set()
+    for action in actions:
+        if action.op is ActionOp.compute:
+            resident.add(action.node)
+        else:
+            resident.discard(action.node)
+        yield frozenset(resident)

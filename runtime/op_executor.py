@@ -24,7 +24,12 @@ from torch import fx
 
 from planner.plan import Action, ActionOp
 from planner.simulator import PlanError, loss_rule_error, simulate
-from runtime.op_codegen import CompiledSegment, PlanExecutionError, SegmentCompiler
+from runtime.op_codegen import (
+    CompiledSegment,
+    PlanExecutionError,
+    SegmentCompiler,
+    resident_sets,
+)
 from runtime.rng import RngStates
 
 __all__ = ["JointProgram", "PlanExecutionError", "PlanRun", "Segment"]
@@ -98,7 +103,20 @@ class JointProgram:
         compiler = SegmentCompiler(self)
         self.forward_code = compiler.compile(self.forward)
         self.backward_code = compiler.compile(self.backward, self.tangents)
-        self.resident_after: tuple[frozenset[int], ...] = tuple(compiler.resident_after)
+
+    @property
+    def resident_after(self) -> tuple[frozenset[int], ...]:
+        """Graph nodes the generated code holds after each action (the runtime's resident
+        sets, tied to the simulator's by tests): computed on demand, as it is quadratic; a
+        subclass whose compiler records them (runtime.offload_program) sets them."""
+        recorded: tuple[frozenset[int], ...] | None = self.__dict__.get("_resident_after")
+        if recorded is not None:
+            return recorded
+        return tuple(resident_sets([*self.forward.actions, *self.backward.actions]))
+
+    @resident_after.setter
+    def resident_after(self, value: tuple[frozenset[int], ...]) -> None:
+        self.__dict__["_resident_after"] = value
 
     def _derivable(self, gm: fx.GraphModule) -> set[str]:
         """View-like fx nodes computed from placeholders only: cheap to re-derive anywhere."""

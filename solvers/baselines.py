@@ -10,9 +10,10 @@ stage t+1; other values are freed as soon as the current stage no longer needs t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
 
-from planner.graph import Graph, Phase
+from planner.graph import Graph, Phase, paused_gc
 from planner.plan import Action, compute, free
 from planner.simulator import SimulationResult, simulate
 from solvers.order import schedule_order
@@ -20,8 +21,24 @@ from solvers.order import schedule_order
 BASELINE_METHODS = ("store-all", "recompute-all", "chen-sqrt", "chen-greedy")
 
 
+class ScheduleAbandoned(Exception):
+    """A schedule grew past its `max_actions` or ran past its `deadline` (time.perf_counter)."""
+
+
+# Recompute-all recomputes every forward value for every consumer after the next: its plan grows
+# with the square of the graph (8 million actions at 5,001 nodes). Callers that only want a
+# reference point (`bounded_baselines`) skip it beyond this many actions.
+QUADRATIC_MAX_ACTIONS = 2_000_000
+_CHECK_EVERY = 256  # stages between deadline checks
+
+
 def checkpoint_schedule(
-    graph: Graph, checkpoints: Collection[int], *, retain_recomputed: bool = False
+    graph: Graph,
+    checkpoints: Collection[int],
+    *,
+    retain_recomputed: bool = False,
+    max_actions: int | None = None,
+    deadline: float | None = None,
 ) -> list[Action]:
     """Actions for the frontier scheduler keeping `checkpoints` (see module doc).
 
@@ -30,30 +47,66 @@ def checkpoint_schedule(
     at the end of the stage that recomputed it; and, as in Chen's forward pass, keep every
     value until its last forward consumer has run, so that a skip connection inside a segment
     is not recomputed during the forward pass and then retained into the backward pass.
+
+    Time: linear in the graph plus the plan's length. ScheduleAbandoned once the plan has more
+    than `max_actions` actions or `deadline` (a time.perf_counter() value) has passed.
     """
+    with paused_gc():
+        return _checkpoint_schedule(graph, checkpoints, retain_recomputed, max_actions, deadline)
+
+
+def _checkpoint_schedule(
+    graph: Graph,
+    checkpoints: Collection[int],
+    retain_recomputed: bool,
+    max_actions: int | None,
+    deadline: float | None,
+) -> list[Action]:
     index = graph.index
     order = schedule_order(graph)
     pos = {v: i for i, v in enumerate(order)}
     preds, succs = index.predecessors, index.successors
+    node = index.node
     never = -1
     last_use = {v: max((pos[w] for w in succs[v]), default=never) for v in order}
     last_forward_use = {
         v: max(
-            (pos[w] for w in succs[v] if index.node(w).phase is not Phase.backward),
+            (pos[w] for w in succs[v] if node(w).phase is not Phase.backward),
             default=never,
         )
         for v in order
     }
     keep = set(checkpoints)
     for v in order:  # a value that cannot be recomputed must survive every later need of it
-        if not index.node(v).recomputable and succs[v]:
+        if not node(v).recomputable and succs[v]:
             keep.add(v)
             last_use[v] = len(order)
+    # ending[t]: values whose (forward) last use is stage t, so that may stop being kept there.
+    ending: list[list[int]] = [[] for _ in order]
+    for v in order:
+        for stage in {last_use[v], last_forward_use[v] if retain_recomputed else never}:
+            if 0 <= stage < len(order):
+                ending[stage].append(v)
     retained: set[int] = set()
     resident: set[int] = set()
     actions: list[Action] = []
+    computes: dict[int, Action] = {}  # one (immutable) action object per node and op
+    frees: dict[int, Action] = {}
 
+    def freed(u: int) -> None:
+        a = frees.get(u)
+        if a is None:
+            a = frees[u] = free(u)
+        actions.append(a)
+        resident.discard(u)
+        retained.discard(u)
+
+    previous_target = never
     for t, target in enumerate(order):
+        if t % _CHECK_EVERY == 0 and deadline is not None and time.perf_counter() > deadline:
+            raise ScheduleAbandoned(f"stopped at stage {t} of {len(order)}: out of time")
+        if max_actions is not None and len(actions) > max_actions:
+            raise ScheduleAbandoned(f"over {max_actions} actions at stage {t} of {len(order)}")
 
         def kept_past(u: int, stage: int = t, tgt: int = target) -> bool:
             if last_use[u] <= stage:
@@ -77,36 +130,67 @@ def checkpoint_schedule(
             for u in preds[v]:
                 uses_left[u] = uses_left.get(u, 0) + 1
         for v in in_stage:
-            actions.append(compute(v))
+            c = computes.get(v)
+            if c is None:
+                c = computes[v] = compute(v)
+            actions.append(c)
             resident.add(v)
             if v != target and retain_recomputed:
                 retained.add(v)
             for u in preds[v]:
                 uses_left[u] -= 1
                 if uses_left[u] == 0 and not kept_past(u):
-                    actions.append(free(u))
-                    resident.discard(u)
+                    freed(u)
             if uses_left.get(v, 0) == 0 and not kept_past(v):
-                actions.append(free(v))
-                resident.discard(v)
-        for u in sorted(resident, key=pos.__getitem__):
+                freed(v)
+        # Everything resident before this stage was kept past the previous one; only values
+        # computed now, the previous target and values whose (forward) last use is now can
+        # have stopped being kept: checking those alone keeps this linear, same actions.
+        candidates = {*in_stage, previous_target, *ending[t]}
+        for u in sorted(candidates & resident, key=pos.__getitem__):
             if not kept_past(u):
-                actions.append(free(u))
-                resident.discard(u)
-        retained.intersection_update(resident)
+                freed(u)
+        previous_target = target
     return actions
 
 
-def store_all(graph: Graph) -> list[Action]:
-    """Topological order, every output freed right after its last consumer."""
-    return checkpoint_schedule(graph, schedule_order(graph))
+def store_all(graph: Graph, *, deadline: float | None = None) -> list[Action]:
+    """Topological order, every output freed right after its last consumer.
+
+    Exactly `checkpoint_schedule(graph, every node)`, written out: every input is resident, so
+    each stage computes its target alone, then frees the inputs it was the last consumer of (in
+    input order) and the target itself when nothing reads it; a value that cannot be recomputed
+    stays to the end. A few times faster: the reference of every budget."""
+    with paused_gc():
+        index = graph.index
+        order = schedule_order(graph)
+        pos = {v: i for i, v in enumerate(order)}
+        preds, succs, node = index.predecessors, index.successors, index.node
+        end = len(order)
+        last_use = {v: max((pos[w] for w in succs[v]), default=-1) for v in order}
+        for v in order:
+            if succs[v] and not node(v).recomputable:
+                last_use[v] = end
+        actions: list[Action] = []
+        for t, v in enumerate(order):
+            if t % _CHECK_EVERY == 0 and deadline is not None and time.perf_counter() > deadline:
+                raise ScheduleAbandoned(f"stopped at stage {t} of {end}: out of time")
+            actions.append(compute(v))
+            actions.extend(free(u) for u in preds[v] if last_use[u] == t)
+            if last_use[v] < 0:
+                actions.append(free(v))
+        return actions
 
 
-def recompute_all(graph: Graph) -> list[Action]:
+def recompute_all(
+    graph: Graph, *, max_actions: int | None = None, deadline: float | None = None
+) -> list[Action]:
     """Keep only what the backward pass cannot recompute: forward values are recomputed from
-    scratch for every consumer after the one that follows them (gradients are kept)."""
+    scratch for every consumer after the one that follows them (gradients are kept). The plan
+    grows with the square of the graph: `max_actions` and `deadline` as in
+    `checkpoint_schedule`."""
     kept = [n.id for n in graph.nodes if n.phase is Phase.backward or not n.recomputable]
-    return checkpoint_schedule(graph, kept)
+    return checkpoint_schedule(graph, kept, max_actions=max_actions, deadline=deadline)
 
 
 def forward_nodes(graph: Graph) -> list[int]:
@@ -144,16 +228,20 @@ def _backward_kept(graph: Graph) -> list[int]:
     return [n.id for n in graph.nodes if n.phase is Phase.backward]
 
 
-def chen_sqrt(graph: Graph) -> list[Action]:
+def chen_sqrt(graph: Graph, *, deadline: float | None = None) -> list[Action]:
     """Chen et al. 2016: a checkpoint every sqrt(n) forward nodes, at chain joints."""
     cuts = cut_points(graph)
     n_forward = len(forward_nodes(graph))
     stride = max(1, round(math.sqrt(n_forward) * len(cuts) / max(1, n_forward)))
     chosen = cuts[stride - 1 :: stride]
-    return checkpoint_schedule(graph, chosen + _backward_kept(graph), retain_recomputed=True)
+    return checkpoint_schedule(
+        graph, chosen + _backward_kept(graph), retain_recomputed=True, deadline=deadline
+    )
 
 
-def chen_greedy_candidates(graph: Graph) -> Iterable[list[Action]]:
+def chen_greedy_candidates(
+    graph: Graph, *, deadline: float | None = None
+) -> Iterable[list[Action]]:
     """Chen et al.'s greedy segmentation for a grid of per-segment memory thresholds."""
     cuts = cut_points(graph)
     fwd = forward_nodes(graph)
@@ -178,18 +266,35 @@ def chen_greedy_candidates(graph: Graph) -> Iterable[list[Action]]:
         if key in seen:
             continue
         seen.add(key)
-        yield checkpoint_schedule(graph, chosen + _backward_kept(graph), retain_recomputed=True)
+        yield checkpoint_schedule(
+            graph, chosen + _backward_kept(graph), retain_recomputed=True, deadline=deadline
+        )
 
 
-def chen_greedy(graph: Graph, budget_bytes: int | None = None) -> list[Action]:
-    """The cheapest greedy segmentation within the budget, else the one with the least peak."""
+def chen_greedy(
+    graph: Graph, budget_bytes: int | None = None, *, deadline: float | None = None
+) -> list[Action]:
+    """The cheapest greedy segmentation within the budget, else the one with the least peak.
+    With a `deadline`, the best of the segmentations tried by then (ScheduleAbandoned if none
+    was)."""
     best: tuple[tuple[int, float, int], list[Action]] | None = None
-    for actions in chen_greedy_candidates(graph):
+    candidates = iter(chen_greedy_candidates(graph, deadline=deadline))
+    while True:
+        try:
+            actions = next(candidates)
+        except StopIteration:
+            break
+        except ScheduleAbandoned:
+            if best is None:
+                raise
+            break
         sim = simulate(graph, actions)
         fits = budget_bytes is None or sim.peak_bytes <= budget_bytes
         key = (0, sim.compute_cost, sim.peak_bytes) if fits else (1, sim.peak_bytes, 0)
         if best is None or key < best[0]:
             best = (key, actions)
+        if deadline is not None and time.perf_counter() > deadline:
+            break
     assert best is not None
     return best[1]
 
@@ -204,8 +309,36 @@ BASELINES: dict[str, BaselineFn] = {
 }
 
 
+def bounded_baselines(
+    graph: Graph,
+    budget_bytes: int | None,
+    *,
+    max_actions: int = QUADRATIC_MAX_ACTIONS,
+    deadline: float | None = None,
+) -> Iterator[tuple[str, list[Action]]]:
+    """(name, plan) of every baseline as BASELINES makes it, in BASELINES' order, skipping a
+    recompute-all plan longer than `max_actions` and whatever is unfinished at `deadline`: the
+    reference points that stay affordable on large graphs (the others are linear)."""
+    makers: dict[str, Callable[[], list[Action]]] = {
+        "store-all": lambda: store_all(graph, deadline=deadline),
+        "recompute-all": lambda: recompute_all(graph, max_actions=max_actions, deadline=deadline),
+        "chen-sqrt": lambda: chen_sqrt(graph, deadline=deadline),
+        "chen-greedy": lambda: chen_greedy(graph, budget_bytes, deadline=deadline),
+    }
+    for name, fn in BASELINES.items():
+        try:
+            yield name, makers[name]() if name in makers else fn(graph, budget_bytes)
+        except ScheduleAbandoned:
+            continue
+
+
 def store_all_peak_bytes(graph: Graph) -> int:
-    return simulate(graph, store_all(graph)).peak_bytes
+    """The store-all plan's peak (computed once per graph: it is every budget's reference)."""
+    memo = graph.index.memo
+    if "store_all_peak_bytes" not in memo:
+        memo["store_all_peak_bytes"] = simulate(graph, store_all(graph)).peak_bytes
+    peak: int = memo["store_all_peak_bytes"]
+    return peak
 
 
 def run_baseline(graph: Graph, method: str, budget_bytes: int | None) -> SimulationResult:

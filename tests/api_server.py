@@ -37,6 +37,11 @@ def slow_method(request: SolveRequest) -> MethodResult:
     reliably still running when a test cancels it or kills the server."""
     from solvers.baseline_methods import chen_greedy
 
+    if request.options.get("freeze"):  # stops every thread: no fallback plan can answer
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
     end = time.monotonic() + float(request.options.get("sleep_s", 5.0))
     while time.monotonic() < end:
         if request.progress is not None:

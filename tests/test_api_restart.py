@@ -95,9 +95,11 @@ def test_graceful_stop_requeues_then_time_limit_kills(tmp_path: Path) -> None:
             assert body["status"] in ("queued", "running")
             assert "shut down" in (body["error"] or "")
             assert c.delete(f"/v1/plans/{slow_id}").json()["status"] == "cancelled"
-            # A solve that ignores its time limit is killed soon after it and marked failed.
+            # A solver process that stops answering (frozen: not even the engine's fallback can
+            # answer at the limit) is killed soon after its time limit and marked failed.
             r = c.post("/v1/plans", json={"graph": DOC, "budget": 0.9, "method": "slow-test",
-                                          "options": {"sleep_s": 60}, "time_limit": 1})
+                                          "options": {"sleep_s": 60, "freeze": True},
+                                          "time_limit": 1})
             stuck_id = r.json()["id"]
             pid = _running_pid(server, stuck_id)
             answer = wait_finished(c, stuck_id, timeout_s=30)

@@ -17,9 +17,11 @@ torch = pytest.importorskip("torch")
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
 from planner import zoo  # noqa: E402
+from planner.engine.offload_checks import is_offload_method  # noqa: E402
 from planner.engine.registry import BUILTIN_METHODS, method_names  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
 from planner.plan import PlanStatus  # noqa: E402
+from planner.resources import resources_preset  # noqa: E402
 from planner.simulator import PlanError, simulate  # noqa: E402
 from runtime.apply import apply  # noqa: E402
 from solvers.baselines import store_all  # noqa: E402
@@ -31,6 +33,10 @@ MODELS: dict[str, Any] = {
     "mixer": lambda: zoo.mixer(batch_size=2, image=8, patch=4, dim=16, blocks=1, dropout=0.2),
 }
 FRACTIONS = (1.0, 0.8, 0.6)
+# Offload planners run on a machine with a host tier, at one budget (tests/test_runtime_offload.py
+# covers them further): the suite's time stays bounded.
+HOST = resources_preset("h100-pcie-gen5").model_copy(update={"host_memory_bytes": 2**34})
+OFFLOAD_FRACTIONS = (0.6,)
 TIME_LIMIT_S = 2.0
 _TRACES: dict[str, Any] = {}
 
@@ -51,8 +57,12 @@ def _cases() -> list[Any]:
         pytest.param(model, method, fraction, id=f"{model}-{method}-{fraction:g}")
         for model in MODELS
         for method in method_names()
-        for fraction in FRACTIONS
+        for fraction in (OFFLOAD_FRACTIONS if _offloads(method) else FRACTIONS)
     ]
+
+
+def _offloads(method: str) -> bool:
+    return method in BUILTIN_METHODS and is_offload_method(method)
 
 
 @pytest.mark.parametrize(("model_name", "method", "fraction"), _cases())
@@ -63,18 +73,19 @@ def test_plan_is_rejected_or_runs_like_eager(model_name: str, method: str, fract
     model, inputs, result, store_all_peak = _traced(model_name)
     graph = result.graph
     budget = int(fraction * store_all_peak)
-    plan = solve(graph, budget, method, time_limit_s=TIME_LIMIT_S)
+    resources = HOST if _offloads(method) else None
+    plan = solve(graph, budget, method, time_limit_s=TIME_LIMIT_S, resources=resources)
     assert plan.status is not PlanStatus.error, f"{method} returned an invalid plan: {plan.notes}"
     if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
         # Not feasible: whatever actions it carries, the simulator must say why.
         if plan.actions:
             try:
-                peak = simulate(graph, plan.actions).peak_bytes
+                peak = simulate(graph, plan.actions, resources).peak_bytes
             except PlanError:
                 return
             assert peak > budget, f"{method}: a plan within budget reported {plan.status}"
         return
-    sim = simulate(graph, plan.actions)
+    sim = simulate(graph, plan.actions, resources)
     assert sim.peak_bytes <= budget
     module = apply(model, plan, inputs, trace=result)
     buffers = {k: v.clone() for k, v in model.named_buffers()}

@@ -18,7 +18,8 @@ from planner.zoo import tiny as make  # noqa: E402
 
 BLOCKS = {
     "gpt": "h.*", "vit": "blocks.*", "resnet": "layers.*", "mlp": None, "unet": None,
-    "mixer": "blocks.*", "densenet": None,
+    "mixer": "blocks.*", "densenet": None, "llama_like": "inner.model.layers.*",
+    "resnet50_like": "blocks.*",
 }
 
 

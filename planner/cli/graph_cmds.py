@@ -177,7 +177,11 @@ def simulate_cmd(
     graph_path: Annotated[Path, typer.Argument(metavar="GRAPH")],
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
     plot: Annotated[
-        Path | None, typer.Option("--plot", help="Write the memory timeline as PNG")
+        Path | None, typer.Option(
+            "--plot",
+            help="Write the memory timeline as PNG (plans with host copies: device and host "
+            "memory over time and the compute/d2h/h2d streams as a Gantt timeline)",
+        )
     ] = None,
     resources: ResourcesOpt = None,
     as_json: JsonFlag = False,
@@ -189,6 +193,7 @@ def simulate_cmd(
 
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)
+    machine = resolve_resources(resources) or plan.resources
     try:
         sim = simulate(graph, plan, resolve_resources(resources))
     except PlanError as e:
@@ -198,9 +203,15 @@ def simulate_cmd(
 
         title = f"{graph.metadata.model_name or graph_path.name}: {plan.method}"
         try:
-            plot_timeline(sim, plot, title=title, budget_bytes=plan.budget_bytes)
+            plot_timeline(sim, plot, title=title, budget_bytes=plan.budget_bytes, graph=graph,
+                          resources=machine)
         except OSError as e:
             raise InputError(f"{plot}: cannot write the plot: {e.strerror or e}") from None
+    from planner.engine.transfer_report import simulated_transfer_figures
+
+    moved = simulated_transfer_figures(
+        sim, graph, plan.actions, machine.host_memory_bytes if machine is not None else None
+    )
     data = {
         "peak_bytes": sim.peak_bytes,
         "peak_action_index": sim.peak_action_index,
@@ -210,6 +221,7 @@ def simulate_cmd(
         "computations": sim.computations,
         "recomputations": sim.recomputations,
         "timeline": [[p.action_index, p.action, p.live_bytes] for p in sim.timeline],
+        **(moved.as_dict() if moved is not None else {}),
     }
     if as_json:
         print_json(data)
@@ -220,9 +232,17 @@ def simulate_cmd(
     for col in ("#", "action", "live bytes", ""):
         table.add_column(col)
     peak = max(sim.peak_bytes, 1)
-    for p in sim.timeline:
+    shown = shown_timeline(len(sim.timeline), sim.peak_action_index)
+    previous = -1
+    for k in shown:
+        if k != previous + 1:
+            table.add_row("…", f"{k - previous - 1} actions", "", "")
+        p = sim.timeline[k]
         bar = "█" * round(30 * p.live_bytes / peak)
         table.add_row(str(p.action_index), p.action, format_bytes(p.live_bytes), bar)
+        previous = k
+    if previous != len(sim.timeline) - 1:
+        table.add_row("…", f"{len(sim.timeline) - previous - 1} actions (--json: all)", "", "")
     console.print(table)
     console.print(
         f"peak {format_bytes(sim.peak_bytes)} at action {sim.peak_action_index}; "
@@ -230,3 +250,21 @@ def simulate_cmd(
         f"({100 * sim.overhead:+.3f}%), {sim.recomputations} recomputations"
         + (f"; plot written to {plot}" if plot else "")
     )
+    if moved is not None:
+        console.print(f"transfers: {moved}")
+
+
+TIMELINE_ROWS = 200  # a table longer than this shows its start, the peak's surroundings, its end
+
+
+def shown_timeline(length: int, peak_index: int, rows: int = TIMELINE_ROWS) -> list[int]:
+    """Positions of the timeline the table shows: all of a short one; else the first and last
+    quarter of `rows` and half of them around the peak (a table of every action of a 20,000-node
+    plan takes minutes to draw and nobody reads it)."""
+    if length <= rows:
+        return list(range(length))
+    edge, middle = rows // 4, rows // 2
+    peak = min(max(peak_index, 0), length - 1)
+    low = max(0, min(peak - middle // 2, length - middle))
+    picked = {*range(edge), *range(low, low + middle), *range(length - edge, length)}
+    return sorted(picked)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -33,6 +34,25 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:
+    """Run the CLI; a process that abandoned a method at its time limit (its thread may still
+    be inside a solver) exits at once instead of waiting for that thread."""
+    code = 0
+    try:
+        _main()
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    from planner.engine.deadline import abandoned_methods
+
+    if abandoned_methods():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main() -> None:
     try:
         code = app(standalone_mode=False)
     except InputError as e:

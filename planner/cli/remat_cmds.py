@@ -39,7 +39,6 @@ def min_budget_cmd(
     from planner.plan import PlanStatus
     from solvers.baselines import store_all_peak_bytes
     from solvers.remat.backends import MIP_BACKENDS
-    from solvers.remat.min_budget import min_budget
     from solvers.request import MethodResult
 
     if backend not in MIP_BACKENDS or backend == "pulp-cbc":
@@ -47,7 +46,7 @@ def min_budget_cmd(
 
         raise InputError(f"--backend {backend!r}: choose one of cpsat, scip, highs, cbc")
     graph = load_graph(graph_path)
-    r = min_budget(graph, backend=backend, time_limit_s=time_limit, threads=threads)
+    r = _min_budget_in_time(graph, backend, time_limit, threads)
     result = MethodResult(actions=r.actions, status=PlanStatus.feasible, backend=r.method,
                           details={"min_budget_lower_bound_bytes": r.lower_bound_bytes,
                                    "min_budget_proven": r.proven})
@@ -80,6 +79,35 @@ def min_budget_cmd(
     if output is not None:
         rows.append(("plan written to", str(output)))
     console.print(key_value_table(str(graph_path), rows))
+
+
+def _min_budget_in_time(graph: Any, backend: str, time_limit_s: float, threads: int) -> Any:
+    """solvers.remat.min_budget within the time limit plus the engine's grace: when the search
+    overruns, the least-peak affordable baseline (bounded by the trivial lower bound) answers
+    instead, as `planner.engine.solve` does for methods."""
+    import time
+
+    from planner.engine.deadline import METHOD_GRACE_S, MethodRun, least_baseline
+    from planner.simulator import lower_bound_peak_bytes
+    from solvers.remat.min_budget import MinBudget, min_budget
+
+    started = time.perf_counter()
+    run = MethodRun(lambda _: min_budget(graph, backend=backend, time_limit_s=time_limit_s,
+                                         threads=threads), None).start()
+    if run.wait(started + time_limit_s + METHOD_GRACE_S):
+        return run.result()
+    run.abandon()
+    least = least_baseline(graph, started + time_limit_s + 2 * METHOD_GRACE_S)
+    if least is None:
+        from planner.errors import InputError
+
+        raise InputError(f"min-budget: no plan found within the time limit of "
+                         f"{time_limit_s:g} s; give it more time (--time-limit)")
+    lower = lower_bound_peak_bytes(graph)
+    return MinBudget(peak_bytes=least.peak_bytes, lower_bound_bytes=lower,
+                     proven=least.peak_bytes == lower, actions=least.actions,
+                     method=f"baseline:{least.name} (the search overran its time limit)",
+                     wall_seconds=time.perf_counter() - started)
 
 
 def sweep_cmd(

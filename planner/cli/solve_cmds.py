@@ -1,4 +1,9 @@
-"""Commands that make plans: solve, demo, methods."""
+"""Commands that make plans: solve, demo, methods.
+
+With a machine that has a host tier (`--resources`), plans may copy activations to the host:
+the summary then shows the bytes moved each way, the copy time hidden behind compute and
+exposed (compute waiting), the host peak against the host budget and the makespan
+(planner.engine.transfer_report)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from planner.cli.output import console, key_value_table, print_json
 from planner.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
+    from planner.engine.transfer_report import TransferFigures
     from planner.graph import Graph
     from planner.plan import Plan
     from planner.resources import Resources
@@ -56,11 +62,15 @@ def run_solve(
     else:
         raise InputError("--budget: missing; give a budget (80%, 0.8, 11GiB) or --resources")
     from planner.cli.progress_view import solve_progress
+    from planner.engine.offload_checks import check_offload_request
+    from planner.engine.transfer_report import transfer_figures
 
+    check_offload_request(graph, method, resources, graph_where=str(graph_path or "graph"))
     with solve_progress(graph.total_compute_ms, quiet=as_json, label=method) as progress:
         plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads,
                      seed=seed, options=options, resources=resources, progress=progress)
-    summary = plan_summary(plan, graph)
+    summary = plan_summary(plan, graph)  # transfer figures included (transfer_summary)
+    transfers = transfer_figures(plan, graph)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
     known = None if fits else _smallest_known(plan, method, _least_baseline(graph))
     if known is not None:
@@ -85,6 +95,8 @@ def run_solve(
         ]
         if resources is not None:
             rows.insert(3, ("resources", str(resources)))
+        if transfers is not None:
+            rows[-1:-1] = transfer_rows(transfers)
         if fits and output is not None:
             rows.append(("plan written to", str(output)))
         console.print(key_value_table(str(graph_path or "graph"), rows))
@@ -97,17 +109,51 @@ def run_solve(
         print(f"error: solver error ({method}/{plan.backend}): {reason}", file=sys.stderr)
         raise typer.Exit(EXIT_SOLVER_ERROR)
     if not fits:
+        _check_host_budget(plan, method, resources)
         assert known is not None
         raise _no_plan_fits(str(graph_path or "graph"), plan, method, budget_bytes, known)
 
 
+def transfer_rows(t: TransferFigures) -> list[tuple[str, str]]:
+    """Summary rows of a plan with host copies."""
+    host_budget = "" if t.host_memory_bytes is None else f" / {format_bytes(t.host_memory_bytes)}"
+    share = f" ({100 * t.transfer_hidden_ms / t.transfer_ms:.0f} % hidden)" if t.transfer_ms else ""
+    return [
+        ("moved d2h / h2d", f"{format_bytes(t.d2h_bytes)} in {t.offloads} offloads / "
+                            f"{format_bytes(t.h2d_bytes)} in {t.prefetches} prefetches"),
+        ("transfers hidden / exposed", f"{t.transfer_hidden_ms:.3f} ms / "
+                                       f"{t.transfer_exposed_ms:.3f} ms{share}"),
+        ("host peak / host budget", f"{format_bytes(t.host_peak_bytes)}{host_budget}"),
+        ("makespan", f"{t.makespan_ms:.3f} ms"),
+    ]
+
+
+def _check_host_budget(plan: Plan, method: str, resources: Resources | None) -> None:
+    """Bad input (exit 2): the method's plan fits the device but parks more on the host at once
+    than the host budget holds."""
+    need = plan.details.get("least_host_memory_bytes")
+    if need is None or resources is None or resources.host_memory_bytes is None:
+        return
+    have = resources.host_memory_bytes
+    if int(need) > have:
+        raise InputError(
+            f"--resources: host_memory_bytes {have} ({format_bytes(have)}) is smaller than what "
+            f"method {method}'s plan parks on the host at once, {int(need)} bytes "
+            f"({format_bytes(int(need))}): give --host-memory of at least that, or a larger "
+            "--budget"
+        )
+
+
 def _least_baseline(graph: Graph) -> tuple[int, str]:
     """(peak, name) of the baseline that fits the least budget: a budget known to work."""
-    from planner.simulator import simulate
-    from solvers.baselines import BASELINES
+    import time
 
-    return min((simulate(graph, fn(graph, None)).peak_bytes, name)
-               for name, fn in BASELINES.items())
+    from planner.engine.deadline import least_baseline
+    from solvers.baselines import store_all_peak_bytes
+
+    least = least_baseline(graph, time.perf_counter() + 2.0)
+    return (least.peak_bytes, least.name) if least is not None else (
+        store_all_peak_bytes(graph), "store-all")
 
 
 def _smallest_known(plan: Plan, method: str, baseline: tuple[int, str]) -> tuple[int, str]:
@@ -170,17 +216,47 @@ def solve_cmd(
         ),
     ] = None,
     resources: ResourcesOpt = None,
+    host_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--host-memory",
+            help="Host memory for offloaded tensors, e.g. 256GiB (sets host_memory_bytes of "
+            "--resources; presets leave it unset)",
+        ),
+    ] = None,
 ) -> None:
     """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
     from planner.engine.inputs import load_graph
 
-    machine = resolve_resources(resources)
+    machine = with_host_memory(resolve_resources(resources), host_memory)
     graph = load_graph(graph_path)
     options: dict[str, object] | None = {"backend": backend} if backend else None
     run_solve(
         graph_path, graph, budget, method, output, time_limit, threads, seed, as_json, options,
         machine,
     )
+
+
+def with_host_memory(resources: Resources | None, host_memory: str | None) -> Resources | None:
+    """`resources` with host_memory_bytes from --host-memory (bytes with a unit; > 0)."""
+    if host_memory is None:
+        return resources
+    from planner.budget import parse_budget_spec
+    from planner.resources import resources_from_dict
+
+    spec = parse_budget_spec(host_memory, "--host-memory")
+    if spec.bytes is None:
+        raise InputError(
+            f"--host-memory {host_memory!r}: give bytes with a unit (e.g. 256GiB), not a "
+            "fraction of the store-all peak"
+        )
+    if resources is None:
+        raise InputError(
+            "--host-memory: needs --resources naming the machine and its host links "
+            "(e.g. --resources h100-pcie-gen5)"
+        )
+    doc = {**resources.model_dump(mode="json"), "host_memory_bytes": spec.bytes}
+    return resources_from_dict(doc, where="--host-memory")
 
 
 def bundled_example_path() -> Path:

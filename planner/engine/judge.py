@@ -17,6 +17,7 @@ less than the simulator's) are held against a bound.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,9 +26,10 @@ from planner.graph import Graph
 from planner.plan import Action, ActionOp
 from planner.simulator import simulate
 from solvers.remat.intervals import plan_peak_and_cost
-from solvers.remat.problem import problem_from_graph, staged_from_actions
+from solvers.remat.problem import RematProblem, problem_from_graph
 
 BOUND_TOLERANCE = 1e-6  # relative: solvers may round costs when scaling them to integers
+BASELINES_TIME_S = 0.5  # the baselines' share of the answer margin (milliseconds on small graphs)
 
 
 @dataclass(frozen=True)
@@ -43,20 +45,64 @@ class KnownPlan:
         return f"{self.source} (cost {self.cost:g}, peak {self.peak_bytes} bytes)"
 
 
-def known_plan(graph: Graph, source: str, actions: Sequence[Action]) -> KnownPlan | None:
+def known_plan(
+    graph: Graph, source: str, actions: Sequence[Action], deadline: float | None = None
+) -> KnownPlan | None:
     """The plan as a witness against bounds, or None when it is outside the space every remat
-    bound covers (reordered, not staged, offloading) or invalid."""
+    bound covers (reordered, not staged, offloading), invalid, or not checked by `deadline`
+    (time.perf_counter()). Linear in the plan."""
     if any(a.op not in (ActionOp.compute, ActionOp.free) for a in actions):
         return None
-    problem = problem_from_graph(graph, 0)
-    if staged_from_actions(problem, actions) is None:
+    problem = _problem(graph)
+    if not is_staged(_positions(graph, problem), actions):
         return None
     try:
-        sim = simulate(graph, list(actions))
-    except Exception:  # an invalid plan proves nothing
+        sim = simulate(graph, list(actions), deadline=deadline)
+    except Exception:  # an invalid plan proves nothing (nor does one not replayed in time)
+        return None
+    if deadline is not None and time.perf_counter() > deadline:
         return None
     peak, _ = plan_peak_and_cost(problem, list(actions))
     return KnownPlan(source, sim.compute_cost, max(peak, sim.peak_bytes))
+
+
+def is_staged(position: dict[int, int], actions: Sequence[Action]) -> bool:
+    """Whether the plan is in Checkmate's staged form for the order `position` (node -> its
+    place): first computations follow the order and recomputations between them ascend. The
+    same test as `solvers.remat.problem.staged_from_actions(...) is not None`, without building
+    the schedule (whose resident sets make that quadratic)."""
+    stage = 0  # first computations so far
+    last = -1  # position of the last compute in the open stage; -1: no stage open
+    for a in actions:
+        p = position.get(a.node)
+        if p is None:
+            return False
+        if a.op is not ActionOp.compute:
+            continue
+        if (last >= 0 and p <= last) or p > stage:
+            return False
+        last = p
+        if p == stage:
+            stage += 1
+            last = -1
+    return last < 0 and stage == len(position)
+
+
+def _problem(graph: Graph) -> RematProblem:
+    """The remat problem of the graph (budget 0: only its order and sizes are used), once."""
+    memo = graph.index.memo
+    if "judge_problem" not in memo:
+        memo["judge_problem"] = problem_from_graph(graph, 0)
+    problem: RematProblem = memo["judge_problem"]
+    return problem
+
+
+def _positions(graph: Graph, problem: RematProblem) -> dict[int, int]:
+    memo = graph.index.memo
+    if "judge_positions" not in memo:
+        memo["judge_positions"] = {v: i for i, v in enumerate(problem.node_ids)}
+    position: dict[int, int] = memo["judge_positions"]
+    return position
 
 
 class PlanBook:
@@ -95,14 +141,22 @@ PLAN_BOOK = PlanBook()
 
 
 def baseline_plans(graph: Graph, budget_bytes: int) -> list[KnownPlan]:
-    """Every baseline plan that fits the budget (cheap: a few simulations)."""
-    from solvers.baselines import BASELINES
+    """Every affordable baseline plan that fits the budget (`bounded_baselines`: recompute-all
+    only while its plan stays small, nothing past BASELINES_TIME_S), once per graph and
+    budget."""
+    from solvers.baselines import bounded_baselines
 
+    memo: dict[int, list[KnownPlan]] = graph.index.memo.setdefault("judge_baselines", {})
+    if budget_bytes in memo:
+        return memo[budget_bytes]
     out = []
-    for name, fn in BASELINES.items():
-        plan = known_plan(graph, f"baseline:{name}", fn(graph, budget_bytes))
+    deadline = time.perf_counter() + BASELINES_TIME_S
+    for name, actions in bounded_baselines(graph, budget_bytes, deadline=deadline):
+        plan = known_plan(graph, f"baseline:{name}", actions)
         if plan is not None and plan.peak_bytes <= budget_bytes:
             out.append(plan)
+    if len(memo) < 64:
+        memo[budget_bytes] = out
     return out
 
 

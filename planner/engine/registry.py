@@ -12,6 +12,7 @@ import importlib
 from planner.errors import InputError
 from solvers import baseline_methods
 from solvers.chain import methods as chain_methods
+from solvers.offload import methods as offload_methods
 from solvers.remat import methods as remat_methods
 from solvers.request import MethodFn, MethodResult, SolveRequest
 
@@ -32,6 +33,12 @@ BUILTIN_METHODS: dict[str, MethodFn] = {
     "rotor": chain_methods.rotor,
     "revolve": chain_methods.revolve,
     "chain-chen-sqrt": chain_methods.chain_chen_sqrt,
+    "offload-all": offload_methods.offload_all,
+    "offload-greedy": offload_methods.offload_greedy,
+    "offload-beaumont": offload_methods.offload_beaumont,
+    "offload-remat": offload_methods.offload_remat,
+    "offload-milp": offload_methods.offload_milp,
+    "pofo": offload_methods.pofo,
 }
 
 # Plugins: name -> "module:function", registered at run time (e.g. from service settings).

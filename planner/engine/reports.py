@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.engine.transfer_report import transfer_summary
 from planner.graph import Graph
 from planner.plan import Plan
 from solvers.baselines import store_all_peak_bytes
@@ -28,6 +29,7 @@ def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:
         "kind": plan.kind.value if plan.kind is not None else None,
         "resources": plan.resources.model_dump(mode="json") if plan.resources else None,
         **_event_figures(plan),
+        **transfer_summary(plan, graph),
     }
 
 

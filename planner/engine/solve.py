@@ -3,6 +3,11 @@
 Whatever a method claims, the returned Plan's peak and cost are the simulator's, a plan over
 budget is never reported as feasible, "optimal" means the gap to a proven bound is closed, and a
 claimed bound above the cost of any plan known to fit (`planner.engine.judge`) is an error.
+
+Time limits hold for every method, built-in or plugin (`planner.engine.deadline`): the method
+runs in a thread, a fallback from the fast baselines is built while it runs, and a method that
+has not answered by its limit plus a grace is abandoned for that fallback. The answer comes
+within the limit plus `ANSWER_MARGIN_S` (2 s) up to 20,000 nodes.
 """
 
 from __future__ import annotations
@@ -11,6 +16,15 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from planner.engine.deadline import (
+    ANSWER_MARGIN_S,
+    METHOD_GRACE_S,
+    ClosableProgress,
+    Fallback,
+    MethodRun,
+    fallback_plan,
+    least_baseline,
+)
 from planner.engine.judge import (
     BOUND_TOLERANCE,
     PLAN_BOOK,
@@ -23,11 +37,22 @@ from planner.engine.registry import MethodResult, SolveRequest, load_method
 from planner.errors import InputError
 from planner.graph import Graph
 from planner.limits import check_time_limit
-from planner.plan import Action, Plan, PlanStatus, relative_gap
+from planner.plan import Action, ActionOp, Plan, PlanStatus, Predicted, relative_gap
 from planner.resources import Resources
-from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
+from planner.simulator import (
+    PlanError,
+    SimulationAbandoned,
+    SimulationResult,
+    lower_bound_peak_bytes,
+    simulate,
+)
 
 OPTIMAL_GAP = 1e-9
+# A method that answers within this is never raced by the fallback's construction (deadline.py).
+FALLBACK_AFTER_S = 0.2
+# Of the answer margin, what is kept for answering with the fallback when the method's plan
+# cannot be judged in time (its replay and report, linear in the graph).
+JUDGE_RESERVE_S = 1.0
 
 
 def solve(
@@ -67,11 +92,13 @@ def solve(
                 f"output, workspace and fixed memory), more than the budget of {budget_bytes}"
             ],
             details={"budget_lower_bound_bytes": floor_bytes},
-            smallest_feasible_bytes=smallest_baseline_peak_bytes(graph),
+            smallest_feasible_bytes=smallest_baseline_peak_bytes(graph, started + time_limit_s),
         )
         return checked_plan(
             graph, budget_bytes, method, proof, time.perf_counter() - started, resources
         )
+    reporter = monotone_progress(progress, graph.total_compute_ms)
+    gate = None if reporter is None else ClosableProgress(reporter)
     request = SolveRequest(
         graph=graph,
         budget_bytes=budget_bytes,
@@ -79,16 +106,61 @@ def solve(
         threads=threads,
         seed=seed,
         options=dict(options or {}),
-        progress=(reporter := monotone_progress(progress, graph.total_compute_ms)),
+        progress=gate,
         resources=resources,
     )
-    result = fn(request)
+    _warm_caches(graph)  # built once here, not raced by the method's thread and the fallback's
+    run = MethodRun(fn, request).start()
+    limit_at = started + time_limit_s
+    fallback: Fallback | None = None
+    if not run.wait(min(limit_at, time.perf_counter() + FALLBACK_AFTER_S)):
+        # A method still running: build the answer for the case it overruns (deadline.py).
+        try:
+            fallback = fallback_plan(graph, budget_bytes, limit_at, lambda: run.running)
+        except Exception:  # a fault here must not cost the method's own answer
+            fallback = None
+    if not run.wait(limit_at + METHOD_GRACE_S):
+        run.abandon()
+        if gate is not None:
+            gate.close()
+        return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
+                               resources, reporter)
+    judged_by = limit_at + ANSWER_MARGIN_S - JUDGE_RESERVE_S
+    try:
+        result = run.result()
+    except MemoryError:  # a model too large for this machine: the fast baselines still answer
+        if fallback is None:
+            fallback = fallback_plan(graph, budget_bytes, judged_by)
+        return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
+                               resources, reporter, f"method {method} ran out of memory",
+                               overran=False)
+    if result.actions is None and result.status is PlanStatus.timeout:
+        # Out of time without a plan: the best plan so far is the fast baselines' when it fits.
+        if fallback is None:
+            fallback = fallback_plan(graph, budget_bytes, judged_by)
+        if fallback is not None and fallback.fits:
+            why = (f"method {method} found no plan within the budget in its time limit of "
+                   f"{time_limit_s:g} s (status timeout{_first_note(result)})")
+            return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
+                                   resources, reporter, why, overran=False)
     wall = time.perf_counter() - started
     witnesses = [k for source, actions in known_plans
                  if (k := known_plan(graph, source, actions)) is not None]
-    plan = checked_plan(graph, budget_bytes, method, result, wall, resources, witnesses)
+    # Judging is linear in the plan, which may be far longer than the graph: one that cannot
+    # be replayed within the margin is answered for by the fallback too.
+    try:
+        plan = checked_plan(graph, budget_bytes, method, result, wall, resources, witnesses,
+                            deadline=judged_by)
+    except SimulationAbandoned:
+        if fallback is None:
+            fallback = fallback_plan(graph, budget_bytes, judged_by)
+        why = (f"the plan of method {method} ({len(result.actions or ())} actions) could not "
+               f"be replayed within its time limit of {time_limit_s:g} s (+{ANSWER_MARGIN_S:g} "
+               "s margin)")
+        return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
+                               resources, reporter, why)
     if plan.status in (PlanStatus.optimal, PlanStatus.feasible) and plan.actions:
-        mine = known_plan(graph, f"{method}/{plan.backend}", plan.actions)
+        mine = known_plan(graph, f"{method}/{plan.backend}", plan.actions, judged_by)
         if mine is not None:
             PLAN_BOOK.add(plan.graph_hash, mine)
         if reporter is not None:  # the simulator's cost, the judged bound
@@ -96,11 +168,73 @@ def solve(
     return plan
 
 
-def smallest_baseline_peak_bytes(graph: Graph) -> int:
-    """The least peak any baseline reaches: a budget known to work (cheap to compute)."""
-    from solvers.baselines import BASELINES
+def _first_note(result: MethodResult) -> str:
+    return f": {result.notes[0]}" if result.notes else ""
 
-    return min(simulate(graph, fn(graph, None)).peak_bytes for fn in BASELINES.values())
+
+def _warm_caches(graph: Graph) -> None:
+    """The graph's derived views every method and the fallback read (linear in the graph)."""
+    index = graph.index
+    graph.content_hash()
+    for view in ("topological_order", "order_predecessors", "outputs", "storage_bytes",
+                 "model_state_resident", "loss_nodes", "control_predecessors"):
+        getattr(index, view)
+
+
+def _overrun_answer(
+    graph: Graph,
+    budget_bytes: int,
+    method: str,
+    time_limit_s: float,
+    fallback: Fallback | None,
+    started: float,
+    resources: Resources | None,
+    reporter: ProgressFn | None,
+    why: str = "",
+    *,
+    overran: bool = True,
+) -> Plan:
+    """The answer when the method has not answered by its limit plus METHOD_GRACE_S (or its
+    plan cannot be judged in time): the fallback's plan when it fits the budget, else status
+    timeout (see deadline.py)."""
+    why = why or (f"method {method} did not answer within its time limit of {time_limit_s:g} "
+                  f"s (+{METHOD_GRACE_S:g} s grace); it was abandoned")
+    details: dict[str, Any] = {"method_overran": overran, "fallback": True}
+    if fallback is not None and fallback.fits:
+        result = MethodResult(
+            actions=fallback.actions,
+            status=PlanStatus.feasible,
+            backend=f"fallback:baseline:{fallback.name}",
+            notes=[f"{why}: this is the {fallback.name} baseline plan, the best of the fast "
+                   f"baselines, built in {fallback.seconds:.2f} s while it ran"],
+            details=details,
+        )
+    else:
+        tried = ("no fast baseline plan was finished in time either" if fallback is None else
+                 f"the best fast baseline ({fallback.name}) peaks at "
+                 f"{fallback.simulation.peak_bytes} bytes, over the budget")
+        result = MethodResult(
+            actions=None,
+            status=PlanStatus.timeout,
+            backend="fallback",
+            notes=[f"{why}; {tried}"],
+            details=details,
+            smallest_feasible_bytes=None if fallback is None else fallback.simulation.peak_bytes,
+        )
+    # Its replay (compute/free only: the same with any resources) is done already.
+    simulated = fallback.simulation if fallback is not None else None
+    plan = checked_plan(graph, budget_bytes, method, result, time.perf_counter() - started,
+                        resources, simulated=simulated)
+    if reporter is not None and plan.objective is not None:
+        reporter(plan.objective, plan.lower_bound)
+    return plan
+
+
+def smallest_baseline_peak_bytes(graph: Graph, deadline: float | None = None) -> int | None:
+    """The least peak any affordable baseline reaches (`deadline.least_baseline`): a budget
+    known to work; None when none finished by `deadline`."""
+    least = least_baseline(graph, deadline)
+    return None if least is None else least.peak_bytes
 
 
 def checked_plan(
@@ -111,6 +245,8 @@ def checked_plan(
     wall_seconds: float,
     resources: Resources | None = None,
     known: Iterable[KnownPlan] = (),
+    deadline: float | None = None,
+    simulated: SimulationResult | None = None,
 ) -> Plan:
     """Judge a method's result by the simulator and build the Plan that reports it; a claimed
     bound is held against the method's own plan and every plan known to fit (`known`, the
@@ -143,7 +279,8 @@ def checked_plan(
                 return Plan(status=PlanStatus.error, lower_bound=baseline_cost, **common)
         return Plan(status=status, lower_bound=bound, **common)
     try:
-        sim = simulate(graph, result.actions, resources)
+        sim = simulated if simulated is not None else simulate(
+            graph, result.actions, resources, deadline=deadline)
     except PlanError as e:
         common["notes"].append(f"the method returned an invalid plan: {e}")
         return Plan(status=PlanStatus.error, lower_bound=bound, **common)
@@ -174,6 +311,8 @@ def checked_plan(
             return Plan(status=PlanStatus.error, objective=sim.compute_cost,
                         lower_bound=baseline_cost, predicted=predicted,
                         actions=list(result.actions), **common)
+    if predicted.makespan_ms is not None and _copies_to_host(result.actions):
+        return _host_copy_plan(result.actions, predicted, baseline_cost, common)
     gap = relative_gap(sim.compute_cost, bound)
     status = PlanStatus.optimal if gap is not None and gap <= OPTIMAL_GAP else PlanStatus.feasible
     return Plan(
@@ -185,6 +324,28 @@ def checked_plan(
         actions=list(result.actions),
         **common,
     )
+
+
+def _copies_to_host(actions: Sequence[Action]) -> bool:
+    return any(a.op is ActionOp.offload for a in actions)
+
+
+def _host_copy_plan(actions: Sequence[Action], predicted: Predicted, every_node_once_ms: float,
+                    common: dict[str, Any]) -> Plan:
+    """A plan with host copies is judged by its makespan (transfers overlapping compute), not by
+    its compute cost: a remat bound does not cover it (parking on the host lets it recompute
+    less). Its bound is the compute stream running every node once, which no plan beats."""
+    assert predicted.makespan_ms is not None
+    makespan_ms = predicted.makespan_ms
+    gap = relative_gap(makespan_ms, every_node_once_ms)
+    status = PlanStatus.optimal if gap is not None and gap <= OPTIMAL_GAP else PlanStatus.feasible
+    common["notes"].append(
+        "objective: the simulated makespan in ms (compute with host copies overlapping); bound: "
+        "every node computed once"
+    )
+    return Plan(status=status, objective=makespan_ms,
+                lower_bound=min(every_node_once_ms, makespan_ms), gap=gap, predicted=predicted,
+                actions=list(actions), **common)
 
 
 def _contradiction(

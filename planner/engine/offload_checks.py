@@ -1,0 +1,76 @@
+"""Bad offload requests, refused before any solver runs: one line naming the input and what to do
+(InputError: exit 2 in the CLI, HTTP 422 in the service).
+
+- an offload method (one of solvers/offload) asked for on a machine with no host tier (no
+  resources, `host_memory_bytes` 0 or unset, or no links);
+- a graph on which nothing may be offloaded (every node `offloadable: false`, or only views),
+  asked for with an offload method.
+Links of zero or negative bandwidth, and resources files that name no device, are refused when
+the resources are read (planner.resources); a host budget smaller than what a given plan parks
+is refused by the simulator, naming the action where host memory overflows (simulate, validate,
+runtime.apply), and by `planner-cli solve` when an offload planner reports that its plan needs
+more host memory than given (`least_host_memory_bytes`).
+"""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+from planner.graph import Graph
+from planner.resources import Resources
+
+OFFLOAD_MODULE_PREFIX = "solvers.offload."
+
+
+def is_offload_method(method: str) -> bool:
+    """Whether `method` is one of the offload planners (registered from solvers/offload)."""
+    from planner.engine.registry import method_names, method_target
+
+    if method not in method_names():
+        return False
+    return method_target(method).startswith(OFFLOAD_MODULE_PREFIX)
+
+
+def offloadable_nodes(graph: Graph) -> list[int]:
+    """Nodes whose output may be copied to the host: not views, not marked offloadable: false."""
+    return [
+        n.id for n in graph.nodes
+        if n.alias_of is None and n.output_bytes > 0 and n.offloadable
+    ]
+
+
+def check_offload_request(
+    graph: Graph,
+    method: str,
+    resources: Resources | None,
+    *,
+    graph_where: str = "graph",
+    resources_where: str = "--resources",
+) -> None:
+    """Raise InputError when `method` offloads and the graph or the machine leaves it nothing to
+    do; a no-op for every other method."""
+    if not is_offload_method(method):
+        return
+    if resources is None:
+        raise InputError(
+            f"{resources_where}: missing; method {method} offloads to host memory: give a "
+            "machine with a host tier, e.g. --resources h100-pcie-gen5 with host_memory_bytes "
+            "in a resources.json"
+        )
+    if not resources.has_host_tier:
+        got = resources.host_memory_bytes
+        what = "unset" if got is None else f"{got}"
+        raise InputError(
+            f"{resources_where}: host_memory_bytes is {what}: method {method} offloads to host "
+            "memory and needs a host budget > 0 (e.g. {\"preset\": \"h100-pcie-gen5\", "
+            "\"host_memory_bytes\": 68719476736})"
+        )
+    if not offloadable_nodes(graph):
+        marked = sum(1 for n in graph.nodes if not n.offloadable)
+        why = (
+            f"all {marked} nodes with an output are marked offloadable: false"
+            if marked else "no node has an output of its own (only views)"
+        )
+        raise InputError(
+            f"{graph_where}: nothing can be offloaded ({why}): method {method} cannot help; "
+            "use a remat method (e.g. auto) or mark nodes offloadable"
+        )

@@ -1,0 +1,101 @@
+"""Hand-built offload plans: what `save_on_cpu` does, written as a plan the simulator can judge.
+
+`boundary_offload(graph, actions)` takes any one-device compute/free plan (store-all, a remat
+plan) and offloads every node it keeps across the forward/backward boundary: `O v F v` right
+after v's last use in the forward, `P v D v` before its first use in the backward (`lead`
+computations earlier, so that the copy can hide behind them), the host copy dropped as soon as
+the prefetch is issued (the simulator and the runtime release it when that copy is done).
+Views (alias_of) stay on the device, and so do nodes with a resident view. Used by the runtime
+tests and benchmarks/offload_runtime_gpu.py; the planners proper live in solvers/offload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.graph import Graph
+from planner.plan import Action, ActionOp, Plan, PlanStatus, drop, free, offload, prefetch
+from planner.resources import Resources
+from planner.simulator import simulate
+
+
+def backward_start(graph: Graph, actions: Sequence[Action]) -> int:
+    """Index of the plan's first backward computation (len(actions) when none)."""
+    phase = {n.id: n.phase for n in graph.nodes}
+    return next(
+        (i for i, a in enumerate(actions) if a.op is ActionOp.compute
+         and phase[a.node] == "backward"),
+        len(actions),
+    )
+
+
+def boundary_offload(
+    graph: Graph, actions: Sequence[Action], *, lead: int = 1, min_bytes: int = 1
+) -> list[Action]:
+    """`actions` with every node of at least `min_bytes` kept across the boundary offloaded."""
+    index = graph.index
+    acts = list(actions)
+    split = backward_start(graph, acts)
+    resident: set[int] = set()
+    for a in acts[:split]:
+        if a.op is ActionOp.compute:
+            resident.add(a.node)
+        elif a.op is ActionOp.free:
+            resident.discard(a.node)
+    viewed = {index.storage_root(v) for v in resident if index.node(v).alias_of is not None}
+    reads: dict[int, list[int]] = {}  # node -> positions of the computations that read it
+    for i, a in enumerate(acts):
+        if a.op is ActionOp.compute:
+            for u in index.predecessors[a.node]:
+                reads.setdefault(u, []).append(i)
+    inserts: dict[int, list[Action]] = {}  # position -> actions inserted before it
+    for v in sorted(resident):
+        node = index.node(v)
+        if node.phase != "forward" or node.alias_of is not None or v in viewed:
+            continue
+        if index.storage_bytes[v] < min_bytes:
+            continue
+        after = [i for i in reads.get(v, []) if i >= split]
+        if not after:
+            continue
+        first = min(after)
+        # v must stay as computed in the forward up to its first backward read
+        if any(a.node == v for a in acts[split:first]):
+            continue
+        before = [i for i in reads.get(v, []) if i < split]
+        made = max(i for i, a in enumerate(acts[:split]) if a.node == v
+                   and a.op is ActionOp.compute)
+        last = max([made, *before]) + 1
+        inserts.setdefault(last, []).extend([offload(v), free(v)])
+        computes = [i for i in range(split, first) if acts[i].op is ActionOp.compute]
+        at = computes[-lead] if lead and len(computes) >= lead else first
+        inserts.setdefault(at, []).extend([prefetch(v), drop(v)])
+    out: list[Action] = []
+    for i, a in enumerate(acts):
+        out.extend(inserts.get(i, []))
+        out.append(a)
+    out.extend(inserts.get(len(acts), []))
+    return out
+
+
+def boundary_offload_plan(
+    graph: Graph,
+    actions: Sequence[Action],
+    resources: Resources,
+    *,
+    method: str = "boundary-offload",
+    lead: int = 1,
+    min_bytes: int = 1,
+) -> Plan:
+    """A checked Plan (kind offload or remat+offload) with the simulator's prediction."""
+    acts = boundary_offload(graph, actions, lead=lead, min_bytes=min_bytes)
+    sim = simulate(graph, acts, resources)
+    return Plan(
+        graph_hash=graph.content_hash(),
+        budget_bytes=sim.peak_bytes,
+        resources=resources,
+        method=method,
+        status=PlanStatus.feasible,
+        predicted=sim.predicted(),
+        actions=acts,
+    )

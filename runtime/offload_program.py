@@ -1,0 +1,235 @@
+"""Plans with host copies (`O`, `P`, `D`, alone or with recomputation) on the joint graph.
+
+The same program as the remat executor (runtime.op_executor: the plan split at the first
+computation that needs the loss's tangent, each segment compiled to straight-line code), with
+more statements: `X.offload(v, V)` after which the plan's `F v` frees the device copy,
+`X.prefetch(v, V)` which brings v's values back into the held set, `X.drop(v)`, and
+`X.ready(v)` before the first computation reading a prefetched node (on CUDA the compute
+stream waits there for the copy), and `X.poll()` before computations once something was
+offloaded (device storages whose copy to the host is done are released there, as the simulator
+releases a freed, offloaded tensor when its copy ends). `X` is the step's
+`runtime.offload_engine.StepCopies`.
+
+What may run is the event simulator's to say, on the plan's resources (a host tier is needed):
+the program is refused with the simulator's message otherwise.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from planner.plan import Action, ActionOp
+from planner.resources import Resources
+from planner.simulator import PlanError, simulate
+from runtime.offload_engine import CopyStreams, StepCopies, TransferStats
+from runtime.offload_pack import GroupLayout, group_layouts
+from runtime.op_codegen import CompiledSegment, PlanExecutionError, SegmentCompiler, _Emitter
+from runtime.op_executor import JointProgram, PlanRun, _outputs
+
+
+class OffloadProgram(JointProgram):
+    """A JointProgram whose plan may copy node outputs to the host and back."""
+
+    def __init__(self, trace: Any, actions: Sequence[Action], resources: Resources | None) -> None:
+        # JointProgram.__init__ checks the plan on one stream (no resources): the same set-up,
+        # with the event simulator on the plan's resources and the offload compiler.
+        gm: fx.GraphModule = trace.joint
+        self.fx_nodes = {n.name: n for n in gm.graph.nodes}
+        self.members = {int(k): tuple(v) for k, v in trace.node_fx_names.items()}
+        self.group_of = {m: g for g, ms in self.members.items() for m in ms}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.tangents = tuple(trace.tangent_fx_names)
+        self.primals = tuple(n.name for n in placeholders if n.name not in self.tangents)
+        self.primal_kinds = dict(trace.primal_kinds)
+        self.primal_names = dict(trace.primal_names)
+        self.loss_fx = trace.loss_fx_name
+        self.identity_fx = frozenset(
+            (getattr(trace, "details", None) or {}).get("identity_dropout_fx_names", ())
+        )
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.grad_fx, self.mutations = _outputs(output, len(self.primals))
+        self.output_fx = {self.loss_fx, *self.grad_fx.values(), *self.mutations}
+        self.grad_of = {name: k for k, name in self.grad_fx.items()}
+        self.derivable = self._derivable(gm)
+        self.random = {
+            n.name
+            for n in gm.graph.nodes
+            if isinstance(n.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in n.target.tags
+        }
+        self.graph = trace.graph
+        self.resources = resources
+        try:
+            self.simulation = simulate(self.graph, actions, resources)
+        except PlanError as e:
+            raise PlanExecutionError(str(e)) from None
+        self.layouts: dict[int, GroupLayout] = group_layouts(self)
+        self.forward, self.backward = self._split(actions)
+        compiler = OffloadCompiler(self)
+        self.forward_code = compiler.compile(self.forward)
+        self.backward_code = compiler.compile(self.backward, self.tangents)
+        self.resident_after = tuple(compiler.resident_after)
+        self._streams: dict[str, CopyStreams] = {}
+
+    def streams_for(self, device: torch.device) -> CopyStreams:
+        """The copy streams and host pool of `device` (made once, reused by every step)."""
+        key = str(device)
+        if key not in self._streams:
+            self._streams[key] = CopyStreams(device)
+        return self._streams[key]
+
+
+class _OffloadEmitter(_Emitter):
+    """The remat emitter, with the rule for dropping tuple elements adapted to host copies."""
+
+    def __init__(self, program: Any, available: set[str]) -> None:
+        super().__init__(program, available)
+        self.plan: list[Action] = [*program.forward.actions, *program.backward.actions]
+        # node -> ascending indices of the actions on it / of its computes
+        self.on: dict[int, list[int]] = {}
+        self.recomputes: dict[int, list[int]] = {}
+        for i, a in enumerate(self.plan):
+            self.on.setdefault(a.node, []).append(i)
+            if a.op is ActionOp.compute:
+                self.recomputes.setdefault(a.node, []).append(i)
+
+    def _drop_allowed(self, tup: str, group: int, index: int) -> bool:
+        """Whether an element of `tup` can leave the held tuple when `group` (its getitem's
+        node) is freed: unless the plan computes `group` again before the tuple's node is
+        computed again. With host copies the tuple lives on through offload, free and
+        prefetch of its node: only its recomputation makes a new one."""
+        owner = self.program.group_of.get(tup)
+        if tup not in self.available or owner is None or owner == group:
+            return False
+        again = _next(self.recomputes.get(group, []), index)
+        return again == math.inf or again > _next(self.recomputes.get(owner, []), index)
+
+
+def _next(indices: list[int], index: int) -> float:
+    """The first of the ascending `indices` after `index`, or infinity."""
+    k = bisect.bisect_right(indices, index)
+    return indices[k] if k < len(indices) else math.inf
+
+
+class OffloadCompiler(SegmentCompiler):
+    """SegmentCompiler with `O`, `P`, `D` statements and the waits before prefetched inputs."""
+
+    emitter: _OffloadEmitter
+
+    def __init__(self, program: OffloadProgram) -> None:
+        super().__init__(program)
+        self.emitter = _OffloadEmitter(program, set(program.primals))
+        self.program = program
+        self.offloaded_names: dict[int, frozenset[str]] = {}  # node -> fx values at its offload
+        self.unwaited: set[int] = set()  # prefetched nodes no compute has waited for yet
+
+    def compile(self, segment: Any, extra_inputs: Iterable[str] = ()) -> CompiledSegment:
+        em = self.emitter
+        em.available.update(extra_inputs)
+        em.lines = []
+        computations = 0
+        preds = self.program.graph.index.predecessors
+        for offset, action in enumerate(segment.actions):
+            index = segment.start + offset
+            v, op = action.node, action.op
+            if op is ActionOp.compute:
+                if self.offloaded_names:  # release storages whose d2h copy is done (CUDA)
+                    em.lines.append("X.poll()")
+                for u in preds[v]:
+                    if u in self.unwaited:
+                        em.lines.append(f"X.ready({u})")
+                        self.unwaited.discard(u)
+                em.compute(v, index)
+                computations += 1
+            elif op is ActionOp.free:
+                self.unwaited.discard(v)  # freed unread: record_stream keeps the copy safe
+                em.free(v, index)
+            elif op is ActionOp.offload:
+                names = frozenset(m for m in self.program.members[v] if m in em.available)
+                self.offloaded_names[v] = names
+                also = self._copy_also(v, index)
+                em.lines.append(f"X.offload({v}, V, {em.const(also)})" if also
+                                else f"X.offload({v}, V)")
+            elif op is ActionOp.prefetch:
+                held = self.offloaded_names.get(v)
+                if held is None:  # the simulator refuses this first
+                    raise PlanExecutionError(f"action {index} ({action}): nothing offloaded")
+                em.lines.append(f"X.prefetch({v}, V)")
+                em.available.update(held)
+                em.resident.add(v)
+                self.unwaited.add(v)
+            else:  # drop
+                em.lines.append(f"X.drop({v})")
+            self.resident_after.append(frozenset(em.resident))
+        body = "\n".join(f"    {line}" for line in em.lines) or "    pass"
+        source = f"def segment(V, K, R, L, X):\n{body}\n"
+        namespace: dict[str, Any] = {"C": list(em.constants)}
+        exec(compile(source, "<offload plan segment>", "exec"), namespace)  # noqa: S102
+        return CompiledSegment(namespace["segment"], computations, source)
+
+    def _copy_also(self, v: int, index: int) -> frozenset[str]:
+        """Elements of v's tuples held by their own node now, to copy all the same: the plan
+        frees that node, prefetches v while it is not resident, then computes it again from
+        the reloaded tuple (before computing v again)."""
+        em = self.emitter
+        held = {k for m in self.program.layouts[v].members for k in m.elements or ()
+                if isinstance(k, str) and k in em.available}
+        out: set[str] = set()
+        for name in held:
+            g = self.program.group_of.get(name)
+            if g is None:
+                continue
+            resident, hollow = True, False
+            for i in sorted(j for j in {*em.on.get(v, []), *em.on.get(g, [])} if j > index):
+                a = em.plan[i]
+                if a.node == v and a.op is ActionOp.compute:
+                    break
+                if a.node == v and a.op is ActionOp.prefetch:
+                    hollow = not resident
+                if a.node == g and a.op is ActionOp.free:
+                    resident = False
+                elif a.node == g and a.op is ActionOp.compute:
+                    if hollow:
+                        out.add(name)
+                        break
+                    resident = True
+        return frozenset(out)
+
+
+class OffloadRun(PlanRun):
+    """One step of an offload plan: PlanRun plus the step's copies."""
+
+    program: OffloadProgram
+
+    def __init__(self, program: OffloadProgram, primals: Sequence[torch.Tensor]) -> None:
+        super().__init__(program, primals)
+        device = next(
+            (p.device for p in primals if isinstance(p, torch.Tensor)), torch.device("cpu")
+        )
+        self.copies = StepCopies(program.streams_for(device), program.layouts)
+        self.transfer_stats: TransferStats | None = None
+
+    def _run(self, code: CompiledSegment) -> None:
+        code.function(  # type: ignore[call-arg]
+            self.values, self.kept_outputs, self.rng.run, self._in_parameter_layout, self.copies
+        )
+        self.computations += code.computations
+
+    def run_forward(self) -> torch.Tensor:
+        try:
+            return super().run_forward()
+        except BaseException:
+            self.copies.finish()  # the step is abandoned: its host buffers go back to the pool
+            raise
+
+    def run_backward(self, tangents: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        try:
+            return super().run_backward(tangents)
+        finally:
+            self.transfer_stats = self.copies.finish()

@@ -1,0 +1,144 @@
+"""Planning methods with host offloading (planner.engine.registry entries).
+
+Every method needs resources with a host tier (host_memory_bytes > 0, h2d/d2h links): without
+one it raises one InputError line (use a recomputation method instead). The device budget is
+`request.budget_bytes`; host memory and links come from `request.resources`. Plans are judged
+by the event simulator (planner.events): a plan returned fits both; when none is found the
+result is infeasible with a note naming the peaks of the closest plan (the least host memory it
+needs when the host is what overflows).
+
+- `offload-all`: torchtune / save_on_cpu; option `min_bytes` (default 1024).
+- `offload-greedy`: offload all, bring back the largest that fit, reloads just in time.
+- `offload-beaumont`: Beaumont et al. 2020-style heuristics (solvers.offload.heuristics).
+- `offload-remat`: remat plans at larger budgets + offloading, never slower than the pure-remat
+  plan `auto` finds in part of the time (solvers.offload.hybrid).
+- `offload-milp`: the exact model on Checkmate's stage grid (solvers.offload.milp).
+- `pofo`: the chain DP combining recomputation and offloading (solvers.offload.pofo).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from planner.errors import InputError
+from planner.plan import PlanStatus
+from solvers.baselines import store_all
+from solvers.offload.heuristics import DEFAULT_MIN_BYTES, HeuristicResult
+from solvers.offload.search import Judge, Judged, require_host_tier
+from solvers.request import MethodResult, SolveRequest
+
+
+def _deadline(request: SolveRequest, share: float = 0.9) -> float:
+    return time.perf_counter() + max(0.05, request.time_limit_s * share)
+
+
+def judged_details(j: Judged) -> dict[str, Any]:
+    """The simulator's figures of a plan, for MethodResult.details."""
+    return {
+        "makespan_ms": j.makespan_ms,
+        "compute_ms": j.compute_ms,
+        "transfer_ms": j.transfer_ms,
+        "exposed_transfer_ms": j.exposed_ms,
+        "peak_bytes": j.peak_bytes,
+        "host_peak_bytes": j.host_peak_bytes,
+    }
+
+
+def judged_result(request: SolveRequest, judge: Judge, best: Judged | None, backend: str,
+                  notes: list[str] | None = None,
+                  details: dict[str, Any] | None = None) -> MethodResult:
+    """A fitting plan as feasible; otherwise infeasible, naming what the closest plan needs."""
+    notes = list(notes or [])
+    details = dict(details or {})
+    details["simulations"] = judge.simulations
+    if best is not None and best.fits:
+        details.update(judged_details(best))
+        return MethodResult(actions=best.actions, status=PlanStatus.feasible, backend=backend,
+                            objective=best.compute_ms, notes=notes, details=details)
+    if best is None:
+        notes.append("no plan with host copies could be built for this graph")
+        return MethodResult(actions=None, status=PlanStatus.infeasible, backend=backend,
+                            notes=notes, details=details)
+    details.update(judged_details(best))
+    smallest = None
+    if not best.device_fits:
+        smallest = best.peak_bytes
+        notes.append(f"the best plan found peaks at {best.peak_bytes} bytes of device memory, "
+                     f"over the budget of {request.budget_bytes}")
+    if not best.host_fits:
+        details["least_host_memory_bytes"] = best.host_peak_bytes
+        notes.append(f"host memory too small: the plan parks {best.host_peak_bytes} bytes on the "
+                     f"host at once, host_memory_bytes is {judge.capacity}; give at least "
+                     f"{best.host_peak_bytes}")
+    return MethodResult(actions=None, status=PlanStatus.infeasible, backend=backend,
+                        smallest_feasible_bytes=smallest, notes=notes, details=details)
+
+
+def _heuristic(request: SolveRequest, name: str) -> tuple[Judge, HeuristicResult]:
+    from solvers.offload import heuristics
+
+    resources = require_host_tier(request.resources, name)
+    judge = Judge(request.graph, request.budget_bytes, resources)
+    base = store_all(request.graph)
+    if name == "offload-all":
+        min_bytes = request.options.get("min_bytes", DEFAULT_MIN_BYTES)
+        if not isinstance(min_bytes, int) or isinstance(min_bytes, bool) or min_bytes < 0:
+            raise InputError(f"option min_bytes {min_bytes!r}: must be an integer ≥ 0")
+        return judge, heuristics.offload_all(judge, base, min_bytes)
+    if name == "offload-greedy":
+        return judge, heuristics.offload_greedy(judge, base, _deadline(request))
+    return judge, heuristics.beaumont(judge, base, _deadline(request))
+
+
+def _heuristic_method(request: SolveRequest, name: str) -> MethodResult:
+    judge, r = _heuristic(request, name)
+    notes = [] if r.windows else ["no activation is idle between two uses: nothing to offload"]
+    return judged_result(request, judge, r.best, r.source, notes, {"windows": r.windows})
+
+
+def offload_all(request: SolveRequest) -> MethodResult:
+    """Offload every saved activation ≥ min_bytes (torchtune / save_on_cpu)."""
+    return _heuristic_method(request, "offload-all")
+
+
+def offload_greedy(request: SolveRequest) -> MethodResult:
+    """Offload all, bring back the largest that fit, prefetch just in time."""
+    return _heuristic_method(request, "offload-greedy")
+
+
+def offload_beaumont(request: SolveRequest) -> MethodResult:
+    """Beaumont et al. 2020-style heuristics (divisible and bandwidth relaxations)."""
+    return _heuristic_method(request, "offload-beaumont")
+
+
+def offload_remat(request: SolveRequest) -> MethodResult:
+    """Recomputation and offloading: the best of pure remat (auto, 40 % of the time) and remat
+    plans at larger budgets brought down by offloading (the rest)."""
+    from solvers.offload.hybrid import remat_offload_search
+    from solvers.remat.auto import solve_auto
+
+    resources = require_host_tier(request.resources, "offload-remat")
+    started = time.perf_counter()
+    remat = solve_auto(request.graph, request.budget_bytes,
+                       time_limit_s=max(0.5, 0.4 * request.time_limit_s),
+                       threads=request.threads, seed=request.seed)
+    deadline = started + 0.9 * request.time_limit_s
+    judge = Judge(request.graph, request.budget_bytes, resources)
+    best, source = remat_offload_search(request.graph, request.budget_bytes, resources,
+                                        max(deadline, time.perf_counter() + 0.2), remat.actions)
+    notes = [] if remat.actions is not None else ["auto found no pure-remat plan in its time"]
+    return judged_result(request, judge, best, f"offload-remat:{source}", notes,
+                         {"remat_source": remat.source})
+
+
+def offload_milp(request: SolveRequest) -> MethodResult:
+    from solvers.offload.milp import milp_method
+
+    return milp_method(request)
+
+
+def pofo(request: SolveRequest) -> MethodResult:
+    from solvers.offload.pofo_method import pofo_method
+
+    return pofo_method(request)

@@ -1,0 +1,265 @@
+"""`offload-milp`: offloading and recomputation together on Checkmate's stage grid (a MILP).
+
+Stages are the computes of the store-all plan in the graph's order (stage t runs the t-th
+node). Each window w of that plan (solvers.offload.schedule: node v idle between its last use
+before the gap, stage a_w, and its next use, stage b_w) is kept, offloaded or recomputed:
+
+- KEEP[w], OFF[w], RC[w] ∈ {0,1}: exactly one. RC[w] recomputes v right before stage b_w (cost
+  c_v), allowed when v may run twice and every input of v is resident at b_w in store-all
+  (RC[w] ≤ KEEP[u] for an input u whose own window covers b_w).
+- PRE[w,q] ∈ {0,1}: the reload of an offloaded w starts before stage q, q among the last
+  `PREFETCH_CHOICES` stages of the gap and not before the device copy is released (free_w: the
+  first stage after a_w by which the compute since v's production covers its copy out).
+- MOVE[w,t] ∈ [0,1]: the fraction of w's reload carried during stage t (t from its start to
+  b_w - 1).
+- TIME[t] ≥ compute of stage t (+ recomputations), ≥ Σ_w reload_ms_w·MOVE[w,t] (the h2d link).
+- Memory during stage t: store-all's live bytes − Σ_{w: a_w < t < b_w} bytes_w·(1 − occupied),
+  occupied = KEEP + OFF·[t < free_w] + Σ_{q ≤ t} PRE[w,q]; ≤ budget.
+Objective: Σ TIME[t] (the makespan with overlap, in this model) + a tiny per-byte term.
+
+The model's space: store-all's order, up to 4 windows per residency, a few reload positions,
+copies out that never queue (the d2h link is not modelled) and no recomputation chains. Its
+bound is valid for that space only, never for every plan; the simulator judges the plan it
+translates to, and the best heuristic plan (its hint) is returned instead when faster.
+Options: backend (scip, highs, cbc; default scip), max_nodes (default 400).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InputError
+from planner.plan import Action, ActionOp, compute, free
+from solvers.baselines import store_all
+from solvers.offload.heuristics import beaumont
+from solvers.offload.methods import judged_result
+from solvers.offload.schedule import (
+    MAX_WINDOWS_PER_INTERVAL,
+    Window,
+    WindowKey,
+    base_timeline,
+    find_windows,
+    with_offloads,
+)
+from solvers.offload.search import Judge, Judged, better, require_host_tier
+from solvers.remat.backends import solve_linear
+from solvers.remat.linear import INF, LinearModel
+from solvers.request import MethodResult, SolveRequest
+
+PREFETCH_CHOICES = 6
+MAX_NODES = 400
+BACKENDS = ("scip", "highs", "cbc")
+BYTE_WEIGHT = 1e-12  # ms per byte moved: breaks ties toward fewer copies
+
+
+@dataclass
+class OffloadMilp:
+    model: LinearModel
+    windows: list[Window]
+    stage_of: dict[int, int]  # action index of a compute -> its stage
+    KEEP: dict[int, int]  # w: window w stays on the device
+    OFF: dict[int, int]  # w: window w is offloaded
+    RC: dict[int, int]  # w: window w's node is recomputed before its use
+    PRE: dict[tuple[int, int], int]  # (w, q): w's reload starts before stage q
+    TIME: dict[int, int]  # t: duration of stage t
+
+
+def build(judge: Judge, base: list[Action], windows: list[Window]) -> OffloadMilp:
+    graph = judge.graph
+    index = graph.index
+    r = judge.resources
+    assert r.d2h is not None and r.h2d is not None
+    sim = judge(base)
+    assert sim is not None
+    from planner.simulator import simulate
+
+    live = simulate(graph, base).timeline  # store-all: one stream, live bytes per action
+    computes = [i for i, a in enumerate(base) if a.op is ActionOp.compute]
+    stage_of = {i: t for t, i in enumerate(computes)}
+    n = len(computes)
+    timeline = base_timeline(graph, base)
+    freed_at = {a.node: i for i, a in enumerate(base) if a.op is ActionOp.free}
+    m = LinearModel()
+    KEEP: dict[int, int] = {}
+    OFF: dict[int, int] = {}
+    RC: dict[int, int] = {}
+    PRE: dict[tuple[int, int], int] = {}
+    MOVE: dict[tuple[int, int], int] = {}
+    TIME = {t: m.var(f"TIME_{t}", index.node(base[computes[t]].node).compute_ms, INF, False)
+            for t in range(n)}
+    for t in range(n):
+        m.objective[TIME[t]] = 1.0
+    covering: dict[int, list[tuple[int, int]]] = {}  # stage -> (window, free stage)
+    windows_of: dict[int, list[int]] = {}  # node -> its windows
+    pre_of: dict[int, list[tuple[int, int]]] = {}  # window -> (q, PRE variable)
+    for w, win in enumerate(windows):
+        windows_of.setdefault(win.node, []).append(w)
+    for w, win in enumerate(windows):
+        a, b = stage_of[win.gap_start], stage_of[win.gap_end]
+        out_ms = r.d2h.transfer_ms(win.nbytes)
+        free_at = a + 1
+        while free_at < b and timeline.start_ms[computes[free_at]] < win.produced_ms + out_ms:
+            free_at += 1
+        KEEP[w] = m.var(f"KEEP_{w}", 0, 1, True)
+        OFF[w] = m.var(f"OFF_{w}", 0, 1, True)
+        rc_ok = index.node(win.node).recomputable and all(
+            freed_at.get(u, len(base)) > win.gap_end for u in index.predecessors[win.node])
+        RC[w] = m.var(f"RC_{w}", 0, 1 if rc_ok else 0, True)
+        # one decision per window
+        m.row([KEEP[w], OFF[w], RC[w]], [1.0, 1.0, 1.0], 1, 1)
+        m.objective[OFF[w]] = 2 * win.nbytes * BYTE_WEIGHT
+        first_q = max(free_at, b - PREFETCH_CHOICES + 1, a + 1)
+        qs = list(range(first_q, b + 1))
+        for q in qs:
+            PRE[(w, q)] = m.var(f"PRE_{w}_{q}", 0, 1, True)
+            pre_of.setdefault(w, []).append((q, PRE[(w, q)]))
+        # an offloaded window is reloaded exactly once
+        m.row([PRE[(w, q)] for q in qs] + [OFF[w]], [1.0] * len(qs) + [-1.0], 0, 0)
+        for t in range(first_q, b):
+            MOVE[(w, t)] = m.var(f"MOVE_{w}_{t}", 0, 1, False)
+            # a reload moves only once started
+            m.row([MOVE[(w, t)]] + [PRE[(w, q)] for q in qs if q <= t],
+                  [1.0] + [-1.0] * sum(1 for q in qs if q <= t), -INF, 0)
+        # the whole reload happens before the use
+        m.row([MOVE[(w, t)] for t in range(first_q, b)] + [OFF[w]],
+              [1.0] * (b - first_q) + [-1.0], 0, 0)
+        for t in range(a + 1, b):
+            covering.setdefault(t, []).append((w, free_at))
+    for w, win in enumerate(windows):
+        b = stage_of[win.gap_end]
+        # recomputing needs the inputs: kept where their windows cover the use
+        for u in index.predecessors[win.node]:
+            for wu in windows_of.get(u, []):
+                uw = windows[wu]
+                if stage_of[uw.gap_start] < b < stage_of[uw.gap_end]:
+                    m.row([RC[w], KEEP[wu]], [1.0, -1.0], -INF, 0)
+    moving_in: dict[int, list[tuple[int, int]]] = {}
+    for (w, tt), v in MOVE.items():
+        moving_in.setdefault(tt, []).append((w, v))
+    ending: dict[int, list[int]] = {}
+    for w, win in enumerate(windows):
+        ending.setdefault(stage_of[win.gap_end], []).append(w)
+    for t in range(n):
+        # the h2d link: reloads carried in stage t fit in its duration
+        moving = moving_in.get(t, [])
+        if moving:
+            m.row([TIME[t]] + [v for _, v in moving],
+                  [1.0] + [-r.h2d.transfer_ms(windows[w_].nbytes) for w_, _ in moving], 0, INF)
+        # stage time covers the recomputations before it
+        rcs = ending.get(t, [])
+        if rcs:
+            m.row([TIME[t]] + [RC[w] for w in rcs],
+                  [1.0] + [-index.node(windows[w].node).compute_ms for w in rcs],
+                  index.node(base[computes[t]].node).compute_ms, INF)
+        # memory during stage t within the budget
+        cover = covering.get(t, [])
+        if cover:
+            base_bytes = live[computes[t]].live_bytes
+            idx: list[int] = []
+            coef: list[float] = []
+            const = float(base_bytes)
+            for w, free_at in cover:
+                nb = float(windows[w].nbytes)
+                const -= nb
+                idx.append(KEEP[w])
+                coef.append(nb)
+                if t < free_at:
+                    idx.append(OFF[w])
+                    coef.append(nb)
+                for q, v in pre_of.get(w, []):
+                    if q <= t:
+                        idx.append(v)
+                        coef.append(nb)
+            m.row(idx, coef, -INF, judge.budget_bytes - const)
+    return OffloadMilp(m, windows, stage_of, KEEP, OFF, RC, PRE, TIME)
+
+
+def hint_of(milp: OffloadMilp, plan: list[Action]) -> dict[int, float]:
+    """KEEP/OFF/PRE values of a plan built by `with_offloads` on the same base (others free)."""
+    offloaded = {a.node for a in plan if a.op is ActionOp.offload}
+    out: dict[int, float] = {}
+    for w, win in enumerate(milp.windows):
+        off = win.node in offloaded
+        out[milp.KEEP[w]] = 0.0 if off else 1.0
+        out[milp.OFF[w]] = 1.0 if off else 0.0
+        out[milp.RC[w]] = 0.0
+    return out
+
+
+def plan_of(milp: OffloadMilp, base: list[Action], values: list[float]) -> list[Action]:
+    computes = {t: i for i, t in milp.stage_of.items()}
+    chosen: list[Window] = []
+    positions: dict[WindowKey, int] = {}
+    recompute: dict[int, list[Action]] = {}  # action index of the use -> recomputations before
+    release: dict[int, list[Action]] = {}  # action index -> frees after it
+    for w, win in enumerate(milp.windows):
+        if values[milp.OFF[w]] > 0.5:
+            q = next(q for (ww, q), v in milp.PRE.items() if ww == w and values[v] > 0.5)
+            chosen.append(win)
+            positions[win.key] = computes[q]
+        elif values[milp.RC[w]] > 0.5:
+            recompute.setdefault(win.gap_end, []).append(compute(win.node))
+            release.setdefault(win.gap_start, []).append(free(win.node))
+    return with_offloads(base, chosen, positions, extra_before=recompute, extra_after=release)
+
+
+def milp_plan(judge: Judge, base: list[Action], hint: Judged | None, time_limit_s: float, *,
+              backend: str = "scip", threads: int = 1, seed: int = 0,
+              windows: list[Window] | None = None) -> tuple[Judged | None, str, dict[str, Any]]:
+    """Solve the model hinted with `hint` (a plan on `base`) and judge its plan: (the better of
+    the two, "milp" or "hint", the model's figures: status, objective, bound, gap, size)."""
+    windows = find_windows(judge.graph, base) if windows is None else windows
+    milp = build(judge, base, windows)
+    hinted = hint_of(milp, hint.actions) if hint is not None and hint.fits else None
+    r = solve_linear(milp.model, backend, time_limit_s=max(0.1, time_limit_s), threads=threads,
+                     seed=seed, hint=hinted)
+    model: dict[str, Any] = {
+        "backend": backend, "status": r.status, "objective_ms": r.objective,
+        "bound_ms": r.bound, "variables": milp.model.num_vars, "rows": len(milp.model.rows),
+        "windows": len(windows), "wall_seconds": round(r.wall_seconds, 3),
+    }
+    if r.objective is not None and r.bound is not None and r.objective > 0:
+        model["gap"] = max(0.0, (r.objective - r.bound) / r.objective)
+    if r.values is None:
+        return hint, "hint", model
+    got = judge(plan_of(milp, base, r.values))
+    if got is None:
+        model["plan"] = "the model's plan does not run on the graph"
+        return hint, "hint", model
+    return (got, "milp", model) if better(hint, got) is got else (hint, "hint", model)
+
+
+def milp_method(request: SolveRequest) -> MethodResult:
+    resources = require_host_tier(request.resources, "offload-milp")
+    backend = str(request.options.get("backend") or "scip")
+    if backend not in BACKENDS:
+        raise InputError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    max_nodes = request.options.get("max_nodes", MAX_NODES)
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
+        raise InputError(f"option max_nodes {max_nodes!r}: must be an integer ≥ 1")
+    started = time.perf_counter()
+    graph = request.graph
+    judge = Judge(graph, request.budget_bytes, resources)
+    base = store_all(graph)
+    hint = beaumont(judge, base, started + 0.3 * request.time_limit_s).best
+    notes: list[str] = []
+    details: dict[str, Any] = {}
+    windows = find_windows(graph, base)
+    if len(graph.nodes) > max_nodes or not windows:
+        why = (f"{len(graph.nodes)} nodes > max_nodes {max_nodes}" if windows
+               else "no window to offload")
+        notes.append(f"MILP not built ({why}): the Beaumont heuristic's plan, no bound")
+        return judged_result(request, judge, hint, "offload-milp:heuristic", notes, details)
+    left = request.time_limit_s - (time.perf_counter() - started)
+    best, source, details["model"] = milp_plan(
+        judge, base, hint, left, backend=backend, threads=request.threads, seed=request.seed,
+        windows=windows)
+    notes.append("the model's bound holds only in its space (store-all order, up to "
+                 f"{MAX_WINDOWS_PER_INTERVAL} windows per residency, {PREFETCH_CHOICES} reload "
+                 "positions, copies out not queued, one recomputation per window from resident "
+                 "inputs): no bound on every plan is claimed")
+    if "plan" in details["model"]:
+        notes.append(details["model"]["plan"] + "; the hint is returned")
+    return judged_result(request, judge, best, f"offload-milp:{backend}:{source}", notes, details)
