@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ZOO = ("mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet")
+ZOO = ("mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet", "llama_like", "resnet50_like")
 
 # Sizes small enough for tests (a trace in a second or two on one CPU core).
 TINY: dict[str, dict[str, Any]] = {
@@ -19,6 +19,8 @@ TINY: dict[str, dict[str, Any]] = {
     "vit": dict(batch_size=4, image=16, dim=32, layers=2),
     "mixer": dict(batch_size=4, image=16, patch=4, dim=32, blocks=2),
     "densenet": dict(batch_size=4, image=16, growth=4, blocks=(3, 3), stem=8),
+    "llama_like": dict(batch_size=2, context=8, dim=16, layers=2, vocab=32),
+    "resnet50_like": dict(batch_size=2, image=16, base=4),
 }
 
 
@@ -97,6 +99,24 @@ def densenet(batch_size: int = 8, image: int = 32, growth: int = 12,
 
     model = DenseNet(growth, tuple(blocks), stem, dropout)
     return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
+
+
+def llama_like(batch_size: int = 2, context: int = 32, dim: int = 64, layers: int = 32,
+               vocab: int = 256) -> Any:
+    """A Llama-like decoder (RMSNorm, rotary embeddings, SwiGLU), 32 layers at a small width."""
+    _seed()
+    from planner.zoo import models
+
+    return models.llama_like(batch_size=batch_size, context=context, dim=dim, layers=layers,
+                             vocab=vocab)
+
+
+def resnet50_like(batch_size: int = 4, image: int = 32, base: int = 8) -> Any:
+    """A ResNet-50-like CNN (bottleneck blocks 3-4-6-3) at a small width."""
+    _seed()
+    from planner.zoo import models
+
+    return models.resnet50_like(batch_size=batch_size, image=image, base=base)
 
 
 def hf_gpt2(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128) -> Any:

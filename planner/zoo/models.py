@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -326,3 +327,170 @@ class DenseNet(nn.Module):
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.bn(self.features(self.stem(x))))
         return F.cross_entropy(self.fc(h.mean(dim=(2, 3))), target)
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck: 1×1 reduce, 3×3, 1×1 expand (×4), BatchNorm, ReLU, residual
+    (projected when the shape changes)."""
+
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int = 1):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.down = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        return F.relu(self.bn3(self.conv3(y)) + self.down(x))
+
+
+class ResNet50Like(nn.Module):
+    """ResNet-50's layout (stages of 3, 4, 6, 3 bottlenecks) at a small base width."""
+
+    def __init__(self, base: int = 8, stages: tuple[int, ...] = (3, 4, 6, 3), classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, base, 3, padding=1, bias=False), nn.BatchNorm2d(base), nn.ReLU()
+        )
+        blocks: list[nn.Module] = []
+        cin = base
+        for i, count in enumerate(stages):
+            width = base * 2**i
+            for j in range(count):
+                blocks.append(Bottleneck(cin, width, stride=2 if i and j == 0 else 1))
+                cin = width * Bottleneck.expansion
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return F.cross_entropy(self.fc(x.mean(dim=(2, 3))), target)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (the rotate-half form Llama uses)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder block: RMSNorm, causal attention with rotary embeddings, RMSNorm,
+    SwiGLU MLP, residuals."""
+
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = RMSNorm(dim)
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.mlp_norm = RMSNorm(dim)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.attn_norm(x)
+        q, k, v = (
+            z(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+            for z in (self.q, self.k, self.v)
+        )
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        x = x + self.o((att @ v).transpose(1, 2).reshape(b, t, d))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class LlamaLike(nn.Module):
+    """A Llama-style decoder written in the project (RMSNorm, rotary embeddings, SwiGLU), for
+    when transformers is not installed; returns the language-model loss."""
+
+    def __init__(self, vocab: int = 256, dim: int = 64, layers: int = 32, heads: int = 4,
+                 hidden: int = 172, context: int = 32):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.h = nn.ModuleList(LlamaBlock(dim, heads, hidden) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        head_dim = dim // heads
+        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        angles = torch.outer(torch.arange(context).float(), inv)
+        self.register_buffer("cos", torch.cat((angles, angles), dim=-1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat((angles, angles), dim=-1).sin(), persistent=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        cos: torch.Tensor = self.cos  # type: ignore[assignment]
+        sin: torch.Tensor = self.sin  # type: ignore[assignment]
+        cos, sin = cos[:t], sin[:t]
+        x = self.tok(idx)
+        for block in self.h:
+            x = block(x, cos, sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def llama_like(batch_size: int = 2, context: int = 32, dim: int = 64, layers: int = 32,
+               vocab: int = 256) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """(model, inputs) of a 32-layer Llama-like decoder at a small width: transformers'
+    LlamaForCausalLM from a LlamaConfig (random weights, no download) when transformers is
+    installed, else `LlamaLike` (the same structure written here)."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, vocab, (batch_size, context))
+    try:
+        import transformers
+    except ImportError:
+        return LlamaLike(vocab, dim, layers, 4, int(8 * dim / 3), context), (idx, idx.roll(-1, 1))
+    options: dict[str, Any] = {"attn_implementation": "eager"}  # plain ops, traceable
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=dim, intermediate_size=int(8 * dim / 3),
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=context, **options,
+    )
+    return _CausalLMLoss(transformers.LlamaForCausalLM(config)), (idx,)
+
+
+class _CausalLMLoss(nn.Module):
+    """Calls a transformers causal LM with labels = inputs: the model returns its loss."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+def resnet50_like(batch_size: int = 4, image: int = 32, base: int = 8
+                  ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """(model, inputs) of `ResNet50Like` at a small width."""
+    torch.manual_seed(0)
+    model = ResNet50Like(base)
+    return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))

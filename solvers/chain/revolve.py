@@ -18,7 +18,6 @@ value and one ā.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from math import comb
 
 from solvers.chain.model import Chain
@@ -37,20 +36,41 @@ def griewank_recomputations(steps: int, slots: int) -> int:
     return r * steps - comb(slots + r, slots + 1) if r > 0 else 0
 
 
-@cache
+_TABLE: dict[tuple[int, int], tuple[int, int]] = {}
+
+
 def _table(steps: int, slots: int) -> tuple[int, int]:
-    """(T(steps, slots), best first advance j) of the recursion in the module doc."""
-    if steps <= 1:
-        return 0, 0
-    if slots == 1:
-        return steps * (steps - 1) // 2, steps - 1
-    best, best_j = None, 0
-    for j in range(1, steps):
-        value = j + _table(steps - j, slots - 1)[0] + _table(j, slots)[0]
-        if best is None or value < best:
-            best, best_j = value, j
-    assert best is not None
-    return best, best_j
+    """(T(steps, slots), best first advance j) of the recursion in the module doc, memoised;
+    evaluated with an explicit stack (chains of thousands of stages exceed Python's recursion
+    limit)."""
+    stack = [(steps, slots)]
+    while stack:
+        n, c = stack[-1]
+        if (n, c) in _TABLE:
+            stack.pop()
+            continue
+        if n <= 1:
+            _TABLE[n, c] = (0, 0)
+            stack.pop()
+            continue
+        if c == 1:
+            _TABLE[n, c] = (n * (n - 1) // 2, n - 1)
+            stack.pop()
+            continue
+        missing = [key for j in range(1, n) for key in ((n - j, c - 1), (j, c))
+                   if key not in _TABLE]
+        if missing:
+            stack.extend(missing)
+            continue
+        best, best_j = None, 0
+        for j in range(1, n):
+            value = j + _TABLE[n - j, c - 1][0] + _TABLE[j, c][0]
+            if best is None or value < best:
+                best, best_j = value, j
+        assert best is not None
+        _TABLE[n, c] = (best, best_j)
+        stack.pop()
+    return _TABLE[steps, slots]
 
 
 def revolve_recomputations(steps: int, slots: int) -> int:

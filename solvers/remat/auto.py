@@ -1,39 +1,44 @@
-"""`auto`: a fast feasible plan first, then exact improvement, with a proven bound.
+"""`auto`: an in-budget plan within seconds at any size, then improvement, with a proven bound.
 
-1. Baselines, dynamic eviction (DTR-style) and greedy checkpoint eviction, in the graph's
-   order and in memory-aware reorderings (store-all in a better order often fits at no extra
-   compute): in-budget plans within seconds on the Checkmate graphs.
-2. The LP relaxation (HiGHS) of the frontier-advancing MILP, on graphs small enough for it to
-   finish: a lower bound and LP-rounded plans; then the MILP itself on CP-SAT, hinted with the
-   best plan, for half the time left (≤ 100 nodes): it often proves optimality fast.
-3. The CP-SAT interval model (Moccasin-style), hinted with the best plan, using every thread for
-   the time left. Its bound counts only when every node may be computed as often as the MILP
-   allows (small graphs); on larger graphs recomputations per node are capped, which makes the
-   model small and fast but its bound no proof.
+1. A time-boxed portfolio of fast heuristics (`portfolio.run_portfolio`): store-all in
+   memory-aware orders, greedy checkpoint eviction (incremental), the baselines, dynamic
+   eviction and the module-level chain DP, each with a share of the time that adapts to the
+   graph's size. On graphs small enough for it, the HiGHS MILP starts at once in its own
+   thread (it releases the GIL) and races everything below; it stops the others on a proof.
+2. Small graphs (≤ EXACT_MAX_NODES): the LP relaxation (HiGHS) for a bound and LP-rounded plans,
+   the MILP on CP-SAT hinted with the best plan, then the CP-SAT interval model (Moccasin-style).
+   Its bound counts only when every node may be computed as often as the MILP allows (small
+   graphs); on larger graphs recomputations per node are capped: fast, but no proof.
+3. Larger graphs: large-neighbourhood search (`lns.improve_windows`) on windows of the best
+   checkpoint plan, randomised memory-aware orders (a fit in a new order costs nothing extra)
+   and the greedy add-back search, until the deadline.
 The best in-budget plan found in time is returned with its gap, against the bound that covers
 it: LP/MILP bounds cover Checkmate's staged schedules (first computations in the graph's order,
 ascending recomputations between them); the uncapped interval model's bound covers any schedule
-whose first computations follow the graph's order; a plan that reorders gets the universal
-bound (every node computed once).
+whose first computations follow the graph's order; any other plan gets the universal bound
+(every node computed once). Every phase checks the deadline: the answer comes within the time
+limit less a margin for turning the plan into actions and judging it (`final_margin_s`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.graph import Graph
 from planner.plan import Action
-from planner.simulator import lower_bound_peak_bytes, simulate
-from solvers.baselines import BASELINES, store_all
+from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 from solvers.order import schedule_order
-from solvers.remat.dtr import best_dtr
+from solvers.remat.checkpoints import CheckpointPlan
 from solvers.remat.exact import RematResult, solve_milp
-from solvers.remat.greedy import greedy_eviction
+from solvers.remat.greedy import improve, reduce_peak, sweep
 from solvers.remat.intervals import solve_intervals
+from solvers.remat.lns import improve_windows
 from solvers.remat.lp_rounding import lp_relaxation, round_lp
-from solvers.remat.orders import explore_orders, with_order
+from solvers.remat.orders import explore_orders, random_orders, with_order
+from solvers.remat.portfolio import run_portfolio
 from solvers.remat.problem import (
     RematProblem,
     problem_from_graph,
@@ -42,6 +47,7 @@ from solvers.remat.problem import (
 )
 from solvers.remat.stop import Progress, SearchStop
 
+EXACT_MAX_NODES = 300  # up to here: LP, MILP and interval searches after the portfolio
 EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation
 LP_MAX_NODES = 120
 MILP_MAX_NODES = 100
@@ -61,12 +67,19 @@ class AutoResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def final_margin_s(node_count: int, time_limit_s: float) -> float:
+    """Seconds kept back from the time limit for building the final plan's actions and the
+    engine's judgement of it (simulation): grows with the graph, never most of the limit."""
+    return min(0.25 * time_limit_s, 0.3 + 6e-5 * node_count)
+
+
 def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                threads: int = 2, seed: int = 0, progress: Progress | None = None) -> AutoResult:
     """`progress(objective, bound)` hears of every better plan (the simulator's cost) and every
     better bound, as soon as each phase or search finds it."""
     started = time.perf_counter()
-    deadline = started + time_limit_s * 0.93
+    n_nodes = len(graph.nodes)
+    deadline = started + time_limit_s - final_margin_s(n_nodes, time_limit_s)
 
     def left() -> float:
         return deadline - time.perf_counter()
@@ -82,14 +95,22 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     notes: list[str] = []
     timings: dict[str, float] = {}
 
-    def offer(actions: list[Action] | None, source: str) -> None:
+    def offer(actions: list[Action] | None, source: str) -> bool:
         nonlocal best
         if actions is None:
-            return
-        sim = simulate(graph, actions)
+            return False
+        try:
+            sim = simulate(graph, actions)
+        except PlanError as e:  # a heuristic's bug must not cost the answer: note it, go on
+            notes.append(f"{source}: invalid plan dropped ({e})")
+            return False
         if sim.peak_bytes <= budget_bytes and (best is None or sim.compute_cost < best[0]):
             best = (sim.compute_cost, actions, source)
+            if "first_plan_s" not in timings:
+                timings["first_plan_s"] = time.perf_counter() - started
             tell()
+            return True
+        return False
 
     def covers(found_bound: float) -> bool:
         """Whether a bound of a search in the graph's order covers the best plan: not when the
@@ -98,107 +119,100 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
 
     def tell() -> None:
         if progress is not None and best is not None:
-            progress(best[0], bound if covers(bound) else None)
+            progress(best[0], bound if covers(bound) else problem.total_cost)
 
     def report_in_order(objective: float | None, found_bound: float | None) -> None:
         if progress is not None:
             progress(objective, found_bound if found_bound is not None and covers(found_bound)
                      else None)
 
+    def optimal() -> bool:
+        return best is not None and best[0] <= problem.total_cost * (1 + 1e-12)
+
     # None without a listener: the searches then install no callbacks at all.
     within_order = report_in_order if progress is not None else None
-
-    for name, fn in BASELINES.items():
-        offer(fn(graph, budget_bytes), f"baseline:{name}")
-    order_of: dict[str, list[int]] = {}
-    lowest: tuple[int, str, list[int]] | None = None  # random order with the least peak
-    for name, order in explore_orders(graph, budget_bytes, started + 0.25 * time_limit_s, seed):
-        ordered = with_order(graph, order)
-        order_of[f"store-all@{name}"] = order_of[f"dtr@{name}"] = order
-        plan = store_all(ordered)
-        offer(plan, f"store-all@{name}")
-        if name.startswith("random"):  # many of these: only the most promising gets DTR
-            peak = simulate(graph, plan).peak_bytes
-            if lowest is None or peak < lowest[0]:
-                lowest = (peak, name, order)
-            continue
-        offer(best_dtr(problem_from_graph(ordered, budget_bytes),
-                       time_limit_s=max(0.2, 0.03 * time_limit_s)), f"dtr@{name}")
-    if lowest is not None and (best is None or not best[2].startswith("store-all")):
-        _, name, order = lowest
-        offer(best_dtr(problem_from_graph(with_order(graph, order), budget_bytes),
-                       time_limit_s=max(0.2, 0.03 * time_limit_s)), f"dtr@{name}")
-    if best is None or best[0] > problem.total_cost * (1 + 1e-12):  # else nothing to improve
-        offer(greedy_eviction(graph, budget_bytes, time_limit_s=max(0.3, 0.1 * time_limit_s)),
-              "greedy")
-    timings["first_plans_s"] = time.perf_counter() - started
-    # Two bounds, valid over different spaces: `bound` (LP, MILP) over Checkmate's staged
-    # schedules only; `order_bound` (the uncapped interval model) over every schedule whose
-    # first computations follow the graph's order, staged or not.
-    zero = best is not None and best[0] <= bound * (1 + 1e-12)
-    if problem.n <= LP_MAX_NODES and left() > 2 and not zero:
-        t0 = time.perf_counter()
-        lp_time = min(left() * 0.5, 0.2 * time_limit_s)
-        lp = lp_relaxation(problem, backend="highs-lp", time_limit_s=lp_time)
-        if lp.bound is not None:
-            bound = max(bound, lp.bound)
-            tell()
-            sched, _ = round_lp(problem, lp)
-            if sched is not None:
-                offer(staged_actions(problem, sched)[0], "lp-rounding")
-        else:
-            notes.append(f"LP relaxation: {lp.status} within {lp_time:.1f} s")
-        timings["lp_s"] = time.perf_counter() - t0
-    proven = best is not None and best[0] <= bound * (1 + 1e-9)
-    # Improve within the order of the best plan so far (its hint then fits the model); when the
-    # capped model is solved to optimality, allow more recomputations and go again.
-    order = given
-    if best is not None:
-        order = order_of.get(best[2], given)
+    small = problem.n <= EXACT_MAX_NODES
     stop = SearchStop()
     race: _HighsRace | None = None
     workers = threads
-    if not proven and problem.n <= MILP_MAX_NODES and order == given and left() > 2.0:
-        # The frontier MILP often proves optimality fast on mid-sized graphs: HiGHS (its own
-        # thread, no hint) races the CP-SAT searches below and stops them once it has a proof.
-        if threads >= 2:
-            race = _HighsRace(problem, left(), seed, stop, within_order)
-            workers = threads - 1
-        t1 = time.perf_counter()
-        hint = staged_from_actions(problem, best[1]) if best is not None else None
-        r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=workers, seed=seed,
-                       hint=hint, stop=stop, progress=within_order)
-        if r.bound is not None:
-            bound = max(bound, r.bound)
-        offer(r.actions, "milp:cpsat")
+    if problem.n <= MILP_MAX_NODES and threads >= 2 and left() > 4.0:
+        # The frontier MILP often proves optimality on mid-sized graphs, given most of the
+        # limit: HiGHS (its own thread, no hint) starts now and races everything below.
+        race = _HighsRace(problem, left(), seed, stop, within_order)
+        workers = threads - 1
+    order_of: dict[str, list[int]] = {}
+    first_deadline = started + (0.25 if small else 0.6) * (deadline - started)
+    fitted = run_portfolio(graph, budget_bytes, offer, first_deadline, threads=workers,
+                           seed=seed, order_of=order_of, notes=notes)
+    timings["first_phase_s"] = time.perf_counter() - started
+    if not small:
+        if not optimal():
+            _improve_large(graph, budget_bytes, fitted, offer, order_of, deadline, seed)
+        timings["improve_s"] = time.perf_counter() - started - timings["first_phase_s"]
+    elif not optimal():
+        # Exact searches in the graph's order (LP, MILP) and in the best plan's order
+        # (intervals); random orders first, as long as a store-all fit may turn up.
+        for name, order in explore_orders(graph, budget_bytes, first_deadline, seed):
+            if name.startswith("random") and time.perf_counter() < first_deadline:
+                plan = CheckpointPlan(problem_from_graph(with_order(graph, order),
+                                                         budget_bytes))
+                if plan.peak_bytes <= budget_bytes:
+                    order_of[f"store-all@{name}"] = order
+                    offer(plan.actions(), f"store-all@{name}")
+        if not optimal() and problem.n <= LP_MAX_NODES and left() > 2:
+            t0 = time.perf_counter()
+            lp_time = min(left() * 0.5, 0.2 * time_limit_s)
+            lp = lp_relaxation(problem, backend="highs-lp", time_limit_s=lp_time)
+            if lp.bound is not None:
+                bound = max(bound, lp.bound)
+                tell()
+                sched, _ = round_lp(problem, lp)
+                if sched is not None:
+                    offer(staged_actions(problem, sched)[0], "lp-rounding")
+            else:
+                notes.append(f"LP relaxation: {lp.status} within {lp_time:.1f} s")
+            timings["lp_s"] = time.perf_counter() - t0
         proven = best is not None and best[0] <= bound * (1 + 1e-9)
-        timings["milp_s"] = time.perf_counter() - t1
-    cap: int | None = None if problem.n <= EXACT_INTERVALS_MAX_NODES else RECOMPUTATIONS_CAP
-    ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
-    t0 = time.perf_counter()
-    while not proven and not stop.stopped and left() > 1.0:
-        r = solve_intervals(ordered_problem, max_computations=cap, time_limit_s=left(),
-                            threads=workers, seed=seed, hint=best[1] if best is not None else None,
-                            stop=stop, progress=(within_order if order == given
-                                                 else _objective_only(progress)))
-        offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
-        if cap is None and order == given:  # every recomputation allowed: a real bound
+        order = order_of.get(best[2], given) if best is not None else given
+        if (not proven and not stop.stopped and problem.n <= MILP_MAX_NODES and order == given
+                and left() > 2.0):
+            t1 = time.perf_counter()
+            hint = staged_from_actions(problem, best[1]) if best is not None else None
+            r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=workers,
+                           seed=seed, hint=hint, stop=stop, progress=within_order)
             if r.bound is not None:
-                order_bound = max(order_bound, r.bound)
                 bound = max(bound, r.bound)
-            if r.status == "infeasible":  # in this order only: a reordering may still fit
-                notes.append("the interval model proves no plan in the graph's order fits")
-        if cap is None or r.status != "optimal":
-            break
-        cap = cap + 1 if cap + 1 < problem.n // 2 else None
-        notes.append(f"capped interval model optimal; recomputations per node now {cap or 'any'}")
-        proven = best is not None and best[0] <= bound * (1 + 1e-9)
-    timings["intervals_s"] = time.perf_counter() - t0
+            offer(r.actions, "milp:cpsat")
+            proven = best is not None and best[0] <= bound * (1 + 1e-9)
+            timings["milp_s"] = time.perf_counter() - t1
+        cap: int | None = None if problem.n <= EXACT_INTERVALS_MAX_NODES else RECOMPUTATIONS_CAP
+        ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
+        t0 = time.perf_counter()
+        while not proven and not stop.stopped and left() > 1.0:
+            r = solve_intervals(ordered_problem, max_computations=cap, time_limit_s=left(),
+                                threads=workers, seed=seed,
+                                hint=best[1] if best is not None else None, stop=stop,
+                                progress=(within_order if order == given
+                                          else _objective_only(progress)))
+            offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
+            if cap is None and order == given:  # every recomputation allowed: a real bound
+                if r.bound is not None:
+                    order_bound = max(order_bound, r.bound)
+                    bound = max(bound, r.bound)
+                if r.status == "infeasible":  # in this order only: a reordering may still fit
+                    notes.append("the interval model proves no plan in the graph's order fits")
+            if cap is None or r.status != "optimal":
+                break
+            cap = cap + 1 if cap + 1 < problem.n // 2 else None
+            notes.append(f"capped interval model optimal; recomputations per node now "
+                         f"{cap or 'any'}")
+            proven = best is not None and best[0] <= bound * (1 + 1e-9)
+        timings["intervals_s"] = time.perf_counter() - t0
     if race is not None:
-        raced = race.result(timeout_s=max(0.0, left()) + 0.05 * time_limit_s)
-        if raced is None:
-            notes.append("the HiGHS MILP overran the time limit; its result is not used")
-        else:
+        stop.stop()  # a search still running past its share: its answer is not waited for
+        proven_now = best is not None and best[0] <= bound * (1 + 1e-9)
+        raced = race.result(timeout_s=0.0 if proven_now or optimal() else max(0.0, left()))
+        if raced is not None:
             if raced.bound is not None:
                 bound = max(bound, raced.bound)
             offer(raced.actions, "milp:highs")
@@ -209,7 +223,9 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     if not _follows(actions, given):
         # Bounds above hold for schedules in the graph's order; this plan reorders, so only
         # the universal bound (every node once) is claimed.
-        notes.append("the plan reorders first computations; bound = every node computed once")
+        if bound > problem.total_cost:
+            notes.append("the plan reorders first computations; bound = every node computed "
+                         "once")
         bound = problem.total_cost
     elif bound > order_bound and staged_from_actions(problem, actions) is None:
         # Cheaper than Checkmate's staged form allows, or just outside it: the LP/MILP bound
@@ -220,6 +236,50 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     bound = min(bound, cost)
     return AutoResult(actions, cost, source, bound, cost <= bound * (1 + 1e-9), False, notes,
                       timings)
+
+
+def _improve_large(graph: Graph, budget_bytes: int, fitted: list[tuple[str, CheckpointPlan]],
+                   offer: Callable[[list[Action] | None, str], bool],
+                   order_of: dict[str, list[int]], deadline: float, seed: int) -> None:
+    """Until the deadline: randomised memory-aware orders (a store-all fit there is optimal;
+    greedy eviction in each order whose store-all peak is the lowest yet), alternating with
+    large-neighbourhood search on the cheapest checkpoint plan."""
+    orders = random_orders(graph, seed)
+    lowest = min((p.peak_bytes for p in _store_all_peaks(fitted)), default=None)
+    rng_seed = seed
+    while time.perf_counter() < deadline:
+        slice_end = min(deadline, time.perf_counter() + 2.0)
+        while time.perf_counter() < slice_end:  # orders: O(n log n) each, checked in O(n)
+            name, order = next(orders)
+            candidate = CheckpointPlan(problem_from_graph(with_order(graph, order),
+                                                          budget_bytes))
+            if candidate.peak_bytes <= budget_bytes:
+                order_of[f"store-all@{name}"] = order
+                offer(candidate.actions(), f"store-all@{name}")
+                return
+            if lowest is not None and candidate.peak_bytes >= lowest:
+                continue
+            lowest = candidate.peak_bytes
+            part = min(deadline, time.perf_counter() + 0.3 * (deadline - time.perf_counter()))
+            sweep(candidate, part)
+            if reduce_peak(candidate, part):
+                improve(candidate, part)
+                order_of[f"greedy@{name}"] = order
+                fitted.append((name, candidate))
+                fitted.sort(key=lambda item: item[1].total_cost)
+                offer(candidate.actions(), f"greedy@{name}")
+        if fitted and time.perf_counter() < deadline:
+            name, plan = fitted[0]
+            before = plan.total_cost
+            improve_windows(plan, min(deadline, time.perf_counter() + 2.0), seed=rng_seed)
+            rng_seed += 1
+            if plan.total_cost < before:
+                order_of[f"lns@{name}"] = order_of.get(f"greedy@{name}", schedule_order(graph))
+                offer(plan.actions(), f"lns@{name}")
+
+
+def _store_all_peaks(fitted: list[tuple[str, CheckpointPlan]]) -> list[CheckpointPlan]:
+    return [CheckpointPlan(plan.problem) for _, plan in fitted]
 
 
 class _HighsRace:

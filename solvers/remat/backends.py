@@ -198,8 +198,10 @@ def _pywraplp(model, backend, time_limit_s, threads, seed, hint):
     # file descriptor 1 silences the whole process, so it is done only for LPs and only on the
     # main thread: auto races the HiGHS MIP in a thread, and a redirect there swallowed the
     # output of the rest of the program (rows of a benchmark, a CLI's JSON).
+    # The engine runs methods in a thread named "planner-method" (planner/engine/deadline.py).
     quiet = (backend.startswith("highs") and lp_only
-             and threading.current_thread() is threading.main_thread())
+             and (threading.current_thread() is threading.main_thread()
+                  or threading.current_thread().name == "planner-method"))
     with _quiet_stdout(quiet):
         code = solver.Solve()
     status = {pywraplp.Solver.OPTIMAL: "optimal", pywraplp.Solver.FEASIBLE: "feasible",

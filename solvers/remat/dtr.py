@@ -10,6 +10,7 @@ evictable.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from itertools import product
@@ -31,7 +32,8 @@ class _Stuck(Exception):
     pass
 
 
-def dtr_plan(problem: RematProblem, score: Score) -> list[Action] | None:
+def dtr_plan(problem: RematProblem, score: Score, deadline: float = math.inf
+             ) -> list[Action] | None:
     n, deps, users = problem.n, problem.deps, problem.users
     mem, ws, cost = problem.mem_bytes, problem.workspace_bytes, problem.cost
     budget = problem.budget_bytes
@@ -84,6 +86,8 @@ def dtr_plan(problem: RematProblem, score: Score) -> list[Action] | None:
         for x in needed:
             for u in deps[x]:
                 uses_left[u] = uses_left.get(u, 0) + 1
+        if time.perf_counter() > deadline:
+            raise _Stuck("out of time")
         for x in sorted(needed):
             pinned = {u for u, k in uses_left.items() if k > 0 and u in resident}
             first = held[x] if x >= frontier else 0  # only v is new; its ancestors ran before
@@ -109,7 +113,8 @@ def dtr_plan(problem: RematProblem, score: Score) -> list[Action] | None:
     return actions
 
 
-def dtr_depth_first_plan(problem: RematProblem, score: Score) -> list[Action] | None:
+def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = math.inf
+                         ) -> list[Action] | None:
     """Like dtr_plan, but a missing input is rematerialized depth-first (as DTR does): only the
     inputs of the nodes on the current recomputation path are pinned, not a whole batch of
     ancestors, so deep recomputation cascades fit far smaller budgets."""
@@ -178,6 +183,8 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score) -> list[Action] | 
             computed[0] += 1
             if computed[0] > max_computations:  # thrashing: cascades that grow without end
                 raise _Stuck("too many recomputations")
+            if computed[0] % 64 == 0 and time.perf_counter() > deadline:
+                raise _Stuck("out of time")
             resident.add(x)
             live += mem[x] + first
             path.pop()
@@ -204,15 +211,17 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score) -> list[Action] | 
 
 
 def best_dtr(problem: RematProblem, *, time_limit_s: float = 10.0) -> list[Action] | None:
-    """The cheapest plan within budget over the scoring variants (simulator-exact memory)."""
+    """The cheapest plan within budget over the scoring variants (simulator-exact memory); each
+    variant stops at the time limit (then it gives no plan)."""
     from solvers.remat.intervals import plan_peak_and_cost
 
     started = time.perf_counter()
+    deadline = started + time_limit_s
     best: tuple[float, list[Action]] | None = None
     for plan_fn, score in product((dtr_depth_first_plan, dtr_plan), SCORES.values()):
-        if time.perf_counter() - started > time_limit_s:
+        if time.perf_counter() > deadline:
             break
-        actions = plan_fn(problem, score)
+        actions = plan_fn(problem, score, deadline)
         if actions is None:
             continue
         peak, c = plan_peak_and_cost(problem, actions)

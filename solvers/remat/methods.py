@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from planner.errors import InputError
-from planner.plan import PlanStatus
+from planner.plan import Action, PlanStatus
 from solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
 from solvers.remat.exact import RematResult, solve_milp
 from solvers.remat.problem import problem_from_graph, staged_from_actions
@@ -88,12 +90,26 @@ def lp_rounding(request: SolveRequest) -> MethodResult:
     )
 
 
+OFFLOAD_SHARE = 0.3  # of auto's time limit, kept for offloading when the machine has a host tier
+
+
 def auto(request: SolveRequest) -> MethodResult:
+    """Pure recomputation (`solve_auto`); on a machine with a host tier, then offloading on top
+    of its best plan, kept only when the event simulator says it is faster (remat is a special
+    case: auto is never slower than its best pure-remat plan)."""
     from solvers.remat.auto import solve_auto
 
-    r = solve_auto(request.graph, request.budget_bytes, time_limit_s=request.time_limit_s,
+    started = time.perf_counter()
+    offloading = request.resources is not None and request.resources.has_host_tier
+    remat_limit_s = request.time_limit_s * (1 - OFFLOAD_SHARE if offloading else 1.0)
+    r = solve_auto(request.graph, request.budget_bytes, time_limit_s=remat_limit_s,
                    threads=request.threads, seed=request.seed, progress=request.progress)
     details = {"source": r.source, "timings_s": {k: round(v, 3) for k, v in r.timings.items()}}
+    if offloading and not (r.actions is not None and r.cost is not None
+                           and r.cost <= request.graph.total_compute_ms * (1 + 1e-12)):
+        faster = _with_offload(request, r.actions, started)
+        if faster is not None:
+            return faster
     if r.actions is None:
         if not r.proven_infeasible:  # nothing found in time: the CLI reports what fits
             return MethodResult(actions=None, status=PlanStatus.timeout, backend="auto",
@@ -107,6 +123,26 @@ def auto(request: SolveRequest) -> MethodResult:
         backend=f"auto:{r.source}", objective=r.cost, lower_bound=r.bound, notes=r.notes,
         details=details,
     )
+
+
+def _with_offload(request: SolveRequest, remat_actions: list[Action] | None,
+                  started: float) -> MethodResult | None:
+    """The best remat plan improved with host copies, when the simulator says it is faster;
+    judged by its makespan in the engine (a remat bound does not cover it)."""
+    from solvers.offload.hybrid import improve_with_offload
+
+    # Leave the engine its margin to judge the plan (as solve_auto does for its own).
+    left_s = request.time_limit_s * 0.93 - (time.perf_counter() - started)
+    if left_s <= 0.2:
+        return None
+    better = improve_with_offload(request.graph, request.budget_bytes, request.resources,
+                                  remat_actions, left_s)
+    if better is None:
+        return None
+    note = ("offloading: faster than the best pure-remat plan found" if remat_actions is not None
+            else "offloading: no pure-remat plan found; this one parks tensors on the host")
+    return MethodResult(actions=better, status=PlanStatus.feasible, backend="auto:remat+offload",
+                        notes=[note], details={"source": "remat+offload"})
 
 
 def cpsat_intervals(request: SolveRequest) -> MethodResult:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from planner.graph import Graph
 from planner.plan import Action
 from planner.simulator import lower_bound_peak_bytes, simulate
-from solvers.baselines import BASELINES
+from solvers.baselines import bounded_baselines
 from solvers.remat.backends import solve_linear
 from solvers.remat.milp import build_checkmate
 from solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
@@ -29,8 +29,7 @@ def min_budget(graph: Graph, *, backend: str = "cpsat", time_limit_s: float = 30
                threads: int = 2, seed: int = 0) -> MinBudget:
     started = time.perf_counter()
     best_actions, best_peak, method = None, None, "baseline"
-    for name, fn in BASELINES.items():
-        actions = fn(graph, None)
+    for name, actions in bounded_baselines(graph, None):
         peak = simulate(graph, actions).peak_bytes
         if best_peak is None or peak < best_peak:
             best_actions, best_peak, method = actions, peak, f"baseline:{name}"

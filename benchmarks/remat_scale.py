@@ -1,0 +1,230 @@
+"""Remat at scale: `auto` on random layered DAGs (500 to 5,000 nodes) and traced zoo models.
+
+One row per (graph, budget): nodes, time to the first in-budget plan, overhead of the incumbent
+at 10 s and at the end, bound and gap, peak / budget, wall time, and for the training graphs
+(zoo models) the module-level chain DP (`rotor` on a linearisation) beside it. Budget =
+ceil(fraction × store-all peak). Overheads are the simulator's (compute increase over running
+every node once); the incumbent at 10 s comes from auto's progress reports.
+
+    .venv/bin/python benchmarks/remat_scale.py --time-limit 60 --write docs/remat_scale.md
+    .venv/bin/python benchmarks/remat_scale.py --rows random1000 --fractions 0.9 --time-limit 20
+
+Rows are resumable: each finished row is appended to --results (JSON lines) and skipped when
+the script runs again with the same time limit; traced graphs are cached in --cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+RANDOM_ROWS = {f"random{n}": n for n in (500, 1000, 2000, 5000)}
+ZOO_ROWS = ("gpt12", "gpt24", "gpt48", "llama32", "resnet50")
+ROWS = (*RANDOM_ROWS, *ZOO_ROWS)
+SNAPSHOT_S = 10.0  # the incumbent reported at this time goes into its own column
+
+
+def _zoo(name: str) -> tuple[Any, tuple[Any, ...]]:
+    from planner.zoo import gpt
+    from planner.zoo.models import llama_like, resnet50_like
+
+    makers: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
+        "gpt12": lambda: gpt(batch_size=2, context=32, dim=64, layers=12, vocab=256),
+        "gpt24": lambda: gpt(batch_size=2, context=32, dim=64, layers=24, vocab=256),
+        "gpt48": lambda: gpt(batch_size=2, context=32, dim=64, layers=48, vocab=256),
+        "llama32": lambda: llama_like(batch_size=2, context=32, dim=64, layers=32),
+        "resnet50": lambda: resnet50_like(batch_size=4, image=32, base=8),
+    }
+    return makers[name]()
+
+
+def load_row_graph(name: str, cache: Path) -> Any:
+    """The row's graph: generated (random layered, seeded) or traced (cached as JSON)."""
+    from planner.graph import Graph
+    from planner.synthetic import random_layered_dag
+
+    if name in RANDOM_ROWS:
+        return random_layered_dag(RANDOM_ROWS[name], seed=0)
+    path = cache / f"{name}.json"
+    if path.exists():
+        return Graph.model_validate_json(path.read_text())
+    from planner.tracing.api import trace
+
+    model, inputs = _zoo(name)
+    graph = trace(model, inputs, model_name=name).graph
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(graph.model_dump_json())
+    return graph
+
+
+def run_row(graph: Any, name: str, frac: float, time_limit: float, threads: int
+            ) -> dict[str, Any]:
+    from planner.engine.solve import solve
+    from solvers.baselines import store_all_peak_bytes
+
+    base = graph.total_compute_ms
+    budget = math.ceil(frac * store_all_peak_bytes(graph))
+    started = time.perf_counter()
+    seen: dict[str, float | None] = {"first_s": None, "at_snapshot": None}
+
+    def progress(objective: float | None, _bound: float | None) -> None:
+        now = time.perf_counter() - started
+        if objective is None:
+            return
+        if seen["first_s"] is None:
+            seen["first_s"] = now
+        if now <= SNAPSHOT_S:
+            seen["at_snapshot"] = objective
+
+    plan = solve(graph, budget, "auto", time_limit_s=time_limit, threads=threads,
+                 progress=progress)
+    wall = time.perf_counter() - started
+    pred = plan.predicted
+    fits = plan.status.value in ("optimal", "feasible") and pred is not None
+    row: dict[str, Any] = {
+        "graph": name, "nodes": len(graph.nodes), "fraction": frac, "limit": time_limit,
+        "status": plan.status.value, "wall_s": wall, "first_s": seen["first_s"],
+        "overhead_snapshot": (None if seen["at_snapshot"] is None
+                              else seen["at_snapshot"] / base - 1),
+        "overhead": pred.overhead if fits and pred is not None else None,
+        "peak_ratio": pred.peak_bytes / budget if pred is not None else None,
+        "bound": (plan.lower_bound / base - 1) if plan.lower_bound is not None else None,
+        "gap": plan.gap, "source": plan.details.get("source", plan.backend),
+        "chain": None,
+    }
+    if name in ZOO_ROWS:
+        chain = solve(graph, budget, "rotor", time_limit_s=time_limit, threads=threads)
+        cp = chain.predicted
+        ok = chain.status.value in ("optimal", "feasible") and cp is not None
+        row["chain"] = cp.overhead if ok and cp is not None else None
+    return row
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"+{100 * x:.3f} %"
+
+
+def format_row(r: dict[str, Any]) -> str:
+    first = "-" if r["first_s"] is None else f"{r['first_s']:.1f}"
+    peak = "-" if r["peak_ratio"] is None else f"{r['peak_ratio']:.4f}"
+    gap = "-" if r["gap"] is None else f"{100 * r['gap']:.3f} %"
+    chain = "n/a" if r["graph"] in RANDOM_ROWS else _pct(r["chain"])
+    return (f"| {r['graph']} | {r['nodes']} | {r['fraction']:g} | {r['status']} ({r['source']}) "
+            f"| {first} | {_pct(r['overhead_snapshot'])} | {_pct(r['overhead'])} "
+            f"| {_pct(r['bound'])} | {gap} | {peak} | {r['wall_s']:.1f} | {chain} |")
+
+
+HEADER = ("| graph | nodes | budget | status (source) | first plan s | overhead @10 s "
+          "| overhead @limit | bound | gap | peak / budget | wall s | chain DP |")
+
+
+NOTES = [
+    "How auto works at this size (solvers/remat/auto.py, portfolio.py, greedy.py, lns.py):",
+    "",
+    "- First phase (≤ 60 % of the limit on graphs over 300 nodes, 25 % below): store-all in the",
+    "  graph's order and in memory-aware greedy orders (a heap-based list scheduler, O((n + e)",
+    "  log n)); a store-all fit is optimal (every node once) and ends the search. Then greedy",
+    "  checkpoint eviction in the orders with the lowest store-all peak, each with a share of",
+    "  the phase: `CheckpointPlan` keeps per-stage costs and peaks and re-evaluates only the",
+    "  stages that recompute a toggled node's readers (before: every candidate rebuilt and",
+    "  re-simulated the whole schedule, 0.15 s per candidate at 1,000 nodes). Then the",
+    "  baselines (≤ 3,000 nodes), dynamic eviction (DTR-style, deadline-checked) when nothing",
+    "  fits yet, and on training graphs the module-level chain DP translated to op-level",
+    "  actions, so op-level auto is never worse than it at the same budget.",
+    "- Then, until the deadline: randomised memory-aware orders (each checked in O(n); greedy",
+    "  eviction in every order whose store-all peak is the lowest yet) alternating with",
+    "  large-neighbourhood search on the cheapest checkpoint plan (re-admit the checkpoints",
+    "  dropped in a window of the order, repair by greedy eviction, keep if cheaper; undone",
+    "  exactly otherwise). Graphs ≤ 300 nodes keep the exact searches (LP, MILP on CP-SAT and",
+    "  HiGHS, the interval model); the HiGHS MILP (≤ 100 nodes) now starts at once and races",
+    "  the whole limit.",
+    "- Every phase checks the deadline: limit − `final_margin_s` (0.3 s + 60 µs per node) for",
+    "  the final actions and the engine's judgement.",
+    "- Bound: on graphs over 300 nodes only the universal bound (every node once, +0 %) is",
+    "  claimed; it covers every plan. Gaps there are overheads, not optimality gaps.",
+    "",
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
+    ap.add_argument("--fractions", default="0.9,0.8,0.6,0.4")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/remat_scale_cache"))
+    ap.add_argument("--results", type=Path, default=None,
+                    help="JSON lines of finished rows (default: <cache>/results.jsonl)")
+    ap.add_argument("--fresh", action="store_true", help="ignore rows already in --results")
+    ap.add_argument("--write", type=Path, default=None, help="markdown file to write")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: print (and write) the rows already in --results")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        print(f"unknown rows {unknown}: choose from {', '.join(ROWS)}")
+        return 2
+    results_path = args.results or args.cache / "results.jsonl"
+    done: dict[tuple[str, float], dict[str, Any]] = {}
+    if results_path.exists() and not args.fresh:
+        for line in results_path.read_text().splitlines():
+            r = json.loads(line)
+            if r["limit"] == args.time_limit:
+                done[(r["graph"], r["fraction"])] = r
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    print(HEADER)
+    print("|" + "---|" * 12)
+    lines = []
+    for name in rows:
+        graph = None
+        for frac in (float(f) for f in args.fractions.split(",")):
+            r = done.get((name, frac))
+            if r is None and args.report_only:
+                continue
+            if r is None:
+                graph = graph or load_row_graph(name, args.cache)
+                r = run_row(graph, name, frac, args.time_limit, args.threads)
+                with results_path.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+            lines.append(format_row(r))
+            print(lines[-1], flush=True)
+    if args.write is not None:
+        args.write.write_text("\n".join([
+            "# Remat at scale",
+            "",
+            f"Machine: {machine()}.",
+            f"Command: `.venv/bin/python benchmarks/remat_scale.py --time-limit "
+            f"{args.time_limit:g} --threads {args.threads} --rows {','.join(rows)} "
+            f"--fractions {args.fractions} --write {args.write}`"
+            + (" (rows missing below were not run)." if args.report_only else "."),
+            "Budget = ceil(fraction × store-all peak). Overheads are the simulator's compute "
+            "increase over running every node once; `overhead @10 s` is auto's incumbent at "
+            "10 s (its progress reports), `overhead @limit` the returned plan's. Bound = the "
+            "proven lower bound as an increase (on large graphs the universal bound, +0 %); "
+            "gap = (cost − bound) / cost. `chain DP` = the module-level chain DP (`rotor` on a "
+            "linearisation) at the same budget. Random layered DAGs: "
+            "`planner.synthetic.random_layered_dag(n, seed=0)`; zoo models traced op-level "
+            "(`planner.tracing`, small widths). Timings are noisy: the machine is shared.",
+            "",
+            HEADER,
+            "|" + "---|" * 12,
+            *lines,
+            "",
+            *NOTES,
+        ]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
