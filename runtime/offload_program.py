@@ -22,60 +22,32 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from torch import fx
 
 from planner.plan import Action, ActionOp
 from planner.resources import Resources
-from planner.simulator import PlanError, simulate
 from runtime.offload_engine import CopyStreams, StepCopies, TransferStats
 from runtime.offload_pack import GroupLayout, group_layouts
 from runtime.op_codegen import CompiledSegment, PlanExecutionError, SegmentCompiler, _Emitter
-from runtime.op_executor import JointProgram, PlanRun, _outputs
+from runtime.op_executor import JointProgram, PlanRun
 
 
 class OffloadProgram(JointProgram):
     """A JointProgram whose plan may copy node outputs to the host and back."""
 
     def __init__(self, trace: Any, actions: Sequence[Action], resources: Resources | None) -> None:
-        # JointProgram.__init__ checks the plan on one stream (no resources): the same set-up,
-        # with the event simulator on the plan's resources and the offload compiler.
-        gm: fx.GraphModule = trace.joint
-        self.fx_nodes = {n.name: n for n in gm.graph.nodes}
-        self.members = {int(k): tuple(v) for k, v in trace.node_fx_names.items()}
-        self.group_of = {m: g for g, ms in self.members.items() for m in ms}
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.tangents = tuple(trace.tangent_fx_names)
-        self.primals = tuple(n.name for n in placeholders if n.name not in self.tangents)
-        self.primal_kinds = dict(trace.primal_kinds)
-        self.primal_names = dict(trace.primal_names)
-        self.loss_fx = trace.loss_fx_name
-        self.identity_fx = frozenset(
-            (getattr(trace, "details", None) or {}).get("identity_dropout_fx_names", ())
-        )
-        output = next(n for n in gm.graph.nodes if n.op == "output")
-        self.grad_fx, self.mutations = _outputs(output, len(self.primals))
-        self.output_fx = {self.loss_fx, *self.grad_fx.values(), *self.mutations}
-        self.grad_of = {name: k for k, name in self.grad_fx.items()}
-        self.derivable = self._derivable(gm)
-        self.random = {
-            n.name
-            for n in gm.graph.nodes
-            if isinstance(n.target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in n.target.tags
-        }
-        self.graph = trace.graph
-        self.resources = resources
-        try:
-            self.simulation = simulate(self.graph, actions, resources)
-        except PlanError as e:
-            raise PlanExecutionError(str(e)) from None
-        self.layouts: dict[int, GroupLayout] = group_layouts(self)
-        self.forward, self.backward = self._split(actions)
-        compiler = OffloadCompiler(self)
-        self.forward_code = compiler.compile(self.forward)
-        self.backward_code = compiler.compile(self.backward, self.tangents)
-        self.resident_after = tuple(compiler.resident_after)
+        # JointProgram's set-up, with the event simulator on the plan's resources, the tensors'
+        # layouts and the offload compiler (the hooks below).
+        super().__init__(trace, actions, resources)
         self._streams: dict[str, CopyStreams] = {}
+
+    def _prepare(self) -> None:
+        self.layouts: dict[int, GroupLayout] = group_layouts(self)
+
+    def _compiler(self) -> SegmentCompiler:
+        return OffloadCompiler(self)
+
+    def _compiled(self, compiler: SegmentCompiler) -> None:
+        self.resident_after = tuple(compiler.resident_after)
 
     def streams_for(self, device: torch.device) -> CopyStreams:
         """The copy streams and host pool of `device` (made once, reused by every step)."""

@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from planner.plan import Action, ActionOp
+from planner.resources import Resources
 from planner.simulator import PlanError, loss_rule_error, simulate
 from runtime.op_codegen import (
     CompiledSegment,
@@ -60,7 +61,8 @@ class Segment:
 class JointProgram:
     """The joint fx graph indexed for plan execution; built once per applied plan."""
 
-    def __init__(self, trace: Any, actions: Sequence[Action]) -> None:
+    def __init__(self, trace: Any, actions: Sequence[Action],
+                 resources: Resources | None = None) -> None:
         gm: fx.GraphModule = trace.joint
         self.fx_nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
         self.members: dict[int, tuple[str, ...]] = {
@@ -94,15 +96,28 @@ class JointProgram:
         # What may run is the simulator's to say (one rule, one message): it also refuses a
         # backward op before the loss, which this split into forward and backward relies on.
         self.graph = trace.graph
+        self.resources = resources
         try:
-            simulate(self.graph, actions)
+            self.simulation = simulate(self.graph, actions, resources)
         except PlanError as e:
             raise PlanExecutionError(str(e)) from None
+        self._prepare()
         self.forward, self.backward = self._split(actions)
         # Residency is checked here, once: a plan that cannot run is refused before any step.
-        compiler = SegmentCompiler(self)
+        compiler = self._compiler()
         self.forward_code = compiler.compile(self.forward)
         self.backward_code = compiler.compile(self.backward, self.tangents)
+        self._compiled(compiler)
+
+    # Hooks for programs whose plans do more than compute and free (runtime.offload_program).
+    def _prepare(self) -> None:
+        """Set-up a subclass needs before the plan is split and compiled."""
+
+    def _compiler(self) -> SegmentCompiler:
+        return SegmentCompiler(self)
+
+    def _compiled(self, compiler: SegmentCompiler) -> None:
+        """Called with the compiler once both segments are compiled."""
 
     @property
     def resident_after(self) -> tuple[frozenset[int], ...]:
