@@ -210,3 +210,26 @@ def test_pofo_dp_is_optimal_against_brute_force(seed: int) -> None:
         assert sol.replay.cost_ms == pytest.approx(sol.dp_cost_ms)
         assert sol.dp_cost_ms == pytest.approx(min(fits)), (seed, budget)
     assert solve_pofo(p, lowest - 1, slots=1000).items is None
+
+
+def test_exact_model_on_cpsat_fits_and_its_grid_keeps_rows_tight() -> None:
+    from solvers.offload.integral import integral_model, original_values
+    from solvers.remat.linear import INF, LinearModel
+
+    req = request(0.6, backend="cpsat")
+    r = methods.offload_milp(req)
+    assert r.actions is not None and r.details["model"]["backend"] == "cpsat"
+    sim = simulate(GRAPH, r.actions, req.resources)
+    assert sim.peak_bytes <= req.budget_bytes and sim.host_peak_bytes <= HOST
+    # time ≥ 0.3337 · fraction (a reload): on grids of 1/1000 and 1/100 the fraction's
+    # coefficient rounds so that every integral solution satisfies the original row
+    m = LinearModel()
+    t, f = m.var("TIME_0", 0.5, INF, False), m.var("MOVE_0", 0, 1, False)
+    m.row([t, f], [1.0, -0.3337], 0, INF)
+    m.row([f], [1.0], 1, 1)
+    m.objective[t] = 1.0
+    grid = {t: 1000, f: 100}
+    z = integral_model(m, grid)
+    assert z.rows[0][1] == [100.0, -334.0] and z.upper[t] >= 334  # 0.3337 ms · 1000 · 100 / 100
+    least = max(z.lower[t], -(-334 * 100 // 100))
+    assert original_values([least, 100], grid)[0] >= 0.3337

@@ -211,8 +211,8 @@ def solve_cmd(
         str | None,
         typer.Option(
             "--backend",
-            help="Solver for milp (cpsat, scip, highs, cbc, pulp-cbc) or lp-rounding "
-            "(highs-lp, glop, pdlp)",
+            help="Solver for milp (cpsat, scip, highs, cbc, pulp-cbc), lp-rounding "
+            "(highs-lp, glop, pdlp) or offload-milp (scip, highs, cbc, cpsat)",
         ),
     ] = None,
     resources: ResourcesOpt = None,

@@ -83,6 +83,19 @@ METHOD_OPTIONS: dict[str, tuple[OptionSpec, ...]] = {
         OptionSpec("refine", "int", "extra DP runs that win back rounding loss (default 2)",
                    minimum=0),
     ),
+    "offload-all": (
+        OptionSpec("min_bytes", "int", "offload only tensors of at least this many bytes "
+                   "(default 1024, torchtune's)", minimum=0),
+    ),
+    "offload-milp": (
+        OptionSpec("backend", "choice", "solver (default scip; cpsat: on integer grids)",
+                   choices=("scip", "highs", "cbc", "cpsat")),
+        OptionSpec("max_nodes", "int", "largest graph the model is built for (default 400)",
+                   minimum=1),
+    ),
+    "pofo": (
+        OptionSpec("slots", "int", "memory discretisation (default 200)", minimum=1),
+    ),
 }
 
 

@@ -21,7 +21,9 @@ The model's space: store-all's order, up to 4 windows per residency, a few reloa
 copies out that never queue (the d2h link is not modelled) and no recomputation chains. Its
 bound is valid for that space only, never for every plan; the simulator judges the plan it
 translates to, and the best heuristic plan (its hint) is returned instead when faster.
-Options: backend (scip, highs, cbc; default scip), max_nodes (default 400).
+Options: backend (scip, highs, cbc, or cpsat: the same model with stage times in microseconds
+and reload fractions in hundredths, solvers.offload.integral; default scip), max_nodes (default
+400).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from planner.errors import InputError
 from planner.plan import Action, ActionOp, compute, free
 from solvers.baselines import store_all
 from solvers.offload.heuristics import beaumont
+from solvers.offload.integral import integral_model, original_values
 from solvers.offload.methods import judged_result
 from solvers.offload.schedule import (
     MAX_WINDOWS_PER_INTERVAL,
@@ -50,7 +53,8 @@ from solvers.request import MethodResult, SolveRequest
 
 PREFETCH_CHOICES = 6
 MAX_NODES = 400
-BACKENDS = ("scip", "highs", "cbc")
+BACKENDS = ("scip", "highs", "cbc", "cpsat")
+TIME_GRID, MOVE_GRID = 1000, 100  # CP-SAT: stage times in µs, reload fractions in 1/100
 BYTE_WEIGHT = 1e-12  # ms per byte moved: breaks ties toward fewer copies
 
 
@@ -213,8 +217,13 @@ def milp_plan(judge: Judge, base: list[Action], hint: Judged | None, time_limit_
     windows = find_windows(judge.graph, base) if windows is None else windows
     milp = build(judge, base, windows)
     hinted = hint_of(milp, hint.actions) if hint is not None and hint.fits else None
-    r = solve_linear(milp.model, backend, time_limit_s=max(0.1, time_limit_s), threads=threads,
-                     seed=seed, hint=hinted)
+    model_to_solve, grid = milp.model, {}
+    if backend == "cpsat":  # integer variables only: the continuous ones on grids
+        grid = {v: TIME_GRID if name.startswith("TIME_") else MOVE_GRID
+                for v, name in enumerate(milp.model.names) if not milp.model.integer[v]}
+        model_to_solve = integral_model(milp.model, grid)
+    r = solve_linear(model_to_solve, backend, time_limit_s=max(0.1, time_limit_s),
+                     threads=threads, seed=seed, hint=hinted)
     model: dict[str, Any] = {
         "backend": backend, "status": r.status, "objective_ms": r.objective,
         "bound_ms": r.bound, "variables": milp.model.num_vars, "rows": len(milp.model.rows),
@@ -224,7 +233,8 @@ def milp_plan(judge: Judge, base: list[Action], hint: Judged | None, time_limit_
         model["gap"] = max(0.0, (r.objective - r.bound) / r.objective)
     if r.values is None:
         return hint, "hint", model
-    got = judge(plan_of(milp, base, r.values))
+    values = original_values(r.values, grid) if grid else r.values
+    got = judge(plan_of(milp, base, values))
     if got is None:
         model["plan"] = "the model's plan does not run on the graph"
         return hint, "hint", model
