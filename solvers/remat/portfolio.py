@@ -6,7 +6,9 @@ so none of them starves the others:
    randomised ones (≤ 1.5 s): a reordering alone often fits at no extra compute,
    which is optimal (every node once);
 2. greedy checkpoint eviction (`greedy.greedy_plan`) in the orders with the lowest store-all
-   peak, each with an equal share of what is left of the phase;
+   peak, each with an equal share of what is left of the phase; then, above
+   LOWERED_MIN_NODES, peak-directed reordering (`late_orders.lowered_order`: local search on
+   the order across the store-all peak) and greedy eviction in the lowered orders;
 3. the baselines (linear ones at any size, recompute-all only while affordable);
 4. dynamic eviction (DTR-style) in the best order, when nothing fits yet;
 5. the module-level chain DP (rotor on a linearisation, translated to op-level actions) on
@@ -25,11 +27,13 @@ from solvers.order import schedule_order
 from solvers.remat.checkpoints import CheckpointPlan
 from solvers.remat.dtr import SCORES, dtr_depth_first_plan, dtr_plan
 from solvers.remat.greedy import improve, reduce_peak, sweep
+from solvers.remat.late_orders import lowered_order
 from solvers.remat.orders import ORDER_KEYS, greedy_order, random_orders, with_order
 from solvers.remat.problem import RematProblem, problem_from_graph
 
 Offer = Callable[[list[Action] | None, str], bool]  # (plan, source) -> became the best
 OrderMap = dict[str, list[int]]
+LOWERED_MIN_NODES = 300  # above: peak-directed reordering (smaller graphs get exact searches)
 
 
 def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float,
@@ -44,6 +48,9 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
 
     def share(fraction: float) -> float:
         return time.perf_counter() + fraction * max(0.0, deadline - time.perf_counter())
+
+    def share_until(until: float, fraction: float) -> float:
+        return time.perf_counter() + fraction * max(0.0, until - time.perf_counter())
 
     for name, key in ORDER_KEYS.items():  # O(n · ready) each: well under a second at 20k
         if time.perf_counter() > share(0.5):
@@ -103,6 +110,45 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         if time.perf_counter() > deadline:
             break
         attempt(name, 1.0 / (len(rest) - i + 2))  # leave room for the fallbacks below
+    if len(graph.nodes) > LOWERED_MIN_NODES and store_all and time.perf_counter() < deadline:
+        # Peak-directed reordering (`late_orders`) on the orders with the lowest store-all
+        # peaks, greedy eviction in each lowered order; a third of what is left (half when
+        # nothing fits yet): local search alone first, until a plan fits (seconds), then
+        # iterated local search from the lowest lowered orders.
+        lowered_until = share(0.5 if not fitted else 0.35)
+        descent_until = share_until(lowered_until, 0.4)
+        before = len(fitted)
+        descended: list[tuple[int, str]] = []
+
+        def lower(name: str, until: float, iterate: bool) -> list[tuple[str, CheckpointPlan]]:
+            start = orders.get(f"lowered@{name}", orders[name])
+            order, _ = lowered_order(graph, start, budget_bytes, until, seed=seed,
+                                     iterate=iterate)
+            low = f"lowered@{name}" + ("+ils" if iterate else "")
+            orders[low] = order
+            problems[low] = problem_from_graph(with_order(graph, order), budget_bytes)
+            store_all[low] = CheckpointPlan(problems[low])
+            peak = store_all[low].peak_bytes
+            if peak <= budget_bytes:  # every node once: nothing is cheaper
+                order_of[f"store-all@{low}"] = order
+                offer(store_all[low].actions(), f"store-all@{low}")
+                return [(low, store_all[low])]
+            if not iterate:
+                descended.append((peak, name))
+            attempt(low, 0.2)
+            return []
+
+        for name in list(ranked):
+            if time.perf_counter() > descent_until or len(fitted) > before:
+                break
+            if found_optimal := lower(name, descent_until, iterate=False):
+                return found_optimal
+        for _, name in sorted(descended):
+            if time.perf_counter() > lowered_until:
+                break
+            if found_optimal := lower(name, share_until(lowered_until, 0.5), iterate=True):
+                return found_optimal
+        ranked = sorted(store_all, key=lambda k: store_all[k].peak_bytes)
     fitted.sort(key=lambda item: item[1].total_cost)
     found = bool(fitted)
     n = len(graph.nodes)
