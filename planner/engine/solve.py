@@ -53,6 +53,8 @@ FALLBACK_AFTER_S = 0.2
 # Of the answer margin, what is kept for answering with the fallback when the method's plan
 # cannot be judged in time (its replay and report, linear in the graph).
 JUDGE_RESERVE_S = 1.0
+# Kept at the end of the answer margin when the fallback is built after the method's grace.
+FALLBACK_SLACK_S = 0.3
 
 
 def solve(
@@ -123,6 +125,11 @@ def solve(
         run.abandon()
         if gate is not None:
             gate.close()
+        if fallback is None or not fallback.fits:
+            # Not built while the method ran (a loaded machine, a short limit): there is no
+            # method plan to judge, so the rest of the answer margin is the fallback's.
+            fallback = _better_fallback(
+                fallback, graph, budget_bytes, limit_at + ANSWER_MARGIN_S - FALLBACK_SLACK_S)
         return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
                                resources, reporter)
     judged_by = limit_at + ANSWER_MARGIN_S - JUDGE_RESERVE_S
@@ -179,6 +186,17 @@ def _warm_caches(graph: Graph) -> None:
     for view in ("topological_order", "order_predecessors", "outputs", "storage_bytes",
                  "model_state_resident", "loss_nodes", "control_predecessors"):
         getattr(index, view)
+
+
+def _better_fallback(known: Fallback | None, graph: Graph, budget_bytes: int,
+                     deadline: float) -> Fallback | None:
+    try:
+        again = fallback_plan(graph, budget_bytes, deadline)
+    except Exception:  # a fault here must not cost the answer
+        return known
+    if again is None or (known is not None and not again.fits):
+        return known
+    return again
 
 
 def _overrun_answer(
