@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from planner.events_result import PlanError
 from planner.graph import Graph, Phase
 from planner.memory_model import step_memory
+from planner.model_state import StateBytes
 from planner.pipeline_actions import Partition
 
 
@@ -191,21 +192,29 @@ def _enclosing_stage(module_stage: dict[str, int], module_path: str) -> int | No
     return None
 
 
+def model_state_per_stage(graph: Graph, stage: dict[int, int], count: int) -> list[StateBytes]:
+    """Each stage's placed model state: a parameter goes to the stage of its gradient node, else
+    to that of its module (or the nearest enclosing module with nodes); unplaced ones nowhere."""
+    placed = [StateBytes() for _ in range(count)]
+    ms = graph.model_state
+    if ms is None:
+        return placed
+    module_stage: dict[str, int] = {}
+    for n in graph.nodes:
+        module_stage.setdefault(n.module_path, stage[n.id])
+    for p, b in ms.per_parameter():
+        s = stage.get(p.gradient_node) if p.gradient_node is not None else None
+        if s is None:
+            s = _enclosing_stage(module_stage, p.module_path)
+        if s is not None:
+            placed[s] = placed[s] + b
+    return placed
+
+
 def _model_state_bytes(graph: Graph, stage: dict[int, int], count: int) -> list[int]:
     step = step_memory(graph)
     total = step.start_bytes + sum(step.held_from_node.values())
-    placed = [0] * count
-    ms = graph.model_state
-    if ms is not None:
-        module_stage: dict[str, int] = {}
-        for n in graph.nodes:
-            module_stage.setdefault(n.module_path, stage[n.id])
-        for p, b in ms.per_parameter():
-            s = stage.get(p.gradient_node) if p.gradient_node is not None else None
-            if s is None:
-                s = _enclosing_stage(module_stage, p.module_path)
-            if s is not None:
-                placed[s] += b.total_bytes
+    placed = [b.total_bytes for b in model_state_per_stage(graph, stage, count)]
     rest = max(0, total - sum(placed))
     share = [rest // count + (1 if s < rest % count else 0) for s in range(count)]
     return [placed[s] + share[s] for s in range(count)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import InputError
-from planner.events_stages import stage_costs, stage_of_nodes
+from planner.events_stages import model_state_per_stage, stage_costs, stage_of_nodes
 from planner.graph import Graph
 from planner.memory_model import ModelStateBreakdown, model_state_breakdown, with_sharding
 from planner.model_state import OPTIMIZER_STATES, StateBytes
@@ -69,18 +69,7 @@ def rank_breakdown(graph: Graph, plan: Plan, check_hash: bool = True) -> list[Ra
         raise InputError(f"--plan: {e}") from None
     stage = stage_of_nodes(graph, plan.partition)
     costs = stage_costs(graph, plan.partition)
-    per_stage = [StateBytes() for _ in costs]
-    ms = graph.model_state
-    if ms is not None:
-        module_stage: dict[str, int] = {}
-        for n in graph.nodes:
-            module_stage.setdefault(n.module_path, stage[n.id])
-        for p, b in ms.per_parameter():
-            s = stage.get(p.gradient_node) if p.gradient_node is not None else None
-            if s is None:
-                s = _enclosing(module_stage, p.module_path)
-            if s is not None:
-                per_stage[s] = per_stage[s] + b
+    per_stage = model_state_per_stage(graph, stage, len(costs))
     out = []
     for r in sim.ranks:
         stages = [s.stage_index for s in plan.partition.stages if s.rank == r.rank]
@@ -93,10 +82,3 @@ def rank_breakdown(graph: Graph, plan: Plan, check_hash: bool = True) -> list[Ra
     return out
 
 
-def _enclosing(module_stage: dict[str, int], module_path: str) -> int | None:
-    path = module_path
-    while path:
-        if path in module_stage:
-            return module_stage[path]
-        path = path.rpartition(".")[0]
-    return module_stage.get("") if module_path == "" else None
