@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.engine.solve import solve
-from planner.graph import Graph
+from planner.graph import Edge, Graph, Node, Phase
 from planner.plan import PlanStatus
 from planner.simulator import simulate
 from planner.synthetic import training_graph
@@ -144,3 +144,32 @@ def test_linearised_corpus_graphs(shared_checkmate_dir: Path, name: str) -> None
         pytest.skip(f"{path} is absent")
     graph = load_graph(path)
     assert check_linearised(graph, (1.0, 0.9, 0.8)) >= 2
+
+
+def _with_side_value(layers: int) -> Graph:
+    """A training chain whose every layer (forward and backward) also reads one small value
+    computed at the start (a Llama's rotary tables or mask): no joint survives it."""
+    base = training_graph(layers, seed=5)
+    side_id = len(base.nodes)
+    side = Node(id=side_id, name="mask", op="mask", phase=Phase.forward, compute_ms=0.5,
+                output_bytes=4096)
+    readers = [n.id for n in base.nodes if n.op in ("layer", "layer_backward")]
+    edges = list(base.edges) + [Edge(source=side_id, target=r) for r in readers]
+    return base.model_copy(update={"nodes": [side, *base.nodes], "edges": edges, "order": None})
+
+
+def test_side_values_become_the_chain_input() -> None:
+    graph = _with_side_value(20)
+    lin = linearize(graph)
+    mask = next(n.id for n in graph.nodes if n.name == "mask")
+    assert lin.layout.joint[0] == (mask,)
+    assert lin.chain.input_bytes == 4096
+    assert lin.chain.length >= 18  # one segment per layer or close (before: a single segment)
+    full = store_all_peak_bytes(graph)
+    for fraction in (0.9, 0.7, 0.5):
+        sol = solve_rotor(lin.chain, int(fraction * full), refine=2)
+        if sol.ops is None:
+            continue
+        sim = simulate(graph, translate(graph, lin.layout, sol.ops))
+        assert sim.peak_bytes <= sol.peak_bytes <= int(fraction * full)
+    assert check_linearised(graph, (0.9, 0.7, 0.5)) >= 2

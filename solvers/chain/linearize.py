@@ -13,6 +13,11 @@ forward value of an earlier segment, or a gradient skips a segment, the segments
 are merged (their joints dropped) until every backward node fits; a graph with no usable joint
 becomes a single segment (store-all).
 
+Side values: a few small forward values read across most of the model (a Llama's rotary cos/sin
+and attention mask, computed once and read by every layer) leave no joint after them. When
+moving them and their ancestors out of the chain gives more joints, they become the chain's input
+a^0: computed first, resident throughout (`input_bytes`), never recomputed.
+
 Stage parameters come from running each operation's actions (`solvers.chain.translate`) on the
 segment alone: x = bytes of the joint, x̄ = bytes F_all leaves resident, temporaries = the
 excess of the op's local memory peak over x (F_ck), x̄ (F_all) and δ (B). Forward peaks are then
@@ -34,6 +39,8 @@ from solvers.chain.sequence import Op, OpKind
 from solvers.chain.translate import op_actions
 from solvers.order import schedule_order
 
+SIDE_MAX_SHARE = 0.02  # side values may hold at most this share of the forward pass's bytes
+
 
 @dataclass(frozen=True)
 class Linearization:
@@ -49,6 +56,10 @@ def linearize(graph: Graph) -> Linearization:
     order = schedule_order(graph)
     forward = [v for v in order if index.node(v).phase is not Phase.backward]
     backward = [v for v in order if index.node(v).phase is Phase.backward]
+    side = _side_values(graph, forward)
+    if side:
+        kept = set(side)
+        forward = [v for v in forward if v not in kept]
     candidates = joint_positions(graph, forward)
     cuts = list(candidates)
     while True:
@@ -77,7 +88,7 @@ def linearize(graph: Graph) -> Linearization:
     layout = ChainLayout(
         forward=((),) + tuple(tuple(s) for s in segments[1:]),
         ck_forward=((),) + tuple(tuple(s) for s in segments[1:]),
-        joint=((),) + tuple((j,) for j in joint_nodes),
+        joint=(tuple(side),) + tuple((j,) for j in joint_nodes),
         saved=tuple(saved),
         backward=((),) + tuple(tuple(b) for b in bwd_lists[1:]),
         grad_out=tuple(grad_out),
@@ -91,6 +102,41 @@ def linearize(graph: Graph) -> Linearization:
         candidate_joints=len(candidates),
         non_recomputable=tuple(fixed),
     )
+
+
+def _side_values(graph: Graph, forward: list[int]) -> list[int]:
+    """Forward values read more than a quarter of the forward pass later, with their forward
+    ancestors, in order: kept only when they are small (≤ SIDE_MAX_SHARE of the forward bytes)
+    and taking them out at least doubles the joints."""
+    if len(forward) < 16:
+        return []
+    index = graph.index
+    pos = {v: i for i, v in enumerate(forward)}
+    reach = len(forward) // 4
+    far = [v for v in forward
+           if max((pos[w] for w in index.successors[v] if w in pos), default=pos[v]) - pos[v]
+           > reach]
+    if not far:
+        return []
+    closure: set[int] = set()
+    stack = list(far)
+    while stack:
+        v = stack.pop()
+        if v in closure:
+            continue
+        closure.add(v)
+        stack.extend(u for u in index.predecessors[v] if u in pos and u not in closure)
+    size = index.storage_bytes
+    total = sum(size[v] for v in forward)
+    if sum(size[v] for v in closure) > SIDE_MAX_SHARE * total:
+        return []
+    rest = [v for v in forward if v not in closure]
+    if len(rest) < 2:
+        return []
+    before, after = len(joint_positions(graph, forward)), len(joint_positions(graph, rest))
+    if after < max(2 * before, before + 2):
+        return []
+    return [v for v in forward if v in closure]
 
 
 def _assign(
@@ -178,7 +224,7 @@ def _chain_of(graph: Graph, layout: ChainLayout) -> Chain:
     # notion of memory that appears mid-step. The model's peak is then >= the simulator's.
     return Chain(
         stages=tuple(stages),
-        input_bytes=0,
+        input_bytes=sum(size[v] for v in layout.joint[0]),
         fixed_bytes=step_memory(graph).end_bytes,
         name=graph.metadata.model_name or "linearized",
     )

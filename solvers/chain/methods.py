@@ -36,6 +36,7 @@ class ChainProblem:
     source: str  # "chain.json" or "linearized"
     non_recomputable_stages: frozenset[int]  # stages (1-based) that must run forward once
     notes: tuple[str, ...] = ()
+    input_ms: float = 0.0  # computing a^0 once (side values of a linearised graph)
 
 
 def chain_problem(graph: Graph) -> ChainProblem:
@@ -54,7 +55,11 @@ def chain_problem(graph: Graph) -> ChainProblem:
         f"linearised into {lin.chain.length} segments at {len(lin.joints)} of "
         f"{lin.candidate_joints} joints (others merged: backward reads across them)"
     )
-    return ChainProblem(lin.chain, lin.layout, "linearized", stages, (note,))
+    side = lin.layout.joint[0]
+    if side:
+        note += f"; {len(side)} side values (read across the model) computed once, kept"
+    input_ms = sum(graph.index.node(v).compute_ms for v in side)
+    return ChainProblem(lin.chain, lin.layout, "linearized", stages, (note,), input_ms)
 
 
 def _forward_runs(ops: tuple[Op, ...] | list[Op], length: int) -> list[int]:
@@ -93,9 +98,10 @@ def plan_result(
         # what applying the block plan with one level of checkpointing costs (chain model)
         "block_plan_one_level": {
             "peak_bytes": one_level.peak_bytes,
-            "compute_cost": one_level.cost,
+            "compute_cost": one_level.cost + problem.input_ms,
         },
-        "chain_predicted": {"peak_bytes": run.peak_bytes, "compute_cost": run.cost},
+        "chain_predicted": {"peak_bytes": run.peak_bytes,
+                            "compute_cost": run.cost + problem.input_ms},
     }
     details.update(extra or {})
     return MethodResult(
