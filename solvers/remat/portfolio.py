@@ -159,10 +159,12 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
             if offer(actions, f"baseline:{name}"):
                 found = True
                 order_of[f"baseline:{name}"] = orders["given"]
+    # The chain DP is cheap (a DP over segments) and on stacks of blocks often beats dynamic
+    # eviction by far (llama32 at 0.6: +27 % vs +45 %): it runs first, DTR only if nothing fits.
+    if _is_training(graph) and time.perf_counter() < deadline - 0.5:
+        found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes) or found
     if not found and ranked and time.perf_counter() < deadline:
         found = _dtr(problems, ranked, orders, offer, order_of, deadline, share)
-    if _is_training(graph) and time.perf_counter() < deadline - 0.5:
-        _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes)
     if not found and time.perf_counter() > deadline:
         notes.append(f"no plan within the first phase ({time.perf_counter() - started:.1f} s)")
     return fitted
@@ -189,8 +191,9 @@ def _is_training(graph: Graph) -> bool:
 
 
 def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
-                     deadline: float, notes: list[str]) -> None:
-    """The module-level chain DP (rotor on a linearisation) as an op-level candidate."""
+                     deadline: float, notes: list[str]) -> bool:
+    """The module-level chain DP (rotor on a linearisation) as an op-level candidate; whether
+    it became the best plan."""
     from solvers.chain.methods import rotor
     from solvers.request import SolveRequest
 
@@ -200,5 +203,5 @@ def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int
                                     threads=threads))
     except Exception as e:  # noqa: BLE001 (a graph the chain model cannot take: skip it)
         notes.append(f"chain DP skipped: {type(e).__name__}: {e}")
-        return
-    offer(result.actions, "chain-dp")
+        return False
+    return offer(result.actions, "chain-dp")
