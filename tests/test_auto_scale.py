@@ -116,3 +116,34 @@ def test_op_level_auto_never_worse_than_the_chain_dp() -> None:
     assert chain.predicted is not None and auto.predicted is not None
     assert auto.predicted.peak_bytes <= budget
     assert auto.predicted.overhead <= chain.predicted.overhead + 1e-9
+
+
+def test_kicked_orders_offer_only_cheaper_plans_within_budget() -> None:
+    from solvers.order import schedule_order
+    from solvers.remat.improve_large import improve_large
+    from solvers.remat.late_orders import lowered_order
+    from solvers.remat.orders import with_order
+
+    g = random_layered_dag(500, seed=0)  # at 0.8 no order's store-all fits
+    budget = math.ceil(0.8 * store_all_peak_bytes(g))
+    order, _ = lowered_order(g, schedule_order(g), budget, time.perf_counter() + 10,
+                             iterate=False)
+    plan = greedy_plan(problem_from_graph(with_order(g, order), budget),
+                       time.perf_counter() + 5)
+    assert plan is not None
+    start = plan.total_cost
+    fitted = [("lowered@given", plan)]
+    offered: list[tuple[str, float]] = []
+
+    def offer(actions, source: str) -> bool:
+        sim = simulate(g, actions)
+        assert sim.peak_bytes <= budget, source
+        offered.append((source, sim.compute_cost))
+        return True
+
+    order_of: dict[str, list[int]] = {}
+    improve_large(g, budget, fitted, offer, order_of, time.perf_counter() + 4.0, seed=0)
+    assert fitted[0][1].total_cost <= start
+    assert [c for s, c in offered if "kick" in s] == sorted(
+        (c for s, c in offered if "kick" in s), reverse=True)  # kicks offer only improvements
+    assert all(source in order_of for source, _ in offered)  # its order is known to auto

@@ -70,3 +70,56 @@ def test_portfolio_fits_cheaper_through_a_lowered_order() -> None:
 
 def _store_all(g: Graph, order: list[int]) -> list[Action]:
     return store_all(with_order(g, order))
+
+
+def test_moves_judged_on_their_span_match_the_whole_order() -> None:
+    from planner.synthetic import training_graph
+    from solvers.remat.order_eval import OrderState
+
+    for g in (random_layered_dag(150, seed=3), training_graph(25, skip=3, seed=2)):
+        problem = problem_from_graph(g, 0)
+        search = OrderSearch(g, problem)
+        target = int(0.8 * max(search.stage_bytes(list(range(problem.n)))[0]))
+        state = OrderState(problem, list(range(problem.n)), target)
+        rng = random.Random(1)
+        for _ in range(400):
+            seq = state.order
+            at = {v: k for k, v in enumerate(seq)}
+            src = rng.randrange(problem.n)
+            v = seq[src]
+            low = max((at[u] for u in search.before[v]), default=-1) + 1
+            high = min((at[w] for w in search.after[v]), default=problem.n) - 1
+            move = state.try_move(src, rng.randint(low, high))
+            if move is None:
+                continue
+            moved = seq[:src] + seq[src + 1:]
+            moved.insert(move.dst, v)
+            assert move.score == search.score(moved, target)
+            if rng.random() < 0.5:
+                state.commit(move)
+                assert state.order == moved
+                assert state.stages.tolist() == search.stage_bytes(moved)[0]
+                assert state.score == search.score(moved, target)
+        order = [problem.node_ids[i] for i in state.order]
+        assert _topological([(e.source, e.target) for e in g.edges], order)
+        assert respects_order_rule(g.index, order)
+
+
+def test_large_graphs_lower_their_own_order_first() -> None:
+    g = random_layered_dag(5000, seed=0)  # at 0.9 the lowered given order's store-all fits
+    budget = math.ceil(0.9 * store_all_peak_bytes(g))
+    started = time.perf_counter()
+    offered: list[tuple[str, float, float]] = []
+
+    def offer(actions: list[Action] | None, source: str) -> bool:
+        if actions is None:
+            return False
+        sim = simulate(g, actions)
+        offered.append((source, sim.compute_cost, time.perf_counter() - started))
+        return sim.peak_bytes <= budget
+
+    fitted = run_portfolio(g, budget, offer, started + 40)
+    assert [s for s, _, _ in offered] == ["store-all@lowered@given"]
+    assert math.isclose(offered[0][1], g.total_compute_ms)  # every node once: optimal
+    assert offered[0][2] < 15.0  # about 1.5 s alone, however loaded the machine
+    assert fitted and fitted[0][1].peak_bytes <= budget

@@ -11,9 +11,11 @@ starts from an order and moves nodes across the stage where the store-all peak i
 Each move is judged exactly by the store-all stage totals (the simulator's accounting,
 `CheckpointPlan`'s stage peaks with every value kept), lexicographically on the peak and then on
 the bytes over the target summed over all stages, so moves on a plateau of equal peaks still
-count; moves at the other steps over the target are tried when none at the peak helps. Stage
-totals are evaluated in O(n + e) with numpy per move. Local optima are escaped by iterated
-local search (random moves within each node's window, then descent again; kept when lower).
+count; moves at the other steps over the target are tried when none at the peak helps. A move
+is judged on the steps between its old and new place alone (`order_eval.OrderState`), in
+O(span) rather than O(n + e). Local optima are escaped by iterated local search (random moves
+within each node's window, then descent again; kept when lower); `Reorderer` keeps one search
+for repeated kicks (auto's improvement phase, `improve_large`).
 An order whose store-all peak fits the budget is optimal (every node computed once);
 otherwise the lower-peak order leaves far less for checkpoint eviction to do: on
 `random_layered_dag(1000, seed=0)` at 0.8 of store-all, greedy eviction gets stuck in every
@@ -28,6 +30,7 @@ import time
 import numpy as np
 
 from planner.graph import Graph
+from solvers.remat.order_eval import Move, OrderState
 from solvers.remat.problem import RematProblem, problem_from_graph
 
 MAX_MOVES_PER_STEP = 200  # candidate moves judged per step (largest values first)
@@ -115,59 +118,83 @@ class OrderSearch:
                 first_improvement: bool = False) -> list[int]:
         """Moves that lower (peak, bytes over target), until none does, the peak reaches
         `target` or `deadline` passes. Moves across the peak step first; when none helps
-        there, across the other steps over the target, highest first."""
-        best = self.score(seq, target)
-        while best[0] > target and time.perf_counter() < deadline:
-            stages, at, last = self.stage_bytes(seq)
-            over = sorted((k for k, b in enumerate(stages) if b > target),
-                          key=lambda k: -stages[k])
-            found: tuple[tuple[int, int], list[int]] | None = None
+        there, across the other steps over the target, highest first. Each move is judged
+        on the steps it changes alone (`order_eval.OrderState`)."""
+        state = OrderState(self.problem, seq, target)
+        while state.score[0] > target and time.perf_counter() < deadline:
+            stages = state.stages
+            over = np.flatnonzero(stages > target)
+            over = over[np.argsort(-stages[over], kind="stable")][:MAX_PEAK_STEPS].tolist()
+            order, at, last = state.order, state.at.tolist(), state.last_step()
+            found: Move | None = None
             tried: set[tuple[int, int]] = set()
-            for k in over[:MAX_PEAK_STEPS]:
-                for v, step in self._moves(seq, k, at, last):
+            for k in over:
+                for v, step in self._moves(order, k, at, last):
                     if (v, step) in tried or time.perf_counter() > deadline:
                         continue
                     tried.add((v, step))
-                    trial = _moved(seq, at[v], step)
-                    if trial is None:
+                    move = state.try_move(at[v], step)
+                    if move is None or move.score >= state.score:
                         continue
-                    s = self.score(trial, target)
-                    if s < best and (found is None or s < found[0]):
-                        found = (s, trial)
+                    if found is None or move.score < found.score:
+                        found = move
                         if first_improvement:
                             break
                 if found is not None:
                     break
             if found is None:
                 break
-            best, seq = found
-        return seq
-
-
-def _moved(seq: list[int], src: int, dst: int) -> list[int] | None:
-    """`seq` with the element at step src moved to step dst (steps of the new list)."""
-    if src == dst:
-        return None
-    out = seq[:src] + seq[src + 1:]
-    out.insert(dst, seq[src])
-    return out
+            state.commit(found)
+        return state.order
 
 
 def kicked(search: OrderSearch, seq: list[int], rng: random.Random, moves: int) -> list[int]:
     """`seq` after `moves` random moves, each within the node's window (after its last
     predecessor, before its first successor)."""
     out = list(seq)
+    at = [0] * len(out)
+    for k, v in enumerate(out):
+        at[v] = k
     for _ in range(moves):
-        at = {v: k for k, v in enumerate(out)}
         v = rng.choice(out)
         low = max((at[u] for u in search.before[v]), default=-1) + 1
         high = min((at[w] for w in search.after[v]), default=len(out)) - 1
         src = at[v]
         dst = rng.randint(low, high)  # a step of the list without v: both ends are valid
-        moved = _moved(out, src, dst)
-        if moved is not None:
-            out = moved
+        if dst == src:
+            continue
+        del out[src]
+        out.insert(dst, v)
+        for k in range(min(src, dst), max(src, dst) + 1):
+            at[out[k]] = k
     return out
+
+
+class Reorderer:
+    """Peak-lowering on orders of node ids of one graph, its search built once: a local
+    search from an order, optionally after random moves (a kick)."""
+
+    def __init__(self, graph: Graph, budget_bytes: int) -> None:
+        self.problem = problem_from_graph(graph, budget_bytes)
+        self.search = OrderSearch(graph, self.problem)
+        self.budget_bytes = budget_bytes
+        self.pos = {v: i for i, v in enumerate(self.problem.node_ids)}
+        self.large = self.problem.n > LARGE_NODES
+        if self.large:  # the first improving move among all candidates: seconds at 5,000
+            self.search.max_moves = self.problem.n
+
+    def lower(self, order: list[int], deadline: float, rng: random.Random | None = None,
+              kick: int = 0, first_improvement: bool | None = None) -> tuple[list[int], int]:
+        """(order after `kick` random moves and a local search, its store-all peak)."""
+        seq = [self.pos[v] for v in order]
+        if rng is not None and kick > 0:
+            seq = kicked(self.search, seq, rng, kick)
+        first = self.large if first_improvement is None else first_improvement
+        seq = self.search.improve(seq, self.budget_bytes, deadline, first_improvement=first)
+        return self.ids(seq), self.search.score(seq, self.budget_bytes)[0]
+
+    def ids(self, seq: list[int]) -> list[int]:
+        return [self.problem.node_ids[i] for i in seq]
 
 
 def lowered_order(graph: Graph, order: list[int], budget_bytes: int, deadline: float,
@@ -178,20 +205,13 @@ def lowered_order(graph: Graph, order: list[int], budget_bytes: int, deadline: f
     improving one, among all moves), then (with `iterate`), until the peak fits the budget or
     the deadline passes, iterated local search: random moves from the best order so far, a
     first-improvement search from there, kept when its peak is lower."""
-    problem = problem_from_graph(graph, budget_bytes)
-    search = OrderSearch(graph, problem)
-    pos = {v: i for i, v in enumerate(problem.node_ids)}
+    reorder = Reorderer(graph, budget_bytes)
     rng = random.Random(seed)
-    large = problem.n > LARGE_NODES
-    if large:  # the first improving move among all candidates: a fit in seconds at 5,000
-        search.max_moves = problem.n
-    best = search.improve([pos[v] for v in order], budget_bytes, deadline,
-                          first_improvement=large)
-    best_score = search.score(best, budget_bytes)
+    best, peak = reorder.lower(order, deadline)
+    best_score = reorder.search.score([reorder.pos[v] for v in best], budget_bytes)
     while iterate and best_score[0] > budget_bytes and time.perf_counter() < deadline:
-        trial = search.improve(kicked(search, best, rng, KICK_MOVES), budget_bytes, deadline,
-                               first_improvement=True)
-        score = search.score(trial, budget_bytes)
+        trial, _ = reorder.lower(best, deadline, rng, KICK_MOVES, first_improvement=True)
+        score = reorder.search.score([reorder.pos[v] for v in trial], budget_bytes)
         if score < best_score:
             best, best_score = trial, score
-    return [problem.node_ids[i] for i in best], best_score[0]
+    return best, best_score[0]
