@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from test_remat_milp import varied_dag
 
+from planner.graph import Edge, Graph, Node
 from planner.simulator import lower_bound_peak_bytes, simulate
 from planner.synthetic import random_dag, training_graph
 from solvers.baselines import store_all_peak_bytes
@@ -93,3 +94,22 @@ def test_interval_model_returns_the_hint_when_it_finds_nothing_in_time() -> None
     assert r.actions is not None and r.status in ("feasible", "optimal")
     assert simulate(g, r.actions).peak_bytes <= budget
     assert r.cost <= simulate(g, hint).compute_cost + 1e-9
+
+
+def test_free_order_finds_a_plan_the_graphs_order_cannot_match() -> None:
+    """Two big producers, each with one small consumer, then a join: the graph's order computes
+    both producers first (peak 21), so a budget of 15 forces recomputation; freeing the order of
+    first computations (producer, consumer, producer, consumer) fits without any."""
+    nodes = [Node(id=i, compute_ms=c, output_bytes=b)
+             for i, (c, b) in enumerate([(5, 10), (7, 10), (1, 1), (1, 1), (1, 1)])]
+    edges = [Edge(source=s, target=t) for s, t in [(0, 2), (1, 3), (2, 4), (3, 4)]]
+    g = Graph(nodes=nodes, edges=edges, order=[0, 1, 2, 3, 4])
+    problem = problem_from_graph(g, 15)
+    fixed = solve_intervals(problem, time_limit_s=10, threads=1)
+    free = solve_intervals(problem, free_order=True, time_limit_s=10, threads=1)
+    assert fixed.status == free.status == "optimal"
+    assert fixed.cost is not None and fixed.cost > g.total_compute_ms
+    assert free.cost == g.total_compute_ms  # every node once, in another order
+    assert free.actions is not None
+    sim = simulate(g, free.actions)
+    assert sim.peak_bytes <= 15 and sim.compute_cost == free.cost

@@ -12,7 +12,7 @@ from solvers.remat.dtr import best_dtr
 from solvers.remat.exact import solve_milp
 from solvers.remat.intervals import solve_intervals
 from solvers.remat.problem import problem_from_graph
-from solvers.remat.stop import SearchStop
+from solvers.remat.stop import SearchStop, StallWatch
 
 
 def _hard_problem():  # type: ignore[no-untyped-def]
@@ -64,3 +64,47 @@ def test_a_highs_solve_in_a_thread_leaves_stdout_alone(capfd) -> None:  # type: 
     os.write(1, b"still-here\n")  # the file descriptor itself, as native code writes
     thread.join()
     assert "still-here" in capfd.readouterr().out
+
+
+class _Recorder:
+    """Stands in for a CP-SAT solver: records stop_search calls."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def stop_search(self) -> None:
+        self.stopped.set()
+
+
+def test_a_child_stop_follows_its_parent_not_the_other_way() -> None:
+    parent = SearchStop()
+    child = SearchStop(parent=parent)
+    solver = _Recorder()
+    assert child.register(solver)
+    child.stop()  # a phase ends its own search only
+    assert solver.stopped.is_set() and not parent.stopped
+    second = SearchStop(parent=parent)
+    other = _Recorder()
+    assert second.register(other)
+    parent.stop()  # a proof elsewhere ends every phase
+    assert other.stopped.is_set() and second.stopped
+    assert SearchStop(parent=parent).stopped  # born after the parent stopped: stopped
+
+
+def test_stall_watch_stops_a_search_that_no_longer_improves() -> None:
+    stop = SearchStop()
+    solver = _Recorder()
+    assert stop.register(solver)
+    heard: list[float | None] = []
+    with StallWatch(stop, 0.4, lambda objective, _bound: heard.append(objective)) as watch:
+        for cost in (10.0, 9.0, 8.0):  # improvements keep it going
+            watch(cost, None)
+            time.sleep(0.2)
+        assert not stop.stopped
+        watch(8.0, 1.0)  # no better objective: the clock keeps running
+        assert solver.stopped.wait(5.0)
+    assert heard == [10.0, 9.0, 8.0, 8.0]
+    idle = SearchStop()
+    with StallWatch(idle, float("inf")):
+        time.sleep(0.3)
+    assert not idle.stopped

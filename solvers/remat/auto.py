@@ -3,10 +3,13 @@
 1. A time-boxed portfolio of fast heuristics (`portfolio.run_portfolio`): store-all in
    memory-aware orders, greedy checkpoint eviction (incremental), the baselines, dynamic
    eviction and the module-level chain DP, each with a share of the time that adapts to the
-   graph's size. On graphs small enough for it, the HiGHS MILP starts at once in its own
-   thread (it releases the GIL) and races everything below; it stops the others on a proof.
-2. Small graphs (≤ EXACT_MAX_NODES): the LP relaxation (HiGHS) for a bound and LP-rounded plans,
-   the MILP on CP-SAT hinted with the best plan, then the CP-SAT interval model (Moccasin-style).
+   graph's size. With three threads or more, on graphs small enough for it, the HiGHS MILP
+   starts at once in its own thread (it releases the GIL) and races everything below; it stops
+   the others on a proof.
+2. Small graphs (≤ EXACT_MAX_NODES): the LP relaxation (HiGHS) for a bound and LP-rounded plans;
+   on ≤ MILP_MAX_NODES the MILP on CP-SAT, first to find plans (default search, hinted with the
+   best plan, until it stalls), then to prove (the LP in the search, one worker, hinted with
+   the best plan found); then the CP-SAT interval model (Moccasin-style).
    Its bound counts only when every node may be computed as often as the MILP allows (small
    graphs); on larger graphs recomputations per node are capped: fast, but no proof.
 3. Larger graphs: large-neighbourhood search (`lns.improve_windows`) on windows of the best
@@ -22,6 +25,7 @@ limit less a margin for turning the plan into actions and judging it (`final_mar
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,7 +47,7 @@ from solvers.remat.problem import (
     staged_actions,
     staged_from_actions,
 )
-from solvers.remat.stop import Progress, SearchStop
+from solvers.remat.stop import Progress, SearchStop, StallWatch
 
 EXACT_MAX_NODES = 300  # up to here: LP, MILP and interval searches after the portfolio
 EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation
@@ -51,6 +55,12 @@ LP_MAX_NODES = 120
 MILP_MAX_NODES = 100
 GAP_TO_STOP = 1e-4  # HiGHS's gap tolerance: a proof this close ends the other searches
 RECOMPUTATIONS_CAP = 2  # computations per node in the interval model on larger graphs
+# With this many threads the HiGHS MILP races from the start on one of them. With fewer it
+# only took CPU from the CP-SAT prover, which proved every corpus row HiGHS had proved, sooner.
+HIGHS_RACE_MIN_THREADS = 3
+FIND_SHARE = 0.2  # of the time left: CP-SAT's default search on the MILP, for plans
+FIND_STALL_FRACTION = 0.05  # of the limit: that search ends when it improves no more for this
+PROVE_SHARE = 0.85  # of the time left then: the MILP with the LP in CP-SAT's search, to prove
 
 
 @dataclass
@@ -133,7 +143,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     stop = SearchStop()
     race: _HighsRace | None = None
     workers = threads
-    if problem.n <= MILP_MAX_NODES and threads >= 2 and left() > 4.0:
+    if problem.n <= MILP_MAX_NODES and threads >= HIGHS_RACE_MIN_THREADS and left() > 4.0:
         # The frontier MILP often proves optimality on mid-sized graphs, given most of the
         # limit: HiGHS (its own thread, no hint) starts now and races everything below.
         race = _HighsRace(problem, left(), seed, stop, within_order)
@@ -172,39 +182,81 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
             timings["lp_s"] = time.perf_counter() - t0
         proven = best is not None and best[0] <= bound * (1 + 1e-9)
         order = order_of.get(best[2], given) if best is not None else given
-        if (not proven and not stop.stopped and problem.n <= MILP_MAX_NODES and order == given
-                and left() > 2.0):
-            t1 = time.perf_counter()
-            hint = staged_from_actions(problem, best[1]) if best is not None else None
-            r = solve_milp(problem, "cpsat", time_limit_s=0.5 * left(), threads=workers,
-                           seed=seed, hint=hint, stop=stop, progress=within_order)
-            if r.bound is not None:
+        in_order = order == given
+        ordered_problem = (problem if in_order
+                           else problem_from_graph(with_order(graph, order), budget_bytes))
+        # CP-SAT's default search on the MILP, hinted with the best plan, finds better plans
+        # fast but never moves the bound; with the LP in the search (linearization level 2) and
+        # one worker (more split the LP search: proofs took 4x longer with two) the bound
+        # closes, but only from a good incumbent: vgg19 at 0.8 proved in 12-18 s from its
+        # optimum, not in 60 s without a hint. So: find (until it stalls), then prove. When
+        # the best plan reorders, the searches in its order only look for plans: a bound in
+        # that order covers no other order.
+        stall_s = max(1.0, FIND_STALL_FRACTION * time_limit_s)
+        in_order_report = within_order if in_order else _objective_only(progress)
+
+        def milp_search(share: float, level: int | None, search_seed: int) -> None:
+            nonlocal bound, proven
+            hint = staged_from_actions(ordered_problem, best[1]) if best is not None else None
+            phase_stop = SearchStop(parent=stop)
+            with StallWatch(phase_stop, stall_s if level is None else math.inf,
+                            in_order_report) as watch:
+                r = solve_milp(ordered_problem, "cpsat", time_limit_s=share * left(),
+                               threads=workers if level is None else 1, seed=search_seed,
+                               hint=hint, stop=phase_stop, progress=watch,
+                               linearization=level)
+            if r.bound is not None and in_order:
                 bound = max(bound, r.bound)
-            offer(r.actions, "milp:cpsat")
+            offer(r.actions, "milp:cpsat" + ("" if in_order else "@reordered"))
             proven = best is not None and best[0] <= bound * (1 + 1e-9)
-            timings["milp_s"] = time.perf_counter() - t1
+
+        use_milp = problem.n <= MILP_MAX_NODES
+        t1 = time.perf_counter()
+        for share, level in ((FIND_SHARE, None), (PROVE_SHARE, 2)):
+            if (proven or stop.stopped or left() <= 2.0 or not use_milp
+                    or (level is not None and not in_order)):
+                break
+            milp_search(share, level, seed)
+        timings["milp_s"] = time.perf_counter() - t1
         cap: int | None = None if problem.n <= EXACT_INTERVALS_MAX_NODES else RECOMPUTATIONS_CAP
-        ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
         t0 = time.perf_counter()
+        round_ = 0
         while not proven and not stop.stopped and left() > 1.0:
-            r = solve_intervals(ordered_problem, max_computations=cap, time_limit_s=left(),
-                                threads=workers, seed=seed,
-                                hint=best[1] if best is not None else None, stop=stop,
-                                progress=(within_order if order == given
-                                          else _objective_only(progress)))
-            offer(r.actions, "cpsat-intervals" + ("" if order == given else "@reordered"))
-            if cap is None and order == given:  # every recomputation allowed: a real bound
+            # A capped model proves nothing: it ends when it stalls, and the MILP's search
+            # takes its turn from the best plan (then the next round, with another seed).
+            # Odd rounds free the order of first computations: a plan in another order.
+            free = cap is not None and round_ % 2 == 1
+            phase_stop = SearchStop(parent=stop)
+            with StallWatch(phase_stop, math.inf if cap is None else 2 * stall_s,
+                            _objective_only(progress) if free else in_order_report) as watch:
+                r = solve_intervals(ordered_problem, max_computations=cap, free_order=free,
+                                    time_limit_s=left(), threads=workers, seed=seed + round_,
+                                    hint=best[1] if best is not None else None,
+                                    stop=phase_stop, progress=watch)
+            offer(r.actions, "cpsat-intervals" + ("@any-order" if free else "" if in_order
+                                                  else "@reordered"))
+            if cap is None and in_order:  # every recomputation allowed: a real bound
                 if r.bound is not None:
                     order_bound = max(order_bound, r.bound)
                     bound = max(bound, r.bound)
                 if r.status == "infeasible":  # in this order only: a reordering may still fit
                     notes.append("the interval model proves no plan in the graph's order fits")
-            if cap is None or r.status != "optimal":
+            if cap is None:
                 break
-            cap = cap + 1 if cap + 1 < problem.n // 2 else None
-            notes.append(f"capped interval model optimal; recomputations per node now "
-                         f"{cap or 'any'}")
-            proven = best is not None and best[0] <= bound * (1 + 1e-9)
+            if r.status == "optimal":
+                cap = cap + 1 if cap + 1 < problem.n // 2 else None
+                notes.append(f"capped interval model optimal; recomputations per node now "
+                             f"{cap or 'any'}")
+                proven = best is not None and best[0] <= bound * (1 + 1e-9)
+                continue
+            round_ += 1
+            if best is not None and _first_order(best[1]) != order:  # found in a free order
+                order = _first_order(best[1])
+                in_order = order == given
+                in_order_report = within_order if in_order else _objective_only(progress)
+                ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
+            if use_milp and left() > 2.0 and not stop.stopped:
+                milp_search(FIND_SHARE, None, seed + round_)
         timings["intervals_s"] = time.perf_counter() - t0
     if race is not None:
         stop.stop()  # a search still running past its share: its answer is not waited for
@@ -274,12 +326,17 @@ def _increase(cost: float, total: float) -> str:
     return f"+{100 * (cost / total - 1):.3f} %"
 
 
-def _follows(actions: list[Action], order: list[int]) -> bool:
-    """Whether the plan's first computations follow `order`."""
+def _first_order(actions: list[Action]) -> list[int]:
+    """The nodes in the order of their first computations."""
     seen: set[int] = set()
     firsts = []
     for a in actions:
         if a.op.value == "compute" and a.node not in seen:
             seen.add(a.node)
             firsts.append(a.node)
-    return firsts == order
+    return firsts
+
+
+def _follows(actions: list[Action], order: list[int]) -> bool:
+    """Whether the plan's first computations follow `order`."""
+    return _first_order(actions) == order

@@ -62,8 +62,10 @@ def solve_milp(
     hint: StagedSchedule | None = None,
     stop: SearchStop | None = None,
     progress: Progress | None = None,
+    linearization: int | None = None,
 ) -> RematResult:
-    """`progress(objective, bound)`: the hint's cost first, then the backend's improvements."""
+    """`progress(objective, bound)`: the hint's cost first, then the backend's improvements.
+    `linearization`: CP-SAT's linearization level (`backends.solve_linear`)."""
     started = time.perf_counter()
     if progress is not None and hint is not None and _fits(problem, hint):
         progress(hint.cost(problem), None)
@@ -74,7 +76,7 @@ def solve_milp(
                                ("no time left to solve the MILP; returning the hint",))
     raw = solve_linear(milp.model, backend, time_limit_s=max(0.05, remaining), threads=threads,
                        seed=seed, hint=milp.hint(hint) if hint is not None else None, stop=stop,
-                       progress=progress)
+                       progress=progress, linearization=linearization)
     found = (schedule_result(problem, milp.schedule(raw.values), raw.status, backend, raw.bound,
                              started) if raw.values is not None else None)
     if hint is not None and (found is None or found.actions is None):

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from planner.plan import Action, ActionOp, compute, free
+from solvers.remat.backends import objective_scale, scaled_cost
 from solvers.remat.exact import RematResult
 from solvers.remat.problem import RematProblem
 from solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
@@ -58,6 +59,7 @@ def solve_intervals(
     problem: RematProblem,
     *,
     max_computations: int | None = None,
+    free_order: bool = False,
     time_limit_s: float = 60.0,
     threads: int = 2,
     seed: int = 0,
@@ -65,7 +67,9 @@ def solve_intervals(
     stop: SearchStop | None = None,
     progress: Progress | None = None,
 ) -> RematResult:
-    """Solve; max_computations caps C_v (default: every stage it could appear in); `stop` ends
+    """Solve; max_computations caps C_v (default: every stage it could appear in); free_order:
+    first computations in any order the edges allow, not the problem's (a search for plans in
+    other orders; its bound, when uncapped, covers every schedule); `stop` ends
     the search early from another thread; `progress(objective, bound)` hears of the hint (when
     it fits) and of every improvement (the bound only when it is one: uncapped)."""
     from ortools.sat.python import cp_model
@@ -90,6 +94,9 @@ def solve_intervals(
                 made[pos[a.node]] += 1
         count = [max(c, k) for c, k in zip(count, made, strict=True)]
     horizon = sum(count)
+    # Earliest step of a node's first computation: its position, or with free_order the
+    # number of its ancestors (each computed before it at least once).
+    first = list(range(n)) if not free_order else _ancestor_counts(problem)
     m = cp_model.CpModel()
     # (v, c): computation c of node v is present / runs at step s / is freed after step e.
     P: dict[tuple[int, int], cp_model.IntVar] = {}
@@ -99,8 +106,8 @@ def solve_intervals(
     for v in range(n):
         for c in range(count[v]):
             p = m.new_constant(1) if c == 0 else m.new_bool_var(f"p{v}_{c}")
-            s = m.new_int_var(v if c == 0 else v + 1, horizon - 1, f"s{v}_{c}")
-            e = m.new_int_var(v if c == 0 else v + 1, horizon - 1, f"e{v}_{c}")
+            s = m.new_int_var(first[v] if c == 0 else first[v] + 1, horizon - 1, f"s{v}_{c}")
+            e = m.new_int_var(first[v] if c == 0 else first[v] + 1, horizon - 1, f"e{v}_{c}")
             P[(v, c)], S[(v, c)], E[(v, c)] = p, s, e
             m.add(e >= s)
             # One computation per step.
@@ -130,8 +137,9 @@ def solve_intervals(
     m.add_no_overlap(run_intervals)
     # Memory: retention intervals plus the running node's workspace within the budget.
     m.add_cumulative(keep_intervals + ws_intervals, keep_demands + ws_demands, capacity)
-    # First computations follow the topological order.
-    for v in range(1, n):
+    # First computations follow the topological order (unless free_order: then the inputs'
+    # coverage below orders them).
+    for v in range(1, n if not free_order else 0):
         m.add(S[(v, 0)] > S[(v - 1, 0)])
     # Inputs: each computation of v is covered by a retention interval of every producer u.
     for v in range(n):
@@ -145,7 +153,7 @@ def solve_intervals(
                     m.add(E[(u, d)] >= S[(v, c)]).only_enforce_if(z)
                     covers.append(z)
                 m.add_bool_or(covers).only_enforce_if(P[(v, c)])
-    m.minimize(sum(int(round(problem.cost[v] * _scale(problem))) * P[(v, c)]
+    m.minimize(sum(scaled_cost(problem.cost[v], _scale(problem)) * P[(v, c)]
                    for v in range(n) for c in range(count[v])))
     if hint is not None:
         _add_hint(m, problem, hint, count, P, S, E)
@@ -218,9 +226,19 @@ def _hint_result(
                        ("the solver found nothing better in time; returning the hint",))
 
 
+def _ancestor_counts(problem: RematProblem) -> list[int]:
+    ancestors: list[set[int]] = []
+    for v in range(problem.n):  # positions are topological: inputs come first
+        mine: set[int] = set()
+        for u in problem.deps[v]:
+            mine.add(u)
+            mine |= ancestors[u]
+        ancestors.append(mine)
+    return [len(a) for a in ancestors]
+
+
 def _scale(problem: RematProblem) -> float:
-    top = max(problem.cost) or 1.0
-    return 1e9 / top
+    return objective_scale(list(problem.cost))
 
 
 def _integral_costs(problem: RematProblem) -> bool:
