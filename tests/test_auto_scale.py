@@ -11,6 +11,7 @@ import pytest
 
 from planner.engine.solve import solve
 from planner.graph import Phase
+from planner.plan import Action
 from planner.simulator import simulate
 from planner.synthetic import random_layered_dag, training_graph
 from solvers.baselines import store_all_peak_bytes
@@ -19,7 +20,7 @@ from solvers.remat.checkpoints import CheckpointPlan
 from solvers.remat.greedy import greedy_eviction, greedy_plan
 from solvers.remat.lns import improve_windows
 from solvers.remat.orders import ORDER_KEYS, greedy_order
-from solvers.remat.problem import problem_from_graph
+from solvers.remat.problem import RematProblem, problem_from_graph
 
 
 def test_random_layered_dag_family() -> None:
@@ -147,3 +148,37 @@ def test_kicked_orders_offer_only_cheaper_plans_within_budget() -> None:
     assert [c for s, c in offered if "kick" in s] == sorted(
         (c for s, c in offered if "kick" in s), reverse=True)  # kicks offer only improvements
     assert all(source in order_of for source, _ in offered)  # its order is known to auto
+
+
+def test_first_phase_fits_tight_budgets_through_retention_in_lowered_orders(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """random2000 at 0.8: greedy eviction gets stuck in every order; retention checkpointing is
+    tried on each new lowest lowered order near the budget (one attempt each) and fits within
+    seconds (was about 19 s: retention only after all the lowering)."""
+    import solvers.remat.portfolio as portfolio
+
+    g = random_layered_dag(2000, seed=0)
+    budget = math.ceil(0.8 * store_all_peak_bytes(g))
+    tried: list[int] = []
+    original = portfolio.tight_budget_plan
+
+    def traced(problem: RematProblem, deadline: float, seed: int = 0,
+               attempts: int = 6) -> list[Action] | None:
+        tried.append(CheckpointPlan(problem).peak_bytes)
+        return original(problem, deadline, seed=seed, attempts=attempts)
+
+    class Found(Exception):
+        pass
+
+    def offer(actions: list[Action] | None, source: str) -> bool:
+        if actions is not None and simulate(g, actions).peak_bytes <= budget:
+            raise Found(source)
+        return False
+
+    monkeypatch.setattr(portfolio, "tight_budget_plan", traced)
+    started = time.perf_counter()
+    with pytest.raises(Found, match="retention@lowered@"):
+        portfolio.run_portfolio(g, budget, offer, started + 30.0, order_of={})
+    assert time.perf_counter() - started < 15.0  # about 6 s alone on 2 cores
+    assert tried and all(p <= portfolio.RETENTION_NEAR * budget for p in tried)
+    assert tried == sorted(tried, reverse=True) and len(set(tried)) == len(tried)  # new lows only

@@ -13,6 +13,7 @@ Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, defaul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -142,8 +143,9 @@ def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str
 
 
 def rotor(request: SolveRequest) -> MethodResult:
-    from solvers.chain.rotor import DEFAULT_SLOTS, solve_rotor
+    from solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
 
+    started = time.perf_counter()
     problem = chain_problem(request.graph)
     try:
         slots = int(request.options.get("slots", DEFAULT_SLOTS))
@@ -155,8 +157,15 @@ def rotor(request: SolveRequest) -> MethodResult:
     budget = request.budget_bytes
     result: MethodResult | None = None
     # the model is exact or an upper bound; retry only where the simulator disagrees (views)
+    deadline = started + request.time_limit_s
     for _ in range(3):
-        sol = solve_rotor(problem.chain, budget, slots, refine=refine)
+        try:
+            sol = solve_rotor(problem.chain, budget, slots, refine=refine, deadline=deadline)
+        except RotorTimeout as e:
+            if result is not None:
+                return result
+            return MethodResult(actions=None, status=PlanStatus.timeout, backend="rotor-dp",
+                                notes=list(problem.notes) + [str(e)])
         if sol.ops is None:
             return result or _no_plan(
                 problem,

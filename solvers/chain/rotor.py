@@ -82,21 +82,27 @@ def discretise(chain: Chain, memory_bytes: int, slots: int) -> Discretisation:
     return Discretisation(memory_bytes / slots, slots, False)
 
 
+class RotorTimeout(TimeoutError):
+    """The DP's tables were not finished by the deadline."""
+
+
 def solve_rotor(
-    chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, *, refine: int = 0
+    chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, *, refine: int = 0,
+    deadline: float | None = None,
 ) -> RotorSolution:
     """The least-compute operation sequence whose exact peak (fixed memory included) fits.
 
     refine > 0: rounding sizes up to slots loses up to a few slots of budget; try that many
     DP runs at inflated budgets (binary search up to 8 slots more) and keep the cheapest
     sequence whose exact peak still fits. The store-all sequence is always a candidate, so the
-    result is never worse than store-all where it fits.
+    result is never worse than store-all where it fits. `deadline` (a time.perf_counter()
+    value): the first DP raises RotorTimeout past it; refinements past it are skipped.
     """
     started = time.perf_counter()
     memory = budget_bytes - chain.fixed_bytes - chain.input_bytes
     if memory < 0 or slots < 1:
         return RotorSolution(None, None, None, None, None, time.perf_counter() - started, None)
-    disc, ops, dp_cost = _solve_once(chain, memory, slots)
+    disc, ops, dp_cost = _solve_once(chain, memory, slots, deadline)
     best: tuple[float, list[Op], float | None] | None = None
     if ops is not None:
         best = (run_sequence(chain, ops).cost, ops, dp_cost)
@@ -105,7 +111,10 @@ def solve_rotor(
         lo, hi = memory, memory + int(8 * disc.slot_bytes) + 1
         for _ in range(refine):
             mid = (lo + hi) // 2
-            _, extra, extra_cost = _solve_once(chain, mid, slots)
+            try:
+                _, extra, extra_cost = _solve_once(chain, mid, slots, deadline)
+            except RotorTimeout:
+                break
             if extra is not None and run_sequence(chain, extra).peak_bytes <= budget_bytes:
                 candidates.append(extra)
                 lo = mid
@@ -116,7 +125,7 @@ def solve_rotor(
         if run.peak_bytes <= budget_bytes and (best is None or run.cost < best[0] - 1e-12):
             best = (run.cost, cand, None)
     if best is None:  # rounding may hide a sequence that fits: try the least-memory one
-        least = _least_memory_ops(chain, slots)
+        least = _least_memory_ops(chain, slots, deadline)
         run = run_sequence(chain, least)
         if run.peak_bytes > budget_bytes:
             elapsed = time.perf_counter() - started
@@ -135,10 +144,10 @@ def solve_rotor(
 
 
 def _solve_once(
-    chain: Chain, memory: int, slots: int
+    chain: Chain, memory: int, slots: int, deadline: float | None = None
 ) -> tuple[Discretisation, list[Op] | None, float | None]:
     disc = discretise(chain, memory, slots)
-    table, choice, sizes = _tables(chain, disc, memory)
+    table, choice, sizes = _tables(chain, disc, memory, deadline)
     length, avail = chain.length, disc.available_slots
     best = table[1, length, avail]
     if not np.isfinite(best):
@@ -146,13 +155,13 @@ def _solve_once(
     return disc, _rebuild(choice, sizes, 1, length, avail), float(best)
 
 
-def _least_memory_ops(chain: Chain, slots: int) -> list[Op]:
+def _least_memory_ops(chain: Chain, slots: int, deadline: float | None = None) -> list[Op]:
     """The DP's least-memory sequence (discretised at the store-all budget)."""
     full_ops = store_all_ops(chain.length)
     full = run_sequence(chain, full_ops).peak_bytes
     memory = full - chain.fixed_bytes - chain.input_bytes
     disc = discretise(chain, memory, slots)
-    table, choice, sizes = _tables(chain, disc, memory)
+    table, choice, sizes = _tables(chain, disc, memory, deadline)
     feasible = np.flatnonzero(np.isfinite(table[1, chain.length, :]))
     if not feasible.size:  # store-all always fits its own peak; defensive only
         return full_ops
@@ -168,7 +177,7 @@ class _Sizes:
 
 
 def _tables(
-    chain: Chain, disc: Discretisation, memory: int
+    chain: Chain, disc: Discretisation, memory: int, deadline: float | None = None
 ) -> tuple[np.ndarray, np.ndarray, _Sizes]:
     """table[s, t, m] = C(s, t, m) in slots; choice[s, t, m] = its first operation."""
     length, avail = chain.length, disc.available_slots
@@ -201,6 +210,8 @@ def _tables(
     table = np.full((length + 2, length + 2, avail + 1), inf)
     choice = np.full((length + 2, length + 2, avail + 1), _INFEASIBLE, dtype=np.int16)
     for t in range(1, length + 1):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise RotorTimeout(f"chain DP: {t - 1} of {length} table columns by the deadline")
         # shifted[s', m] = C(s', t, m - x_{s'-1}) + Σ_{i<s'} f_i: the F_ck option's first part
         shifted = np.full((length + 2, avail + 1), inf)
         for s in range(t, 0, -1):

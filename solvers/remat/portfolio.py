@@ -10,7 +10,9 @@ so none of them starves the others:
    greedy checkpoint eviction (`greedy.greedy_plan`) in the orders with the lowest store-all
    peak, each with an equal share of what is left of the phase; then, above
    LOWERED_MIN_NODES, peak-directed reordering (`late_orders.lowered_order`: local search on
-   the order across the store-all peak) and greedy eviction in the lowered orders;
+   the order across the store-all peak) and greedy eviction in the lowered orders; while
+   nothing fits, iterated local search in chunks of a few kicks, retention checkpointing
+   (`retention.tight_budget_plan`) tried on each new lowest order near the budget;
 3. the baselines (linear ones at any size, recompute-all only while affordable);
 4. dynamic eviction (DTR-style) in the best order, when nothing fits yet;
 5. the module-level chain DP (rotor on a linearisation, translated to op-level actions) on
@@ -24,12 +26,12 @@ import time
 from collections.abc import Callable
 
 from planner.graph import Graph, Phase
-from planner.plan import Action
+from planner.plan import Action, PlanStatus
 from solvers.order import schedule_order
 from solvers.remat.checkpoints import CheckpointPlan
 from solvers.remat.dtr import SCORES, dtr_depth_first_plan, dtr_plan
 from solvers.remat.greedy import improve, reduce_peak, sweep
-from solvers.remat.late_orders import lowered_order
+from solvers.remat.late_orders import KICK_MOVES, lowered_order
 from solvers.remat.orders import ORDER_KEYS, greedy_order, random_orders, with_order
 from solvers.remat.problem import RematProblem, problem_from_graph
 from solvers.remat.retention import tight_budget_plan
@@ -40,6 +42,13 @@ LOWERED_MIN_NODES = 300  # above: peak-directed reordering (smaller graphs get e
 RETENTION_ALSO_MAX_NODES = 1000  # up to here retention runs even when greedy already fits
 LOWERED_FIRST_NODES = 2000  # above: the graph's own order is lowered before anything else
 FIRST_ATTEMPT_S = 1.5  # above LOWERED_FIRST_NODES: greedy in the lowest-peak order, before it
+RETENTION_NEAR = 1.045  # while nothing fits: retention in lowered orders with store-all peak
+RETENTION_TRY_S = 2.0  # below this many budgets, for at most this long (fits or sticks in ~1 s)
+RANDOM_ORDERS_S = 1.5  # randomised memory-aware orders (below LOWERED_FIRST_NODES)
+RANDOM_ORDERS_LARGE_S = 0.5  # from LOWERED_FIRST_NODES
+ILS_CHUNK_KICKS = 3  # iterated local search while nothing fits: retention between chunks
+ILS_KICK_PER_NODES = 40  # from LOWERED_FIRST_NODES while nothing fits: n / this moves per kick
+DESCENTS_WHILE_NONE = 2  # from LOWERED_FIRST_NODES while nothing fits: orders descended
 
 
 def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float,
@@ -91,20 +100,33 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
             part = min(part, time.perf_counter() + cap_s)
         sweep(plan, part)
         if reduce_peak(plan, part):
+            order_of[f"greedy@{name}"] = orders[name]
+            offer(plan.actions(), f"greedy@{name}")  # the first plan before its improvement
             improve(plan, share(0.25))
             fitted.append((name, plan))
-            order_of[f"greedy@{name}"] = orders[name]
             offer(plan.actions(), f"greedy@{name}")
 
-    def lower(name: str, until: float, iterate: bool) -> list[tuple[str, CheckpointPlan]]:
-        start = orders.get(f"lowered@{name}", orders[name])
-        order, _ = lowered_order(graph, start, budget_bytes, until, seed=seed,
-                                 iterate=iterate)
+    retained: list[str] = []  # orders where retention checkpointing found a plan
+    retention_tried = [budget_bytes * RETENTION_NEAR]  # tried again below this peak only
+    lowered_peaks: dict[str, int] = {}  # lowered order -> its store-all peak
+
+    def lower(name: str, until: float, iterate: bool, chunk: int = 0
+              ) -> list[tuple[str, CheckpointPlan]]:
         low = f"lowered@{name}" + ("+ils" if iterate else "")
-        orders[low] = order
-        problems[low] = problem_from_graph(with_order(graph, order), budget_bytes)
-        store_all[low] = CheckpointPlan(problems[low])
-        peak = store_all[low].peak_bytes
+        start = orders.get(low, orders.get(f"lowered@{name}", orders[name]))
+        kick = max(KICK_MOVES, n // ILS_KICK_PER_NODES) if n >= LOWERED_FIRST_NODES else KICK_MOVES
+        order, _ = lowered_order(graph, start, budget_bytes, until, seed=seed + chunk,
+                                 iterate=iterate, kick=kick if not fitted else KICK_MOVES,
+                                 max_kicks=None if fitted else ILS_CHUNK_KICKS)
+        problem = problem_from_graph(with_order(graph, order), budget_bytes)
+        plan = CheckpointPlan(problem)
+        peak = plan.peak_bytes
+        lower_peak = peak < lowered_peaks.get(low, peak + 1)
+        lowered_peaks[low] = peak  # store-all's (greedy eviction below changes `plan`'s)
+        orders[low], problems[low], store_all[low] = order, problem, plan  # never a worse score
+        if not lower_peak:
+            return []  # a chunk of iterated local search: a plateau move at most
+        attempted.discard(low)
         if peak <= budget_bytes:  # every node once: nothing is cheaper
             order_of[f"store-all@{low}"] = order
             offer(store_all[low].actions(), f"store-all@{low}")
@@ -112,7 +134,22 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         if not iterate:
             descended.append((peak, name))
         attempt(low, 0.2)
+        if not fitted and not retained and peak < retention_tried[0]:
+            # Retention checkpointing fits (or gets stuck) in about a second once the order's
+            # store-all peak is within a few per cent of the budget (random2000 at 0.8: plans
+            # from orders at 1.033-1.042 × budget, none above 1.044): tried on each new lowest
+            # such order, one deterministic attempt each (restarts with random candidate
+            # orders get stuck where the first does; another order is what helps).
+            retention_tried[0] = peak
+            retain(low, min(share(0.35), time.perf_counter() + RETENTION_TRY_S), attempts=1)
         return []
+
+    def retain(name: str, until: float, attempts: int = 6) -> None:
+        actions = tight_budget_plan(problems[name], until, seed=seed + len(retained),
+                                    attempts=attempts)
+        if actions is not None and offer(actions, f"retention@{name}"):
+            order_of[f"retention@{name}"] = orders[name]
+            retained.append(name)
 
     first = min(store_all, key=lambda k: store_all[k].peak_bytes, default=None)
     if n > LOWERED_FIRST_NODES and "given" in store_all:
@@ -127,15 +164,17 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
     if first is not None:  # the first plan: greedy in the order with the lowest peak
         attempt(first, 1.0 / (len(store_all) + 3))
     chain_found: bool | None = None  # None: the chain DP not tried yet
-    if not fitted and _is_training(graph) and time.perf_counter() < deadline - 0.5:
-        # Greedy eviction did not fit at once (tight budgets on stacks of blocks): the chain
-        # DP (a second or two) is then the quickest good plan (llama32 at 0.6: +27 %).
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes)
-    # Randomised memory-aware orders, a fifth of what is left and at most 1.5 s: each is
-    # checked in O(n) and a store-all fit is optimal; the lowest-peak one joins the greedy
-    # attempts below.
+    if _is_training(graph) and time.perf_counter() < deadline - 0.5:
+        # The chain DP (a second or two) early on training graphs: at tight budgets on stacks
+        # of blocks it is the quickest good plan (gpt12 at 0.6: +39 % where the first greedy
+        # plan is +99 %; llama32 at 0.6: +27 %, where greedy does not fit).
+        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, share(0.25), notes)
+    # Randomised memory-aware orders, a fifth of what is left and at most RANDOM_ORDERS_S (less
+    # from LOWERED_FIRST_NODES, where lowering is what fits): each is checked in O(n) and a
+    # store-all fit is optimal; the lowest-peak one joins the greedy attempts below.
     lowest: tuple[int, str, list[int], RematProblem, CheckpointPlan] | None = None
-    random_until = min(share(0.2), time.perf_counter() + 1.5)
+    random_s = RANDOM_ORDERS_S if n < LOWERED_FIRST_NODES else RANDOM_ORDERS_LARGE_S
+    random_until = min(share(0.2), time.perf_counter() + random_s)
     for name, order in random_orders(graph, seed):
         if time.perf_counter() > random_until or not store_all:
             break
@@ -165,36 +204,38 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         descent_until = share_until(lowered_until, 0.4)
         before = len(fitted)
         for name in list(ranked):
-            if time.perf_counter() > descent_until or len(fitted) > before:
+            if time.perf_counter() > descent_until or len(fitted) > before or retained:
                 break
+            if not fitted and n >= LOWERED_FIRST_NODES and len(descended) >= DESCENTS_WHILE_NONE:
+                break  # seconds each at this size: iterated local search from the best instead
             if name.startswith("lowered@") or any(d == name for _, d in descended):
                 continue
             if found_optimal := lower(name, descent_until, iterate=False):
                 return found_optimal
         for _, name in sorted(descended):
-            if time.perf_counter() > lowered_until:
+            if time.perf_counter() > lowered_until or retained:
                 break
-            if found_optimal := lower(name, share_until(lowered_until, 0.5), iterate=True):
-                return found_optimal
+            ils_until, chunk = share_until(lowered_until, 0.5), 0
+            while time.perf_counter() < ils_until and not retained:
+                # while nothing fits: in chunks, retention tried on each new lowest order
+                if found_optimal := lower(name, ils_until, iterate=True, chunk=chunk):
+                    return found_optimal
+                chunk += 1
         ranked = sorted(store_all, key=lambda k: store_all[k].peak_bytes)
-    retained = False
     if (ranked and time.perf_counter() < deadline
-            and (not fitted or LOWERED_MIN_NODES < len(graph.nodes) <= RETENTION_ALSO_MAX_NODES)):
+            and ((not fitted and not retained)
+                 or LOWERED_MIN_NODES < len(graph.nodes) <= RETENTION_ALSO_MAX_NODES)):
         # Retention checkpointing (`retention.tight_budget_plan`: a value kept until the last
         # stage that needs it) in the lowest-peak orders, lowered ones included: it fits where
         # greedy eviction and DTR get stuck (random2000 at 0.8) and on small graphs it is often
         # cheaper than greedy (random500 at 0.8: +0.6 % vs +3.0 %).
-        for i, name in enumerate(ranked[:2]):
-            if time.perf_counter() > deadline:
+        for name in ranked[:2]:
+            if time.perf_counter() > deadline or (retained and not fitted):
                 break
-            actions = tight_budget_plan(problems[name], share(0.35), seed=seed + i)
-            if actions is not None and offer(actions, f"retention@{name}"):
-                order_of[f"retention@{name}"] = orders[name]
-                retained = True
-                if not fitted:
-                    break
+            if name not in retained:
+                retain(name, share(0.35))
     fitted.sort(key=lambda item: item[1].total_cost)
-    found = bool(fitted) or retained
+    found = bool(fitted) or bool(retained)
     n = len(graph.nodes)
     # The baselines (store-all, recompute-all, Chen's): above LOWERED_MIN_NODES only while
     # nothing fits (a greedy plan is never beaten by them there; recompute-all alone takes
@@ -239,9 +280,9 @@ def _is_training(graph: Graph) -> bool:
 
 
 def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
-                     deadline: float, notes: list[str]) -> bool:
+                     deadline: float, notes: list[str]) -> bool | None:
     """The module-level chain DP (rotor on a linearisation) as an op-level candidate; whether
-    it became the best plan."""
+    it became the best plan (None: not finished by `deadline`)."""
     from solvers.chain.methods import rotor
     from solvers.request import SolveRequest
 
@@ -252,4 +293,6 @@ def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int
     except Exception as e:  # noqa: BLE001 (a graph the chain model cannot take: skip it)
         notes.append(f"chain DP skipped: {type(e).__name__}: {e}")
         return False
+    if result.actions is None and result.status is PlanStatus.timeout:
+        return None
     return offer(result.actions, "chain-dp")
