@@ -42,8 +42,8 @@ LOWERED_MIN_NODES = 300  # above: peak-directed reordering (smaller graphs get e
 RETENTION_ALSO_MAX_NODES = 1000  # up to here retention runs even when greedy already fits
 LOWERED_FIRST_NODES = 2000  # above: the graph's own order is lowered before anything else
 FIRST_ATTEMPT_S = 1.5  # above LOWERED_FIRST_NODES: greedy in the lowest-peak order, before it
-RETENTION_NEAR = 1.045  # while nothing fits: retention in lowered orders with store-all peak
-RETENTION_TRY_S = 2.0  # below this many budgets, for at most this long (fits or sticks in ~1 s)
+RETENTION_NEAR = 1.045  # while nothing fits: retention in lowered orders peaking < this × budget
+RETENTION_TRY_S = 2.0  # ... each for at most this long (it fits or gets stuck in about a second)
 RANDOM_ORDERS_S = 1.5  # randomised memory-aware orders (below LOWERED_FIRST_NODES)
 RANDOM_ORDERS_LARGE_S = 0.5  # from LOWERED_FIRST_NODES
 ILS_CHUNK_KICKS = 3  # iterated local search while nothing fits: retention between chunks
@@ -107,11 +107,12 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
             offer(plan.actions(), f"greedy@{name}")
 
     retained: list[str] = []  # orders where retention checkpointing found a plan
-    retention_tried = [budget_bytes * RETENTION_NEAR]  # tried again below this peak only
+    retention_below = budget_bytes * RETENTION_NEAR  # tried again below this peak only
     lowered_peaks: dict[str, int] = {}  # lowered order -> its store-all peak
 
     def lower(name: str, until: float, iterate: bool, chunk: int = 0
               ) -> list[tuple[str, CheckpointPlan]]:
+        nonlocal retention_below
         low = f"lowered@{name}" + ("+ils" if iterate else "")
         start = orders.get(low, orders.get(f"lowered@{name}", orders[name]))
         kick = max(KICK_MOVES, n // ILS_KICK_PER_NODES) if n >= LOWERED_FIRST_NODES else KICK_MOVES
@@ -134,13 +135,13 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         if not iterate:
             descended.append((peak, name))
         attempt(low, 0.2)
-        if not fitted and not retained and peak < retention_tried[0]:
+        if not fitted and not retained and peak < retention_below:
             # Retention checkpointing fits (or gets stuck) in about a second once the order's
             # store-all peak is within a few per cent of the budget (random2000 at 0.8: plans
             # from orders at 1.033-1.042 × budget, none above 1.044): tried on each new lowest
             # such order, one deterministic attempt each (restarts with random candidate
             # orders get stuck where the first does; another order is what helps).
-            retention_tried[0] = peak
+            retention_below = peak
             retain(low, min(share(0.35), time.perf_counter() + RETENTION_TRY_S), attempts=1)
         return []
 
@@ -195,7 +196,7 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         if time.perf_counter() > deadline:
             break
         attempt(name, 1.0 / (len(rest) - i + 2))  # leave room for the fallbacks below
-    if len(graph.nodes) > LOWERED_MIN_NODES and store_all and time.perf_counter() < deadline:
+    if n > LOWERED_MIN_NODES and store_all and time.perf_counter() < deadline:
         # Peak-directed reordering (`late_orders`) on the orders with the lowest store-all
         # peaks, greedy eviction in each lowered order; a third of what is left (half when
         # nothing fits yet): local search alone first, until a plan fits (seconds), then
@@ -224,7 +225,7 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         ranked = sorted(store_all, key=lambda k: store_all[k].peak_bytes)
     if (ranked and time.perf_counter() < deadline
             and ((not fitted and not retained)
-                 or LOWERED_MIN_NODES < len(graph.nodes) <= RETENTION_ALSO_MAX_NODES)):
+                 or LOWERED_MIN_NODES < n <= RETENTION_ALSO_MAX_NODES)):
         # Retention checkpointing (`retention.tight_budget_plan`: a value kept until the last
         # stage that needs it) in the lowest-peak orders, lowered ones included: it fits where
         # greedy eviction and DTR get stuck (random2000 at 0.8) and on small graphs it is often
@@ -236,7 +237,6 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
                 retain(name, share(0.35))
     fitted.sort(key=lambda item: item[1].total_cost)
     found = bool(fitted) or bool(retained)
-    n = len(graph.nodes)
     # The baselines (store-all, recompute-all, Chen's): above LOWERED_MIN_NODES only while
     # nothing fits (a greedy plan is never beaten by them there; recompute-all alone takes
     # seconds at 1,000 nodes, better spent on the improvement phase).
@@ -247,8 +247,8 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
             if offer(actions, f"baseline:{name}"):
                 found = True
                 order_of[f"baseline:{name}"] = orders["given"]
-    # The chain DP is cheap (a DP over segments) and on stacks of blocks often beats dynamic
-    # eviction by far (llama32 at 0.6: +27 % vs +45 %): it runs first, DTR only if nothing fits.
+    # The chain DP again with the rest of the phase when the early call ran out of its share;
+    # before DTR, which it often beats by far (llama32 at 0.6: +27 % vs +45 %).
     if chain_found is None and _is_training(graph) and time.perf_counter() < deadline - 0.5:
         chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes)
     found = found or bool(chain_found)
