@@ -19,8 +19,10 @@ The best in-budget plan found in time is returned with its gap, against the boun
 it: LP/MILP bounds cover Checkmate's staged schedules (first computations in the graph's order,
 ascending recomputations between them); the uncapped interval model's bound covers any schedule
 whose first computations follow the graph's order; any other plan gets the universal bound
-(every node computed once). Every phase checks the deadline: the answer comes within the time
-limit less a margin for turning the plan into actions and judging it (`final_margin_s`).
+(every node computed once), raised by the cut bound (`cut_bound`: a value read across a node is
+resident there or computed again), which holds for plans in any order. Every phase checks the
+deadline: the answer comes within the time limit less a margin for turning the plan into
+actions and judging it (`final_margin_s`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from planner.plan import Action
 from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 from solvers.order import schedule_order
 from solvers.remat.checkpoints import CheckpointPlan
+from solvers.remat.cut_bound import cut_lower_bound
 from solvers.remat.exact import RematResult, solve_milp
 from solvers.remat.improve_large import improve_large
 from solvers.remat.intervals import solve_intervals
@@ -61,6 +64,7 @@ HIGHS_RACE_MIN_THREADS = 3
 FIND_SHARE = 0.2  # of the time left: CP-SAT's default search on the MILP, for plans
 FIND_STALL_FRACTION = 0.05  # of the limit: that search ends when it improves no more for this
 PROVE_SHARE = 0.85  # of the time left then: the MILP with the LP in CP-SAT's search, to prove
+CUT_BOUND_SHARE = 0.05  # of the limit, after the first phase: the any-order cut bound's LPs
 
 
 @dataclass
@@ -99,6 +103,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                           [f"no schedule fits: computing one node needs {least} bytes"])
     best: tuple[float, list[Action], str] | None = None
     bound = order_bound = problem.total_cost  # raised by the LP, MILP and interval searches
+    any_order_bound = problem.total_cost  # raised by the cut bound: covers every plan
     given = schedule_order(graph)
     notes: list[str] = []
     timings: dict[str, float] = {}
@@ -127,7 +132,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
 
     def tell() -> None:
         if progress is not None and best is not None:
-            progress(best[0], bound if covers(bound) else problem.total_cost)
+            progress(best[0], max(bound, any_order_bound) if covers(bound) else any_order_bound)
 
     def report_in_order(objective: float | None, found_bound: float | None) -> None:
         if progress is not None:
@@ -135,7 +140,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                      else None)
 
     def optimal() -> bool:
-        return best is not None and best[0] <= problem.total_cost * (1 + 1e-12)
+        return best is not None and best[0] <= any_order_bound * (1 + 1e-12)
 
     # None without a listener: the searches then install no callbacks at all.
     within_order = report_in_order if progress is not None else None
@@ -153,6 +158,20 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     fitted = run_portfolio(graph, budget_bytes, offer, first_deadline, threads=workers,
                            seed=seed, order_of=order_of, notes=notes)
     timings["first_phase_s"] = time.perf_counter() - started
+    # The cut bound after the first plan (it never delays it): on training graphs the loss is
+    # the cut, where every activation saved for the backward pass is resident or recomputed.
+    cut = cut_lower_bound(graph, budget_bytes, deadline=min(
+        deadline, time.perf_counter() + max(0.2, CUT_BOUND_SHARE * time_limit_s)))
+    timings["cut_bound_s"] = cut.wall_seconds
+    if cut.infeasible and best is None:
+        return AutoResult(None, None, "none", problem.total_cost, False, True,
+                          [f"no schedule fits: {cut.reason}"], timings)
+    if cut.infeasible:  # a plan fits: the proof is wrong, so claim nothing from it
+        notes.append(f"cut bound ignored: it claims no plan fits, beside one that does "
+                     f"({cut.reason})")
+    elif cut.extra_ms > 0:
+        any_order_bound = problem.total_cost + cut.extra_ms
+        tell()
     if not small:
         if not optimal():
             improve_large(graph, budget_bytes, fitted, offer, order_of, deadline, seed)
@@ -268,14 +287,15 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
             offer(raced.actions, "milp:highs")
         timings["milp_highs_s"] = race.wall_seconds
     if best is None:
-        return AutoResult(None, None, "none", bound, False, False, notes, timings)
+        return AutoResult(None, None, "none", max(bound, any_order_bound), False, False, notes,
+                          timings)
     cost, actions, source = best
     if not _follows(actions, given):
         # Bounds above hold for schedules in the graph's order; this plan reorders, so only
-        # the universal bound (every node once) is claimed.
-        if bound > problem.total_cost:
-            notes.append("the plan reorders first computations; bound = every node computed "
-                         "once")
+        # the bounds for any order (every node once, the cut bound) are claimed.
+        if bound > any_order_bound:
+            notes.append("the plan reorders first computations; bound = the cut bound (any "
+                         "order)")
         bound = problem.total_cost
     elif bound > order_bound and staged_from_actions(problem, actions) is None:
         # Cheaper than Checkmate's staged form allows, or just outside it: the LP/MILP bound
@@ -283,7 +303,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         notes.append(f"the plan is not in Checkmate's staged form; the staged-space bound "
                      f"{_increase(bound, problem.total_cost)} does not cover it")
         bound = order_bound
-    bound = min(bound, cost)
+    bound = min(max(bound, any_order_bound), cost)
     return AutoResult(actions, cost, source, bound, cost <= bound * (1 + 1e-9), False, notes,
                       timings)
 
