@@ -33,6 +33,8 @@ import random
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.plan import Action, compute, free
 from solvers.remat.problem import RematProblem
 
@@ -56,7 +58,8 @@ class Trial:
     stages: dict[int, Stage]  # re-evaluated stages
     retain: dict[int, int]  # kept values whose retention changes -> new last stage
     delta_cost: float
-    peaks: dict[int, int]  # stage -> new peak, wherever it changes
+    first: int  # peaks[k] = the new peak of stage first + k (where it may change)
+    peaks: np.ndarray
     excess: int  # total bytes over budget after the toggle
 
 
@@ -74,17 +77,16 @@ class RetentionPlan:
         self.read_in: list[set[int]] = [set(p.users[x]) for x in range(n)]  # stages reading x
         self.inside: list[set[int]] = [set() for _ in range(n)]  # other stages computing x
         self.retain = [max(self.read_in[x], default=x) for x in range(n)]
-        diff = [0] * (n + 1)
+        diff = np.zeros(n + 1, dtype=np.int64)
         for x in range(n):
             if self.retain[x] > x:
                 diff[x + 1] += p.mem_bytes[x]
                 diff[self.retain[x] + 1] -= p.mem_bytes[x]
-        self.base, acc = [0] * n, 0
-        for t in range(n):
-            acc += diff[t]
-            self.base[t] = acc
-        self.peak = [self.floor[t] + self.base[t] + self.stages[t].work for t in range(n)]
-        self.excess = sum(max(0, pk - p.budget_bytes) for pk in self.peak)
+        # stage -> bytes retained across it; stage -> its peak (numpy: a toggle shifts spans)
+        self.base = np.cumsum(diff[:n])
+        self.peak = (np.array(self.floor, dtype=np.int64) + self.base
+                     + np.array([st.work for st in self.stages], dtype=np.int64))
+        self.excess = int(np.maximum(self.peak - p.budget_bytes, 0).sum())
 
     # -- stages ----------------------------------------------------------------------------
     def _closure(self, t: int) -> list[int] | None:
@@ -111,7 +113,7 @@ class RetentionPlan:
                    (*self._run(t, self._dfs_order(t, inside, need), inside), "depth-first")]
         if size[t] <= TREE_FACTOR * len(closure):
             options.append((*self._tree_steps(t, inside, need), "tree"))
-        room = p.budget_bytes - self.floor[t] - self.base[t]
+        room = p.budget_bytes - self.floor[t] - int(self.base[t])
         fitting = [o for o in options if o[1] <= room]
         steps, work, cost, mode = (min(fitting, key=lambda o: (o[2], o[1])) if fitting
                                    else min(options, key=lambda o: (o[1], o[2])))
@@ -250,25 +252,27 @@ class RetentionPlan:
                 continue
             stages_reading = (self.read_in[x] - lost.get(x, set())) | gained.get(x, set())
             retain[x] = max(stages_reading, default=x)
-        delta = {t: 0 for t in stages}
+        # retention spans that grow (+) or shrink (−), then each stage's new peak, in numpy
+        spans: list[tuple[int, int, int]] = []
         for x, r in retain.items():
-            old_r = self.retain[x] if (self.keep[x] or x == v) else x
-            if x == v and not self.keep[v]:
-                old_r = x  # re-kept: was not retained
-            lo, hi = (old_r, r) if r > old_r else (r, old_r)
-            sign = 1 if r > old_r else -1
-            for t in range(lo + 1, hi + 1):
-                delta[t] = delta.get(t, 0) + sign * p.mem_bytes[x]
-        peaks: dict[int, int] = {}
-        excess = self.excess
-        for t, d in delta.items():
-            work = stages[t].work if t in stages else self.stages[t].work
-            new = self.floor[t] + self.base[t] + d + work
-            if new != self.peak[t]:
-                peaks[t] = new
-                excess += max(0, new - budget) - max(0, self.peak[t] - budget)
+            old_r = self.retain[x] if self.keep[x] else x  # a dropped value: not retained
+            if r != old_r:
+                spans.append((min(r, old_r) + 1, max(r, old_r) + 1,
+                              p.mem_bytes[x] if r > old_r else -p.mem_bytes[x]))
+        first = min([lo for lo, _, _ in spans] + list(stages), default=0)
+        end = max([hi for _, hi, _ in spans] + [t + 1 for t in stages], default=first)
+        delta = np.zeros(end - first + 1, dtype=np.int64)
+        for lo, hi, b in spans:
+            delta[lo - first], delta[hi - first] = delta[lo - first] + b, delta[hi - first] - b
+        delta = np.cumsum(delta[:-1])
+        for t, st in stages.items():
+            delta[t - first] += st.work - self.stages[t].work
+        was = self.peak[first:end]
+        peaks = was + delta
+        over = np.maximum(peaks - budget, 0).sum() - np.maximum(was - budget, 0).sum()
+        excess = self.excess + int(over)
         dc = math.fsum(st.cost - self.stages[t].cost for t, st in stages.items())
-        return Trial(v, stages, retain, dc, peaks, excess)
+        return Trial(v, stages, retain, dc, first, peaks, excess)
 
     def commit(self, tr: Trial) -> None:
         v = tr.node
@@ -289,13 +293,10 @@ class RetentionPlan:
             old_r = self.retain[x]
             self.retain[x] = r
             lo, hi = (old_r, r) if r > old_r else (r, old_r)
-            for t in range(lo + 1, hi + 1):
-                self.base[t] += self.p.mem_bytes[x] if r > old_r else -self.p.mem_bytes[x]
-        for t, pk in tr.peaks.items():
-            self.peak[t] = pk
+            self.base[lo + 1:hi + 1] += self.p.mem_bytes[x] if r > old_r else -self.p.mem_bytes[x]
+        self.peak[tr.first:tr.first + len(tr.peaks)] = tr.peaks
         self.excess = tr.excess
 
-    # -- search ----------------------------------------------------------------------------
     def reduce(self, deadline: float, rng: random.Random | None = None,
                candidates: int = 96) -> bool:
         """Drop kept values (or re-keep dropped ones) until every stage fits: at the stage
@@ -317,7 +318,7 @@ class RetentionPlan:
         values recomputed at or after it (their inputs are retained for them), most promising
         first."""
         p = self.p
-        top = max(range(p.n), key=self.peak.__getitem__)
+        top = int(np.argmax(self.peak))
         out = [x for x in range(top) if self.droppable[x] and (
             (self.keep[x] and self.retain[x] >= top)
             or (not self.keep[x] and any(t >= top for t in self.inside[x])))]
@@ -363,9 +364,8 @@ class RetentionPlan:
 
     @property
     def peak_bytes(self) -> int:
-        return max(self.peak, default=self.p.fixed_bytes)
+        return int(self.peak.max()) if len(self.peak) else self.p.fixed_bytes
 
-    # -- actions ---------------------------------------------------------------------------
     def actions(self) -> list[Action]:
         p = self.p
         ids = p.node_ids
