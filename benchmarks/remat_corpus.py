@@ -96,10 +96,11 @@ def main() -> int:
             "  between rounds. With ≥ 3 threads the HiGHS MILP also races from the start.",
             "- The source in brackets is the step that produced the returned plan.",
             "- Bounds (LP, CP-SAT) hold for schedules whose first computations follow the graph's",
-            "  order (Checkmate's space). When the returned plan reorders, only the universal",
-            "  bound (every node computed once) is claimed.",
+            "  order (Checkmate's space). The cut bound (solvers/remat/cut_bound.py: at a node,",
+            "  a value read across it is resident or computed again; an LP) holds for plans in",
+            "  any order; the bound reported is the larger of those that cover the plan.",
             "- `timeout` = no plan within budget found in time; `infeasible` = proven: some node's",
-            "  inputs + output alone exceed the budget.",
+            "  inputs + output alone exceed the budget (or, at a cut, what must be resident).",
             "",
         ]
         args.write.write_text("\n".join(text))
