@@ -10,7 +10,9 @@ counted once for all its aliases, as the simulator does), c's workspace and the 
 every resident crossing value. A value computed again after c needs its inputs then: each is
 resident at c or computed again itself.
 
-That is a covering problem per cut; its LP relaxation is a sound bound (values in [0, 1]):
+That is a covering problem per cut; its LP relaxation is a sound bound (values in [0, 1]), and
+so is CP-SAT's proven bound on the integer problem (tried on the best cut while time is left:
+resnet50 at 0.8 goes from +1.232 % to +1.330 %, the cost of auto's plan, which is then optimal):
   z[v]  v resident at c's first computation          (v an ancestor of c)
   r[v]  v computed again after c's first computation (v an ancestor of c)
   s[k]  storage k (a storage root) resident then
@@ -42,6 +44,7 @@ from solvers.remat.linear import INF, LinearModel
 MAX_CUTS = 4  # LPs solved (highest pressure first); evaluating a cut is O(n + e)
 PEAK_STEPS = 24  # store-all's highest steps in the graph's order, as cut candidates
 LP_TOLERANCE = 1e-6  # relative: the LP optimum is shaded by this before it is claimed
+INTEGER_S = 5.0  # CP-SAT on the best cut's integer problem, at most (and within the deadline)
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,11 @@ class _Cut:
 
 def cut_lower_bound(graph: Graph, budget_bytes: int, *, deadline: float | None = None,
                     max_cuts: int = MAX_CUTS, backend: str = "glop",
-                    candidates: Iterable[int] | None = None) -> CutBound:
+                    candidates: Iterable[int] | None = None,
+                    integer_s: float = INTEGER_S) -> CutBound:
     """The strongest bound among the cuts tried before `deadline` (see the module text).
-    `candidates`: node ids to try as cuts (default: loss nodes and store-all's peak steps)."""
+    `candidates`: node ids to try as cuts (default: loss nodes and store-all's peak steps);
+    `integer_s`: at most this long for CP-SAT on the integer problem of the best cut."""
     started = time.perf_counter()
     index = graph.index
     succ = order_successors(index)
@@ -92,20 +97,32 @@ def cut_lower_bound(graph: Graph, budget_bytes: int, *, deadline: float | None =
         if cut.pressure > 0:
             cuts.append(cut)
     cuts.sort(key=lambda k: -k.pressure)
-    best, best_node, solved = 0.0, None, 0
+    best, best_cut, solved = 0.0, None, 0
     for cut in cuts[:max_cuts]:
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left <= 0.05:
+        left = _left(deadline)
+        if left <= 0.05:
             break
         model = _cut_model(graph, cut, budget_bytes)
-        raw = solve_linear(model, backend, time_limit_s=left if left is not None else 60.0,
-                           threads=1)
+        raw = solve_linear(model, backend, time_limit_s=left, threads=1)
         solved += 1
         if raw.status == "optimal" and raw.bound is not None:
             extra = max(0.0, raw.bound) * (1 - LP_TOLERANCE)
             if extra > best:
-                best, best_node = extra, cut.node
-    return CutBound(best, False, best_node, solved, time.perf_counter() - started)
+                best, best_cut = extra, cut
+    if best_cut is not None and integer_s > 0 and _left(deadline) > 0.1:
+        # The integer problem on the best cut (rows are integral: bytes and 0/1 choices)
+        model = _cut_model(graph, best_cut, budget_bytes)
+        model.integer = [True] * model.num_vars
+        raw = solve_linear(model, "cpsat", time_limit_s=min(integer_s, _left(deadline)),
+                           threads=1)
+        if raw.bound is not None and raw.status != "infeasible":
+            best = max(best, raw.bound)
+    return CutBound(best, False, None if best_cut is None else best_cut.node, solved,
+                    time.perf_counter() - started)
+
+
+def _left(deadline: float | None) -> float:
+    return 60.0 if deadline is None else deadline - time.perf_counter()
 
 
 def _candidates(graph: Graph, order: list[int], succ: dict[int, list[int]]) -> list[int]:
