@@ -140,7 +140,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                      else None)
 
     def optimal() -> bool:
-        return best is not None and best[0] <= any_order_bound * (1 + 1e-12)
+        return best is not None and best[0] <= any_order_bound * (1 + 1e-9)
 
     # None without a listener: the searches then install no callbacks at all.
     within_order = report_in_order if progress is not None else None
