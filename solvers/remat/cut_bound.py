@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.graph import Graph, GraphIndex
@@ -157,21 +157,8 @@ def _storage(index: GraphIndex, values: Iterable[int]) -> list[int]:
 def _cut(graph: Graph, c: int, budget_bytes: int, succ: dict[int, list[int]],
          pos: dict[int, int]) -> _Cut:
     index = graph.index
-    before = index.order_predecessors
-    anc: set[int] = set()
-    stack = [c]
-    while stack:
-        for u in before[stack.pop()]:
-            if u not in anc:
-                anc.add(u)
-                stack.append(u)
-    desc: set[int] = set()
-    stack = [c]
-    while stack:
-        for w in succ[stack.pop()]:
-            if w not in desc:
-                desc.add(w)
-                stack.append(w)
+    anc = _reach(c, index.order_predecessors)
+    desc = _reach(c, succ)
     crossing = {v for v in anc if any(w in desc for w in index.successors[v])}
     inputs = set(index.predecessors[c])
     step = step_memory(graph)
@@ -185,6 +172,18 @@ def _cut(graph: Graph, c: int, budget_bytes: int, succ: dict[int, list[int]],
                          if k not in must_roots)
     return _Cut(c, sorted(anc, key=pos.__getitem__), crossing, must,
                 forced, must + crossing_bytes - budget_bytes)
+
+
+def _reach(start: int, adjacency: Mapping[int, Sequence[int]]) -> set[int]:
+    """Nodes reachable from `start` (itself excluded)."""
+    seen: set[int] = set()
+    stack = [start]
+    while stack:
+        for w in adjacency[stack.pop()]:
+            if w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return seen
 
 
 def _cut_model(graph: Graph, cut: _Cut, budget_bytes: int) -> LinearModel:
