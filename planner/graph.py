@@ -10,7 +10,7 @@ import gc
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from functools import cached_property
@@ -389,8 +389,8 @@ class GraphIndex:
         if not backward:
             return out
         for loss in self.loss_nodes:
-            after = _reachable(loss, self.successors)
-            before = _reachable(loss, self.predecessors)
+            after = reachable(loss, self.successors)
+            before = reachable(loss, self.predecessors)
             for b in backward:
                 if b not in after and b not in before:
                     out.setdefault(b, []).append(loss)
@@ -474,7 +474,8 @@ def generation_order(ids: list[int], successors: Mapping[int, list[int]]) -> lis
     return order if len(order) == len(ids) else None
 
 
-def _reachable(start: int, adjacency: dict[int, list[int]]) -> set[int]:
+def reachable(start: int, adjacency: Mapping[int, Sequence[int]]) -> set[int]:
+    """`start` and every node reachable from it through `adjacency`."""
     seen = {start}
     stack = [start]
     while stack:

@@ -158,20 +158,22 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     fitted = run_portfolio(graph, budget_bytes, offer, first_deadline, threads=workers,
                            seed=seed, order_of=order_of, notes=notes)
     timings["first_phase_s"] = time.perf_counter() - started
-    # The cut bound after the first plan (it never delays it): on training graphs the loss is
-    # the cut, where every activation saved for the backward pass is resident or recomputed.
-    cut = cut_lower_bound(graph, budget_bytes, deadline=min(
-        deadline, time.perf_counter() + max(0.2, CUT_BOUND_SHARE * time_limit_s)))
-    timings["cut_bound_s"] = cut.wall_seconds
-    if cut.infeasible and best is None:
-        return AutoResult(None, None, "none", problem.total_cost, False, True,
-                          [f"no schedule fits: {cut.reason}"], timings)
-    if cut.infeasible:  # a plan fits: the proof is wrong, so claim nothing from it
-        notes.append(f"cut bound ignored: it claims no plan fits, beside one that does "
-                     f"({cut.reason})")
-    elif cut.extra_ms > 0:
-        any_order_bound = problem.total_cost + cut.extra_ms
-        tell()
+    # The cut bound after the first plan (it never delays it; none needed when the plan runs
+    # every node once): on training graphs the loss is the cut, where every activation saved
+    # for the backward pass is resident or recomputed.
+    if not optimal():
+        cut = cut_lower_bound(graph, budget_bytes, deadline=min(
+            deadline, time.perf_counter() + max(0.2, CUT_BOUND_SHARE * time_limit_s)))
+        timings["cut_bound_s"] = cut.wall_seconds
+        if cut.infeasible and best is None:
+            return AutoResult(None, None, "none", problem.total_cost, False, True,
+                              [f"no schedule fits: {cut.reason}"], timings)
+        if cut.infeasible:  # a plan fits: the proof is wrong, so claim nothing from it
+            notes.append(f"cut bound ignored: it claims no plan fits, beside one that does "
+                         f"({cut.reason})")
+        elif cut.extra_ms > 0:
+            any_order_bound = problem.total_cost + cut.extra_ms
+            tell()
     if not small:
         if not optimal():
             improve_large(graph, budget_bytes, fitted, offer, order_of, deadline, seed)

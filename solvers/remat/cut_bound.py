@@ -32,14 +32,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from planner.graph import Graph, GraphIndex
+from planner.graph import Graph, GraphIndex, reachable
 from planner.memory_model import step_memory
 from solvers.order import order_successors, schedule_order
 from solvers.remat.backends import solve_linear
+from solvers.remat.checkpoints import CheckpointPlan
 from solvers.remat.linear import INF, LinearModel
+from solvers.remat.problem import problem_from_graph
 
 MAX_CUTS = 4  # LPs solved (highest pressure first); evaluating a cut is O(n + e)
 PEAK_STEPS = 24  # store-all's highest steps in the graph's order, as cut candidates
@@ -78,11 +80,9 @@ def cut_lower_bound(graph: Graph, budget_bytes: int, *, deadline: float | None =
     `candidates`: node ids to try as cuts (default: loss nodes and store-all's peak steps);
     `integer_s`: at most this long for CP-SAT on the integer problem of the best cut."""
     started = time.perf_counter()
-    index = graph.index
-    succ = order_successors(index)
-    order = schedule_order(graph)
-    pos = {v: i for i, v in enumerate(order)}
-    nodes = candidates if candidates is not None else _candidates(graph, order, succ)
+    succ = order_successors(graph.index)
+    pos = {v: i for i, v in enumerate(schedule_order(graph))}
+    nodes = candidates if candidates is not None else _candidates(graph, budget_bytes, succ)
     cuts: list[_Cut] = []
     for c in dict.fromkeys(nodes):
         if deadline is not None and time.perf_counter() > deadline:
@@ -125,28 +125,15 @@ def _left(deadline: float | None) -> float:
     return 60.0 if deadline is None else deadline - time.perf_counter()
 
 
-def _candidates(graph: Graph, order: list[int], succ: dict[int, list[int]]) -> list[int]:
+def _candidates(graph: Graph, budget_bytes: int, succ: dict[int, list[int]]) -> list[int]:
     """Loss nodes (ordering edges to nodes they do not feed), then the steps where store-all
-    in `order` peaks, highest first."""
+    in the graph's order peaks, highest first."""
     index = graph.index
-    losses = [v for v in order if len(succ[v]) > len(index.successors[v])]
-    pos = {v: i for i, v in enumerate(order)}
-    root = index.storage_roots
-    last: dict[int, int] = {}
-    for v in order:
-        for w in index.successors[v]:
-            last[root[v]] = max(last.get(root[v], -1), pos[w])
-        last[root[v]] = max(last.get(root[v], -1), pos[v])
-    change = [0] * (len(order) + 1)
-    for k, e in last.items():
-        change[pos[k]] += index.storage_bytes[k]
-        change[e + 1] -= index.storage_bytes[k]
-    live, stages = 0, []
-    for i, v in enumerate(order):
-        live += change[i]
-        stages.append((live + index.node(v).workspace_bytes, v))
-    stages.sort(reverse=True)
-    return losses + [v for _, v in stages[:PEAK_STEPS]]
+    problem = problem_from_graph(graph, budget_bytes)
+    losses = [v for v in problem.node_ids if len(succ[v]) > len(index.successors[v])]
+    peaks = CheckpointPlan(problem).stage_peak  # store-all: every value kept
+    steps = sorted(range(problem.n), key=lambda t: -peaks[t])[:PEAK_STEPS]
+    return losses + [problem.node_ids[t] for t in steps]
 
 
 def _storage(index: GraphIndex, values: Iterable[int]) -> list[int]:
@@ -157,8 +144,8 @@ def _storage(index: GraphIndex, values: Iterable[int]) -> list[int]:
 def _cut(graph: Graph, c: int, budget_bytes: int, succ: dict[int, list[int]],
          pos: dict[int, int]) -> _Cut:
     index = graph.index
-    anc = _reach(c, index.order_predecessors)
-    desc = _reach(c, succ)
+    anc = reachable(c, index.order_predecessors) - {c}
+    desc = reachable(c, succ) - {c}
     crossing = {v for v in anc if any(w in desc for w in index.successors[v])}
     inputs = set(index.predecessors[c])
     step = step_memory(graph)
@@ -172,18 +159,6 @@ def _cut(graph: Graph, c: int, budget_bytes: int, succ: dict[int, list[int]],
                          if k not in must_roots)
     return _Cut(c, sorted(anc, key=pos.__getitem__), crossing, must,
                 forced, must + crossing_bytes - budget_bytes)
-
-
-def _reach(start: int, adjacency: Mapping[int, Sequence[int]]) -> set[int]:
-    """Nodes reachable from `start` (itself excluded)."""
-    seen: set[int] = set()
-    stack = [start]
-    while stack:
-        for w in adjacency[stack.pop()]:
-            if w not in seen:
-                seen.add(w)
-                stack.append(w)
-    return seen
 
 
 def _cut_model(graph: Graph, cut: _Cut, budget_bytes: int) -> LinearModel:
