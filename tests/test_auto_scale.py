@@ -119,6 +119,19 @@ def test_op_level_auto_never_worse_than_the_chain_dp() -> None:
     assert auto.predicted.overhead <= chain.predicted.overhead + 1e-9
 
 
+def test_large_training_graphs_get_the_chain_dp_first() -> None:
+    # 5,001 nodes at 0.6: greedy eviction does not fit within a short limit; before the chain
+    # DP ran first on large training graphs, auto answered with chen-sqrt's fallback (+33 %)
+    g = training_graph(2500, seed=1)
+    budget = math.ceil(0.6 * store_all_peak_bytes(g))
+    chain = solve(g, budget, "rotor", time_limit_s=30.0, options={"refine": 0})
+    auto = solve(g, budget, "auto", time_limit_s=8.0, threads=1)
+    assert chain.predicted is not None and auto.predicted is not None
+    assert not auto.details.get("fallback")
+    assert auto.predicted.peak_bytes <= budget
+    assert auto.predicted.overhead <= chain.predicted.overhead + 1e-9
+
+
 def test_kicked_orders_offer_only_cheaper_plans_within_budget() -> None:
     from solvers.order import schedule_order
     from solvers.remat.improve_large import improve_large

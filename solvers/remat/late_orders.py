@@ -199,21 +199,24 @@ class Reorderer:
 
 def lowered_order(graph: Graph, order: list[int], budget_bytes: int, deadline: float,
                   seed: int = 0, *, iterate: bool = True, kick: int = KICK_MOVES,
-                  max_kicks: int | None = None) -> tuple[list[int], int]:
+                  max_kicks: int | None = None, stop_below: int | None = None
+                  ) -> tuple[list[int], int]:
     """`order` (node ids, topological) after peak-lowering moves: (order, store-all peak).
 
     A local search with the best move at each step (on graphs over LARGE_NODES: the first
     improving one, among all moves), then (with `iterate`), until the peak fits the budget or
     the deadline passes, iterated local search: `kick` random moves from the best order so far, a
     first-improvement search from there, kept when its peak is lower (at most `max_kicks` times:
-    the same result on a slower machine, unless the deadline comes first)."""
+    the same result on a slower machine, unless the deadline comes first), or until the peak
+    is below `stop_below` (the caller has a use for such an order at once)."""
     reorder = Reorderer(graph, budget_bytes)
     rng = random.Random(seed)
     best, peak = reorder.lower(order, deadline)
     best_score = reorder.search.score([reorder.pos[v] for v in best], budget_bytes)
     kicks = 0
     while (iterate and best_score[0] > budget_bytes and time.perf_counter() < deadline
-           and (max_kicks is None or kicks < max_kicks)):
+           and (max_kicks is None or kicks < max_kicks)
+           and (stop_below is None or best_score[0] >= stop_below)):
         kicks += 1
         trial, _ = reorder.lower(best, deadline, rng, kick, first_improvement=True)
         score = reorder.search.score([reorder.pos[v] for v in trial], budget_bytes)

@@ -97,41 +97,65 @@ class OrderState:
             return None
         seq, at = self.seq, self.at
         x = int(seq[src])
-        lo, hi = (src, dst) if src < dst else (dst, src)
-        shift = -1 if src < dst else 1  # steps of the other nodes in lo..hi move by this
-
-        def step(w: int) -> int:
-            if w == x:
-                return dst
-            k = int(at[w])
-            return k + shift if lo <= k <= hi else k
-
+        later = src < dst
+        lo, hi = (src, dst) if later else (dst, src)
         readers: dict[int, int] = {}
         gain: dict[int, int] = {}
-        to = dst
         for u in self.deps[x]:
             old = self.last_reader[u]
-            if old != x:  # x becomes the last reader when it moves past the old one
-                new = x if to > step(old) else old
+            if old == x:
+                # moved later it stays the last reader; moved earlier, the latest of the
+                # others (each one step later inside lo..hi) may overtake it
+                new = x if later else self._latest_reader(u, x, dst, lo, hi)
             else:
-                new = max(self.users[u], key=step)
+                k = int(at[old])
+                if not later and lo <= k <= hi:
+                    k += 1
+                elif later and lo <= k <= hi:
+                    k -= 1
+                new = x if dst > k else old
             if new != old:
                 readers[u] = new
                 gain[old] = gain.get(old, int(self.gain[old])) + self._mem[u]
                 gain[new] = gain.get(new, int(self.gain[new])) - self._mem[u]
-        if src < dst:
-            segment = np.concatenate((seq[src + 1:dst + 1], [x]))
+        segment = np.empty(hi - lo + 1, dtype=np.int64)
+        if later:
+            segment[:-1] = seq[src + 1:dst + 1]
+            segment[-1] = x
         else:
-            segment = np.concatenate(([x], seq[dst:src]))
+            segment[0] = x
+            segment[1:] = seq[dst:src]
         change = self.gain[segment]
         for w, g in gain.items():
-            change[step(w) - lo] = g
-        resident = int(self.resident[lo]) + np.concatenate(([0], np.cumsum(change)[:-1]))
-        stages = self.problem.fixed_bytes + resident + self.load[segment]
+            if w == x:
+                change[dst - lo] = g
+            else:
+                k = int(at[w])
+                change[k - (1 if later else -1) - lo if lo <= k <= hi else k - lo] = g
+        # bytes resident before each step: what was before lo, plus the changes before it
+        resident = np.cumsum(change)
+        resident -= change
+        resident += int(self.resident[lo])
+        stages = resident + self.load[segment]
+        stages += self.problem.fixed_bytes
         peak = max(int(self.prefix_max[lo]), int(stages.max()), int(self.suffix_max[hi + 1]))
-        over = (int(self.prefix_over[lo]) + int(np.maximum(stages - self.target, 0).sum())
+        excess = stages - self.target
+        over = (int(self.prefix_over[lo]) + int(excess[excess > 0].sum())
                 + int(self.prefix_over[-1] - self.prefix_over[hi + 1]))
         return Move(x, src, dst, (peak, over), segment, stages, resident, readers, gain)
+
+    def _latest_reader(self, u: int, x: int, dst: int, lo: int, hi: int) -> int:
+        """The last reader of `u` once `x` (its last reader now) moves earlier to `dst`."""
+        at = self.at
+        best, best_step = x, dst
+        for w in self.users[u]:
+            if w != x:
+                k = int(at[w])
+                if lo <= k <= hi:
+                    k += 1
+                if k > best_step:
+                    best, best_step = w, k
+        return best
 
     def commit(self, move: Move) -> None:
         lo, hi = min(move.src, move.dst), max(move.src, move.dst)
