@@ -22,6 +22,7 @@ import numpy as np
 from solvers.remat.problem import RematProblem
 
 Score = tuple[int, int]  # (peak bytes, bytes over the target summed over every step)
+SHORT_SPAN = 48  # moves over fewer steps are judged in plain Python, longer ones in numpy
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class OrderState:
         self.mem = np.array(problem.mem_bytes, dtype=np.int64)
         self.load = self.mem + np.array(problem.workspace_bytes, dtype=np.int64)
         self._mem = problem.mem_bytes
+        self._load = self.load.tolist()
         self._added = [problem.mem_bytes[i] + problem.held(i) for i in range(n)]
         self.reset(seq)
 
@@ -70,6 +72,9 @@ class OrderState:
             frees[w] += self._mem[v]
         self.gain = np.array([self._added[v] - frees[v] for v in range(n)], dtype=np.int64)
         change = self.gain[self.seq]
+        # list mirrors of seq, at and gain: short spans are judged in plain Python (numpy's
+        # per-call cost dominates below SHORT_SPAN steps; half of the moves are within 26)
+        self._seq, self._at, self._gain = self.seq.tolist(), at, self.gain.tolist()
         self.resident = np.concatenate(([0], np.cumsum(change)[:-1])).astype(np.int64)
         self.stages = self.problem.fixed_bytes + self.resident + self.load[self.seq]
         self._aggregate()
@@ -95,10 +100,11 @@ class OrderState:
         is no move. The caller keeps moves within the node's window (topological)."""
         if src == dst or not (0 <= dst < self.n):
             return None
-        seq, at = self.seq, self.at
-        x = int(seq[src])
+        seq, at = self._seq, self._at
+        x = seq[src]
         later = src < dst
         lo, hi = (src, dst) if later else (dst, src)
+        shift = -1 if later else 1  # steps of the other nodes in lo..hi move by this
         readers: dict[int, int] = {}
         gain: dict[int, int] = {}
         for u in self.deps[x]:
@@ -108,49 +114,80 @@ class OrderState:
                 # others (each one step later inside lo..hi) may overtake it
                 new = x if later else self._latest_reader(u, x, dst, lo, hi)
             else:
-                k = int(at[old])
-                if not later and lo <= k <= hi:
-                    k += 1
-                elif later and lo <= k <= hi:
-                    k -= 1
-                new = x if dst > k else old
+                k = at[old]
+                new = x if dst > (k + shift if lo <= k <= hi else k) else old
             if new != old:
                 readers[u] = new
-                gain[old] = gain.get(old, int(self.gain[old])) + self._mem[u]
-                gain[new] = gain.get(new, int(self.gain[new])) - self._mem[u]
-        segment = np.empty(hi - lo + 1, dtype=np.int64)
+                gain[old] = gain.get(old, self._gain[old]) + self._mem[u]
+                gain[new] = gain.get(new, self._gain[new]) - self._mem[u]
+        fixed, r0 = self.problem.fixed_bytes, int(self.resident[lo])
+        if hi - lo < SHORT_SPAN:
+            return self._short_move(x, src, dst, readers, gain)
+        arr = self.seq
         if later:
-            segment[:-1] = seq[src + 1:dst + 1]
-            segment[-1] = x
+            segment = np.concatenate((arr[src + 1:dst + 1], [x]))
         else:
-            segment[0] = x
-            segment[1:] = seq[dst:src]
+            segment = np.concatenate(([x], arr[dst:src]))
         change = self.gain[segment]
         for w, g in gain.items():
-            if w == x:
-                change[dst - lo] = g
-            else:
-                k = int(at[w])
-                change[k - (1 if later else -1) - lo if lo <= k <= hi else k - lo] = g
+            k = dst if w == x else at[w]
+            change[(k + shift if w != x and lo <= k <= hi else k) - lo] = g
         # bytes resident before each step: what was before lo, plus the changes before it
         resident = np.cumsum(change)
         resident -= change
-        resident += int(self.resident[lo])
+        resident += r0
         stages = resident + self.load[segment]
-        stages += self.problem.fixed_bytes
-        peak = max(int(self.prefix_max[lo]), int(stages.max()), int(self.suffix_max[hi + 1]))
-        excess = stages - self.target
-        over = (int(self.prefix_over[lo]) + int(excess[excess > 0].sum())
+        stages += fixed
+        above = stages - self.target
+        return self._judged(x, src, dst, int(stages.max()), int(above[above > 0].sum()),
+                            segment, stages, resident, readers, gain)
+
+    def _short_move(self, x: int, src: int, dst: int, readers: dict[int, int],
+                    gain: dict[int, int]) -> Move:
+        """`try_move` over a short span, in plain Python on the list mirrors."""
+        seq, at, gains, load = self._seq, self._at, self._gain, self._load
+        later = src < dst
+        lo, hi = (src, dst) if later else (dst, src)
+        segment = seq[src + 1:dst + 1] + [x] if later else [x] + seq[dst:src]
+        change = [gains[w] for w in segment]
+        for w, g in gain.items():
+            k = dst if w == x else at[w]
+            change[(k + (-1 if later else 1) if w != x and lo <= k <= hi else k) - lo] = g
+        fixed, target = self.problem.fixed_bytes, self.target
+        resident: list[int] = []
+        stages: list[int] = []
+        top = excess = 0
+        r = int(self.resident[lo])
+        for w, c in zip(segment, change, strict=True):
+            st = fixed + r + load[w]
+            resident.append(r)
+            stages.append(st)
+            if st > top:
+                top = st
+            if st > target:
+                excess += st - target
+            r += c
+        return self._judged(x, src, dst, top, excess, np.array(segment, dtype=np.int64),
+                            np.array(stages, dtype=np.int64),
+                            np.array(resident, dtype=np.int64), readers, gain)
+
+    def _judged(self, x: int, src: int, dst: int, seg_peak: int, seg_over: int,
+                segment: np.ndarray, stages: np.ndarray, resident: np.ndarray,
+                readers: dict[int, int], gain: dict[int, int]) -> Move:
+        """The move with its score: the span's peak and excess beside the unchanged steps'."""
+        lo, hi = min(src, dst), max(src, dst)
+        peak = max(int(self.prefix_max[lo]), seg_peak, int(self.suffix_max[hi + 1]))
+        over = (int(self.prefix_over[lo]) + seg_over
                 + int(self.prefix_over[-1] - self.prefix_over[hi + 1]))
         return Move(x, src, dst, (peak, over), segment, stages, resident, readers, gain)
 
     def _latest_reader(self, u: int, x: int, dst: int, lo: int, hi: int) -> int:
         """The last reader of `u` once `x` (its last reader now) moves earlier to `dst`."""
-        at = self.at
+        at = self._at
         best, best_step = x, dst
         for w in self.users[u]:
             if w != x:
-                k = int(at[w])
+                k = at[w]
                 if lo <= k <= hi:
                     k += 1
                 if k > best_step:
@@ -167,5 +204,10 @@ class OrderState:
             self.last_reader[u] = w
         for w, g in move.gain.items():
             self.gain[w] = g
+            self._gain[w] = g
+        segment = move.segment.tolist()
+        self._seq[lo:hi + 1] = segment
+        for k, w in enumerate(segment, start=lo):
+            self._at[w] = k
         self._aggregate()
 
