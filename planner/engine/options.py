@@ -82,6 +82,9 @@ METHOD_OPTIONS: dict[str, tuple[OptionSpec, ...]] = {
                    minimum=1),
         OptionSpec("refine", "int", "extra DP runs that win back rounding loss (default 2)",
                    minimum=0),
+        OptionSpec("saving", "bool", "on a linearised graph, let each segment's full-saving "
+                   "forward keep less and its backward recompute the rest, chosen per "
+                   "segment (default false: plain Rotor; auto uses it)"),
     ),
     "offload-all": (
         OptionSpec("min_bytes", "int", "offload only tensors of at least this many bytes "

@@ -99,7 +99,7 @@ def linearize(graph: Graph) -> Linearization:
         backward=((),) + tuple(tuple(b) for b in bwd_lists[1:]),
         grad_out=tuple(grad_out),
     )
-    chain = _chain_of(graph, layout)
+    chain = chain_of_layout(graph, layout)
     fixed = [v for v in forward if not index.node(v).recomputable]
     return Linearization(
         chain=chain,
@@ -201,7 +201,7 @@ def _profile(graph: Graph, actions: list[Action]) -> tuple[int, int]:
     return peak, live
 
 
-def _chain_of(graph: Graph, layout: ChainLayout) -> Chain:
+def chain_of_layout(graph: Graph, layout: ChainLayout) -> Chain:
     index = graph.index
     size = index.storage_bytes
     stages: list[Stage] = []

@@ -7,16 +7,18 @@ model's own prediction and the operation sequence travel in `details`, the block
 `MethodResult.block_plan` (typed; its JSON also stays in `details` for version-1 readers), and
 `block_plan_actions` gives the actions the simulator judges it by.
 
-Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500) and
-`refine` (extra DP runs that win back rounding loss, default 2).
+Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500),
+`refine` (extra DP runs that win back rounding loss, default 2) and `saving` (rotor on a
+linearised graph: let each F_all keep less and its backward recompute the rest, choosing per
+segment among `solvers.chain.saving`'s levels; default false, plain Rotor; auto uses it).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 from planner.graph import Graph
@@ -28,6 +30,9 @@ from solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
 from solvers.chain.model import Chain
 from solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
 from solvers.request import MethodResult, SolveRequest
+
+if TYPE_CHECKING:
+    from solvers.chain.saving import SavingOption
 
 
 @dataclass(frozen=True)
@@ -154,13 +159,23 @@ def rotor(request: SolveRequest) -> MethodResult:
         raise InputError("options: 'slots' and 'refine' must be integers") from None
     if slots < 1 or refine < 0:
         raise InputError(f"options: slots {slots} must be ≥ 1 and refine {refine} ≥ 0")
+    saving = request.options.get("saving", False)
+    if not isinstance(saving, bool):
+        raise InputError(f"options: 'saving' must be true or false, not {saving!r}")
+    variants: list[SavingOption] = []
+    if saving and problem.source == "linearized":
+        from solvers.chain.saving import saving_options
+
+        variants = saving_options(request.graph, problem.layout)
+    option_chains = [option.chain for option in variants]
     budget = request.budget_bytes
     result: MethodResult | None = None
     # the model is exact or an upper bound; retry only where the simulator disagrees (views)
     deadline = started + request.time_limit_s
     for _ in range(3):
         try:
-            sol = solve_rotor(problem.chain, budget, slots, refine=refine, deadline=deadline)
+            sol = solve_rotor(problem.chain, budget, slots, refine=refine, deadline=deadline,
+                              options=option_chains)
         except RotorTimeout as e:
             if result is not None:
                 return result
@@ -175,7 +190,7 @@ def rotor(request: SolveRequest) -> MethodResult:
                 f"peaks at {sol.smallest_feasible_bytes} bytes",
             )
         disc = sol.discretisation
-        extra = {
+        extra: dict[str, Any] = {
             "rotor": {
                 "slots": disc.available_slots if disc else None,
                 "slot_bytes": disc.slot_bytes if disc else None,
@@ -184,7 +199,19 @@ def rotor(request: SolveRequest) -> MethodResult:
                 "dp_cost": sol.dp_cost,
             }
         }
-        result = plan_result(request, problem, sol.ops, "rotor-dp", extra)
+        solved = problem
+        if variants:
+            from solvers.chain.rotor import combined
+            from solvers.chain.saving import combined_layout
+
+            picks = sol.stage_options
+            levels = [0.0, *(option.level for option in variants)]
+            # per stage, the share of its droppable saved bytes its F_all drops
+            extra["rotor_saving_levels"] = [levels[o] for o in picks]
+            solved = replace(problem, chain=combined(problem.chain, option_chains, picks),
+                             layout=combined_layout(
+                                 problem.layout, [option.layout for option in variants], picks))
+        result = plan_result(request, solved, sol.ops, "rotor-dp", extra)
         if result.actions is None:
             return result
         try:

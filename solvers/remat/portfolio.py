@@ -290,15 +290,16 @@ def _is_training(graph: Graph) -> bool:
 
 def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
                      deadline: float, notes: list[str]) -> bool | None:
-    """The module-level chain DP (rotor on a linearisation) as an op-level candidate; whether
-    it became the best plan (None: not finished by `deadline`)."""
+    """The module-level chain DP (rotor on a linearisation, each F_all choosing how much of
+    its segment to keep: `solvers.chain.saving`) as an op-level candidate; whether it became
+    the best plan (None: not finished by `deadline`)."""
     from solvers.chain.methods import rotor
     from solvers.request import SolveRequest
 
     try:
         result = rotor(SolveRequest(graph, budget_bytes,
                                     time_limit_s=max(0.1, deadline - time.perf_counter()),
-                                    threads=threads))
+                                    threads=threads, options={"saving": True}))
     except Exception as e:  # noqa: BLE001 (a graph the chain model cannot take: skip it)
         notes.append(f"chain DP skipped: {type(e).__name__}: {e}")
         return False
