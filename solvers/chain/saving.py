@@ -26,7 +26,7 @@ from solvers.chain.layout import ChainLayout
 from solvers.chain.linearize import chain_of_layout
 from solvers.chain.model import Chain
 
-SAVING_LEVELS = (0.25, 0.5, 0.75, 1.0)  # shares of each segment's droppable bytes dropped
+SAVING_LEVELS = tuple(k / 10 for k in range(1, 11))  # shares of droppable bytes dropped
 
 
 @dataclass(frozen=True)
