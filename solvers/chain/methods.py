@@ -147,7 +147,9 @@ def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str
     )
 
 
-def rotor(request: SolveRequest) -> MethodResult:
+def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> MethodResult:
+    """`refine_within_s`: refinements only within this many seconds (the first DP may use the
+    whole time limit)."""
     from solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
 
     started = time.perf_counter()
@@ -166,16 +168,19 @@ def rotor(request: SolveRequest) -> MethodResult:
     if saving and problem.source == "linearized":
         from solvers.chain.saving import saving_options
 
-        variants = saving_options(request.graph, problem.layout)
+        # at most a quarter of the limit: the DP needs the rest
+        variants = saving_options(request.graph, problem.layout,
+                                  deadline=started + 0.25 * request.time_limit_s)
     option_chains = [option.chain for option in variants]
     budget = request.budget_bytes
     result: MethodResult | None = None
     # the model is exact or an upper bound; retry only where the simulator disagrees (views)
     deadline = started + request.time_limit_s
+    refine_deadline = None if refine_within_s is None else started + refine_within_s
     for _ in range(3):
         try:
             sol = solve_rotor(problem.chain, budget, slots, refine=refine, deadline=deadline,
-                              options=option_chains)
+                              options=option_chains, refine_deadline=refine_deadline)
         except RotorTimeout as e:
             if result is not None:
                 return result

@@ -102,6 +102,7 @@ class RotorTimeout(TimeoutError):
 def solve_rotor(
     chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, *, refine: int = 0,
     deadline: float | None = None, options: Sequence[Chain] = (),
+    refine_deadline: float | None = None,
 ) -> RotorSolution:
     """The least-compute operation sequence whose exact peak (fixed memory included) fits.
 
@@ -109,7 +110,8 @@ def solve_rotor(
     DP runs at inflated budgets (binary search up to 8 slots more) and keep the cheapest
     sequence whose exact peak still fits. The store-all sequence is always a candidate, so the
     result is never worse than store-all where it fits. `deadline` (a time.perf_counter()
-    value): the first DP raises RotorTimeout past it; refinements past it are skipped.
+    value): the first DP raises RotorTimeout past it; refinements past it (or past
+    `refine_deadline`, when earlier) are skipped.
     `options`: saving options (see the module's doc); the solution's `stage_options` says
     which each stage takes and `combined(chain, options, ...)` is the chain it runs on.
     """
@@ -124,12 +126,13 @@ def solve_rotor(
     if ops is not None:
         best = (run_sequence(combined(chain, options, picks), ops).cost, ops, dp_cost, picks)
     candidates = [(store_all_ops(chain.length), no_options)]
+    until = deadline if refine_deadline is None else min(refine_deadline, deadline or math.inf)
     if refine > 0 and not disc.exact:
         lo, hi = memory, memory + int(8 * disc.slot_bytes) + 1
         for _ in range(refine):
             mid = (lo + hi) // 2
             try:
-                _, extra, _, extra_picks = _solve_once(chains, mid, slots, deadline)
+                _, extra, _, extra_picks = _solve_once(chains, mid, slots, until)
             except RotorTimeout:
                 break
             if extra is not None and run_sequence(

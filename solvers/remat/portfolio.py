@@ -156,12 +156,13 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
     first = min(store_all, key=lambda k: store_all[k].peak_bytes, default=None)
     chain_found: bool | None = None  # None: the chain DP not tried yet, or not finished
     if n > LOWERED_FIRST_NODES and _is_training(graph):
-        # Large training graphs: the chain DP first, with half of the phase (its refinements
-        # stop at that deadline). Its model has at most 200 stages, so it takes seconds at any
-        # size, while greedy eviction may not fit in the whole phase (a 20,001-node training
-        # chain at 0.9: one sweep takes 6.5 s; with a 10 s limit auto had only chen-sqrt's
-        # +33 %, the chain DP alone +6 % at 0.9 and +15 % at 0.6).
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, share(0.5), notes)
+        # Large training graphs: the chain DP first; its first DP may take the phase, its
+        # refinements half of it. Its model has at most 200 stages, so it takes seconds at any
+        # size (about 2 s at 200), while greedy eviction may not fit in the whole phase (a
+        # 20,001-node training chain at 0.9: one sweep takes 6.5 s; with a 10 s limit auto
+        # had only chen-sqrt's +33 %, the chain DP alone +6 % at 0.9 and +15 % at 0.6).
+        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
+                                       refine_until=share(0.5))
     if n > LOWERED_FIRST_NODES and "given" in store_all:
         # Large graphs: a short greedy attempt in the lowest-peak order (traced models often
         # fit there in a second), then the graph's own order lowered (a local search judged
@@ -289,7 +290,8 @@ def _is_training(graph: Graph) -> bool:
 
 
 def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
-                     deadline: float, notes: list[str]) -> bool | None:
+                     deadline: float, notes: list[str], refine_until: float | None = None
+                     ) -> bool | None:
     """The module-level chain DP (rotor on a linearisation, each F_all choosing how much of
     its segment to keep: `solvers.chain.saving`) as an op-level candidate; whether it became
     the best plan (None: not finished by `deadline`)."""
@@ -297,9 +299,10 @@ def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int
     from solvers.request import SolveRequest
 
     try:
-        result = rotor(SolveRequest(graph, budget_bytes,
-                                    time_limit_s=max(0.1, deadline - time.perf_counter()),
-                                    threads=threads, options={"saving": True}))
+        now = time.perf_counter()
+        result = rotor(SolveRequest(graph, budget_bytes, time_limit_s=max(0.1, deadline - now),
+                                    threads=threads, options={"saving": True}),
+                       refine_within_s=None if refine_until is None else refine_until - now)
     except Exception as e:  # noqa: BLE001 (a graph the chain model cannot take: skip it)
         notes.append(f"chain DP skipped: {type(e).__name__}: {e}")
         return False
