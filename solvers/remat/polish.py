@@ -10,9 +10,10 @@ steps it spans (numpy, O(span)); the result is judged by the simulator once more
 only when it is valid, within the budget and cheaper. First computations are never removed,
 so the order of first computations (what the bounds cover) is unchanged.
 
-Plans from the chain DP (whole segments recomputed in the backward) and dynamic eviction
-leave such slack: resnet50 at 0.4 of store-all, the chain DP's +41.6 % becomes +31.5 %;
-llama32 at 0.8, +4.79 % becomes +4.24 %.
+Plans from greedy eviction (a dropped value recomputed for every stage that reads it), the
+chain DP (whole segments recomputed in the backward) and the baselines leave such slack: gpt12
+at 0.8 of store-all, greedy's +7.0 % becomes +4.5 %; resnet50 at 0.4, the chain DP's +41.6 %
+becomes +27.8 %; llama32 at 0.8, the chain DP's +4.79 % becomes +4.24 %.
 
 Only values that own their storage (not views, no view of them) are kept longer; views share
 a base's storage, which the per-value profile does not follow.
