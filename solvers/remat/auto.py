@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from planner.graph import Graph
-from planner.plan import Action
+from planner.plan import Action, plan_nodes
 from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
 from solvers.order import schedule_order
 from solvers.remat.checkpoints import CheckpointPlan
@@ -281,8 +281,8 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                 proven = best is not None and best[0] <= bound * (1 + 1e-9)
                 continue
             round_ += 1
-            if best is not None and _first_order(best[1]) != order:  # found in a free order
-                order = _first_order(best[1])
+            if best is not None and plan_nodes(best[1]) != order:  # found in a free order
+                order = plan_nodes(best[1])
                 in_order = order == given
                 in_order_report = within_order if in_order else _objective_only(progress)
                 ordered_problem = problem_from_graph(with_order(graph, order), budget_bytes)
@@ -358,17 +358,6 @@ def _increase(cost: float, total: float) -> str:
     return f"+{100 * (cost / total - 1):.3f} %"
 
 
-def _first_order(actions: list[Action]) -> list[int]:
-    """The nodes in the order of their first computations."""
-    seen: set[int] = set()
-    firsts = []
-    for a in actions:
-        if a.op.value == "compute" and a.node not in seen:
-            seen.add(a.node)
-            firsts.append(a.node)
-    return firsts
-
-
 def _follows(actions: list[Action], order: list[int]) -> bool:
     """Whether the plan's first computations follow `order`."""
-    return _first_order(actions) == order
+    return plan_nodes(actions) == order
