@@ -20,7 +20,7 @@ set cannot be recomputed keeps its plain form at that level. On the traced zoo m
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from planner.graph import Graph
@@ -98,36 +98,30 @@ def _lean_stage(graph: Graph, layout: ChainLayout, i: int, level: float
     kept = frozenset(layout.saved[i] - dropped)
     available = kept | set(layout.joint[i - 1]) | set(layout.joint[0])
     # what the backward computes again: the dropped values and what they need, in the segment
-    again: set[int] = set()
-    stack = list(dropped)
-    while stack:
-        v = stack.pop()
-        if v in again or v in available or v not in segment:
-            continue
-        if not index.node(v).recomputable:
-            return None
-        again.add(v)
-        stack.extend(preds[v])
+    again = _ancestry(dropped, preds, lambda v: v in segment and v not in available)
+    if not all(index.node(v).recomputable for v in again):
+        return None
     position = {v: k for k, v in enumerate(layout.forward[i])}
     order: list[int] = []
     placed: set[int] = set()
     for w in layout.backward[i]:
         # the values w reads that are computed again, with their own needs, in forward order
-        wanted = _closure([u for u in preds[w] if u in again], again, placed, preds)
+        wanted = _ancestry([u for u in preds[w] if u in again], preds,
+                           lambda v: v in again and v not in placed)
         order.extend(sorted(wanted, key=position.__getitem__))
         placed.update(wanted)
         order.append(w)
     return kept, tuple(order)
 
 
-def _closure(start: list[int], again: set[int], placed: set[int],
-             preds: dict[int, list[int]]) -> set[int]:
+def _ancestry(start: Iterable[int], preds: Mapping[int, Sequence[int]],
+              inside: Callable[[int], bool]) -> set[int]:
+    """`start` and their ancestors, through and within the nodes `inside` admits."""
     out: set[int] = set()
-    stack = list(start)
+    stack = [v for v in start if inside(v)]
     while stack:
         v = stack.pop()
-        if v in out or v in placed or v not in again:
-            continue
-        out.add(v)
-        stack.extend(preds[v])
+        if v not in out:
+            out.add(v)
+            stack.extend(u for u in preds[v] if u not in out and inside(u))
     return out

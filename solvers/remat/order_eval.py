@@ -120,39 +120,47 @@ class OrderState:
                 readers[u] = new
                 gain[old] = gain.get(old, self._gain[old]) + self._mem[u]
                 gain[new] = gain.get(new, self._gain[new]) - self._mem[u]
-        fixed, r0 = self.problem.fixed_bytes, int(self.resident[lo])
+        # offsets in the span of the steps whose net bytes change, with their new values
+        updates = [((dst if w == x else at[w] + shift if lo <= at[w] <= hi else at[w]) - lo, g)
+                   for w, g in gain.items()]
+        # the positions at steps lo..hi after the move
         if hi - lo < SHORT_SPAN:
-            return self._short_move(x, src, dst, readers, gain)
-        arr = self.seq
-        if later:
-            segment = np.concatenate((arr[src + 1:dst + 1], [x]))
+            steps = seq[src + 1:dst + 1] + [x] if later else [x] + seq[dst:src]
+            seg_peak, seg_over, stages, resident = self._span_short(steps, updates, lo)
+            segment = np.array(steps, dtype=np.int64)
         else:
-            segment = np.concatenate(([x], arr[dst:src]))
+            arr = self.seq
+            segment = (np.concatenate((arr[src + 1:dst + 1], [x])) if later
+                       else np.concatenate(([x], arr[dst:src])))
+            seg_peak, seg_over, stages, resident = self._span_numpy(segment, updates, lo)
+        peak = max(int(self.prefix_max[lo]), seg_peak, int(self.suffix_max[hi + 1]))
+        over = (int(self.prefix_over[lo]) + seg_over
+                + int(self.prefix_over[-1] - self.prefix_over[hi + 1]))
+        return Move(x, src, dst, (peak, over), segment, stages, resident, readers, gain)
+
+    def _span_numpy(self, segment: np.ndarray, updates: list[tuple[int, int]], lo: int
+                    ) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """(peak, bytes over the target, stage bytes, resident bytes) over the span."""
         change = self.gain[segment]
-        for w, g in gain.items():
-            k = dst if w == x else at[w]
-            change[(k + shift if w != x and lo <= k <= hi else k) - lo] = g
+        for k, g in updates:
+            change[k] = g
         # bytes resident before each step: what was before lo, plus the changes before it
         resident = np.cumsum(change)
         resident -= change
-        resident += r0
+        resident += int(self.resident[lo])
         stages = resident + self.load[segment]
-        stages += fixed
+        stages += self.problem.fixed_bytes
         above = stages - self.target
-        return self._judged(x, src, dst, int(stages.max()), int(above[above > 0].sum()),
-                            segment, stages, resident, readers, gain)
+        return int(stages.max()), int(above[above > 0].sum()), stages, resident
 
-    def _short_move(self, x: int, src: int, dst: int, readers: dict[int, int],
-                    gain: dict[int, int]) -> Move:
-        """`try_move` over a short span, in plain Python on the list mirrors."""
-        seq, at, gains, load = self._seq, self._at, self._gain, self._load
-        later = src < dst
-        lo, hi = (src, dst) if later else (dst, src)
-        segment = seq[src + 1:dst + 1] + [x] if later else [x] + seq[dst:src]
+    def _span_short(self, segment: list[int], updates: list[tuple[int, int]], lo: int
+                    ) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """`_span_numpy` in plain Python on the list mirrors: numpy's per-call cost dominates
+        on short spans."""
+        gains, load = self._gain, self._load
         change = [gains[w] for w in segment]
-        for w, g in gain.items():
-            k = dst if w == x else at[w]
-            change[(k + (-1 if later else 1) if w != x and lo <= k <= hi else k) - lo] = g
+        for k, g in updates:
+            change[k] = g
         fixed, target = self.problem.fixed_bytes, self.target
         resident: list[int] = []
         stages: list[int] = []
@@ -167,19 +175,8 @@ class OrderState:
             if st > target:
                 excess += st - target
             r += c
-        return self._judged(x, src, dst, top, excess, np.array(segment, dtype=np.int64),
-                            np.array(stages, dtype=np.int64),
-                            np.array(resident, dtype=np.int64), readers, gain)
-
-    def _judged(self, x: int, src: int, dst: int, seg_peak: int, seg_over: int,
-                segment: np.ndarray, stages: np.ndarray, resident: np.ndarray,
-                readers: dict[int, int], gain: dict[int, int]) -> Move:
-        """The move with its score: the span's peak and excess beside the unchanged steps'."""
-        lo, hi = min(src, dst), max(src, dst)
-        peak = max(int(self.prefix_max[lo]), seg_peak, int(self.suffix_max[hi + 1]))
-        over = (int(self.prefix_over[lo]) + seg_over
-                + int(self.prefix_over[-1] - self.prefix_over[hi + 1]))
-        return Move(x, src, dst, (peak, over), segment, stages, resident, readers, gain)
+        return (top, excess, np.array(stages, dtype=np.int64),
+                np.array(resident, dtype=np.int64))
 
     def _latest_reader(self, u: int, x: int, dst: int, lo: int, hi: int) -> int:
         """The last reader of `u` once `x` (its last reader now) moves earlier to `dst`."""
