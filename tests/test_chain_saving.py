@@ -101,3 +101,17 @@ def test_rotor_method_option_and_its_check(graphs) -> None:
     assert len(levels) == lean.details["chain"]["stages"] and any(levels)
     with pytest.raises(InputError, match="saving"):
         solve(g, budget, "rotor", options={"saving": "yes"})
+
+
+def test_rotor_segments_option_caps_the_linearised_chain() -> None:
+    from planner.synthetic import training_graph
+
+    g = training_graph(300, seed=2)  # a 300-stage chain before merging
+    budget = math.ceil(0.6 * store_all_peak_bytes(g))
+    coarse = solve(g, budget, "rotor", time_limit_s=30.0,
+                   options={"segments": 40, "saving": True, "refine": 0})
+    assert coarse.details["chain"]["stages"] <= 40
+    assert coarse.predicted is not None and coarse.predicted.peak_bytes <= budget
+    assert simulate(g, coarse.actions).peak_bytes <= budget
+    with pytest.raises(InputError, match="segments 1"):
+        solve(g, budget, "rotor", time_limit_s=5.0, options={"segments": 1})

@@ -54,7 +54,8 @@ class Linearization:
     non_recomputable: tuple[int, ...]  # forward nodes that must not run twice
 
 
-def linearize(graph: Graph) -> Linearization:
+def linearize(graph: Graph, max_segments: int = MAX_SEGMENTS) -> Linearization:
+    """`max_segments`: longer chains merge consecutive segments (evenly spaced joints)."""
     index = graph.index
     order = schedule_order(graph)
     forward = [v for v in order if index.node(v).phase is not Phase.backward]
@@ -67,12 +68,12 @@ def linearize(graph: Graph) -> Linearization:
     cuts = list(candidates)
     while True:
         seg_fwd, joint_seg, seg_bwd, to_drop = _assign(graph, forward, backward, cuts)
-        if not to_drop and len(cuts) < MAX_SEGMENTS:
+        if not to_drop and len(cuts) < max_segments:
             break
         cuts = [c for c in cuts if forward[c] not in to_drop]
-        if len(cuts) >= MAX_SEGMENTS:  # evenly spaced joints: consecutive segments merged
-            step = len(cuts) / MAX_SEGMENTS
-            cuts = sorted({cuts[int(k * step)] for k in range(MAX_SEGMENTS - 1)})
+        if len(cuts) >= max_segments:  # evenly spaced joints: consecutive segments merged
+            step = len(cuts) / max_segments
+            cuts = sorted({cuts[int(k * step)] for k in range(max_segments - 1)})
     length = len(cuts) + 1
     joint_nodes = [forward[c] for c in cuts] + [forward[-1]]
     segments: list[list[int]] = [[] for _ in range(length + 1)]

@@ -45,14 +45,16 @@ class ChainProblem:
     input_ms: float = 0.0  # computing a^0 once (side values of a linearised graph)
 
 
-def chain_problem(graph: Graph) -> ChainProblem:
+def chain_problem(graph: Graph, max_segments: int | None = None) -> ChainProblem:
+    """The graph's chain: its own (chain.json) or a linearisation of at most `max_segments`
+    segments (default `linearize.MAX_SEGMENTS`)."""
     chain = chain_of_graph(graph)
     if chain is not None:
         _, layout = chain_graph(chain)
         return ChainProblem(chain, layout, "chain.json", frozenset())
-    from solvers.chain.linearize import linearize
+    from solvers.chain.linearize import MAX_SEGMENTS, linearize
 
-    lin = linearize(graph)
+    lin = linearize(graph, max_segments or MAX_SEGMENTS)
     fixed = set(lin.non_recomputable)
     stages = frozenset(
         i for i in range(1, lin.chain.length + 1) if fixed & set(lin.layout.forward[i])
@@ -152,15 +154,19 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
     whole time limit)."""
     from solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
 
+    from solvers.chain.linearize import MAX_SEGMENTS
+
     started = time.perf_counter()
-    problem = chain_problem(request.graph)
     try:
         slots = int(request.options.get("slots", DEFAULT_SLOTS))
         refine = int(request.options.get("refine", 2))
+        segments = int(request.options.get("segments", MAX_SEGMENTS))
     except (TypeError, ValueError):
-        raise InputError("options: 'slots' and 'refine' must be integers") from None
-    if slots < 1 or refine < 0:
-        raise InputError(f"options: slots {slots} must be ≥ 1 and refine {refine} ≥ 0")
+        raise InputError("options: 'slots', 'refine' and 'segments' must be integers") from None
+    if slots < 1 or refine < 0 or segments < 2:
+        raise InputError(f"options: slots {slots} must be ≥ 1, refine {refine} ≥ 0 and "
+                         f"segments {segments} ≥ 2")
+    problem = chain_problem(request.graph, segments)
     saving = request.options.get("saving", False)
     if not isinstance(saving, bool):
         raise InputError(f"options: 'saving' must be true or false, not {saving!r}")

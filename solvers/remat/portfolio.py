@@ -49,6 +49,7 @@ RANDOM_ORDERS_LARGE_S = 0.5  # from LOWERED_FIRST_NODES
 ILS_CHUNK_KICKS = 3  # iterated local search while nothing fits: retention between chunks
 ILS_KICK_PER_NODES = 40  # from LOWERED_FIRST_NODES while nothing fits: n / this moves per kick
 DESCENTS_WHILE_NONE = 2  # from LOWERED_FIRST_NODES while nothing fits: orders descended
+COARSE_SEGMENTS = 100  # large training graphs: a chain DP this long first (~8x faster than 200)
 
 
 def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float,
@@ -305,14 +306,30 @@ def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int
                      ) -> bool | None:
     """The module-level chain DP (rotor on a linearisation, each F_all choosing how much of
     its segment to keep: `solvers.chain.saving`) as an op-level candidate; whether it became
-    the best plan (None: not finished by `deadline`)."""
+    the best plan (None: not finished by `deadline`). With `refine_until` (large graphs), a
+    chain of COARSE_SEGMENTS first: the DP is cubic in the segments, and the fine one alone
+    took 3.1 s of a 4.8 s phase at 5,001 nodes, past it on a slower run."""
+    found: bool | None = None
+    if refine_until is not None:
+        noted = len(notes)
+        found = _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, None,
+                          {"segments": COARSE_SEGMENTS, "refine": 0})
+        if len(notes) > noted:  # skipped: the chain model cannot take this graph
+            return False
+    fine = _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, refine_until, {})
+    return fine if found is None else bool(found or fine)
+
+
+def _chain_dp(graph: Graph, budget_bytes: int, offer: Offer, threads: int, deadline: float,
+              notes: list[str], refine_until: float | None, options: dict[str, object]
+              ) -> bool | None:
     from solvers.chain.methods import rotor
     from solvers.request import SolveRequest
 
     try:
         now = time.perf_counter()
         result = rotor(SolveRequest(graph, budget_bytes, time_limit_s=max(0.1, deadline - now),
-                                    threads=threads, options={"saving": True}),
+                                    threads=threads, options={"saving": True, **options}),
                        refine_within_s=None if refine_until is None else refine_until - now)
     except Exception as e:  # noqa: BLE001 (a graph the chain model cannot take: skip it)
         notes.append(f"chain DP skipped: {type(e).__name__}: {e}")
