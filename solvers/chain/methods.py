@@ -152,9 +152,8 @@ def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str
 def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> MethodResult:
     """`refine_within_s`: refinements only within this many seconds (the first DP may use the
     whole time limit)."""
-    from solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
-
     from solvers.chain.linearize import MAX_SEGMENTS
+    from solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
 
     started = time.perf_counter()
     try:
