@@ -8,9 +8,11 @@ model's own prediction and the operation sequence travel in `details`, the block
 `block_plan_actions` gives the actions the simulator judges it by.
 
 Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500),
-`refine` (extra DP runs that win back rounding loss, default 2) and `saving` (rotor on a
-linearised graph: let each F_all keep less and its backward recompute the rest, choosing per
-segment among `solvers.chain.saving`'s levels; default false, plain Rotor; auto uses it).
+`refine` (extra DP runs that win back rounding loss, default 2), `segments` (a linearised
+chain's most segments, default `linearize.MAX_SEGMENTS`; the DP is cubic in them) and `saving`
+(rotor on a linearised graph: let each F_all keep less and its backward recompute the rest,
+choosing per segment among `solvers.chain.saving`'s levels, `saving_levels` of them, default
+10; default false, plain Rotor; auto uses it).
 """
 
 from __future__ import annotations
@@ -160,11 +162,13 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
         slots = int(request.options.get("slots", DEFAULT_SLOTS))
         refine = int(request.options.get("refine", 2))
         segments = int(request.options.get("segments", MAX_SEGMENTS))
+        n_levels = int(request.options.get("saving_levels", 10))
     except (TypeError, ValueError):
-        raise InputError("options: 'slots', 'refine' and 'segments' must be integers") from None
-    if slots < 1 or refine < 0 or segments < 2:
-        raise InputError(f"options: slots {slots} must be ≥ 1, refine {refine} ≥ 0 and "
-                         f"segments {segments} ≥ 2")
+        raise InputError("options: 'slots', 'refine', 'segments' and 'saving_levels' must be "
+                         "integers") from None
+    if slots < 1 or refine < 0 or segments < 2 or not 1 <= n_levels <= 100:
+        raise InputError(f"options: slots {slots} must be ≥ 1, refine {refine} ≥ 0, segments "
+                         f"{segments} ≥ 2 and saving_levels {n_levels} within 1..100")
     problem = chain_problem(request.graph, segments)
     saving = request.options.get("saving", False)
     if not isinstance(saving, bool):
@@ -175,6 +179,7 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
 
         # at most a quarter of the limit: the DP needs the rest
         variants = saving_options(request.graph, problem.layout,
+                                  tuple(k / n_levels for k in range(1, n_levels + 1)),
                                   deadline=started + 0.25 * request.time_limit_s)
     option_chains = [option.chain for option in variants]
     budget = request.budget_bytes
