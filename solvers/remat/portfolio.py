@@ -50,21 +50,24 @@ ILS_CHUNK_KICKS = 3  # iterated local search while nothing fits: retention betwe
 ILS_KICK_PER_NODES = 40  # from LOWERED_FIRST_NODES while nothing fits: n / this moves per kick
 DESCENTS_WHILE_NONE = 2  # from LOWERED_FIRST_NODES while nothing fits: orders descended
 COARSE_SEGMENTS = 100  # large training graphs: a chain DP this long first (~8x faster than 200)
-# then, when time allows, a finer DP than the default (twice the saving levels, three times
-# the slots; it takes about FINE_CHAIN_COST times as long): llama32 at 0.6 +18.1 % vs +20.5 %
+# after the first phase, when time allows, a finer DP than the default (twice the saving levels,
+# three times the slots; about FINE_CHAIN_COST times as long): llama32 at 0.6 +18.1 % vs +20.5 %
 FINE_CHAIN: dict[str, object] = {"saving_levels": 20, "slots": 1500}
-FINE_CHAIN_COST = 4.0
+FINE_CHAIN_COST = 3.0  # measured 1.7-2.4
 
 
 def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float,
                   *, threads: int = 1, seed: int = 0, order_of: OrderMap | None = None,
-                  notes: list[str] | None = None) -> list[tuple[str, CheckpointPlan]]:
+                  notes: list[str] | None = None, timings: dict[str, float] | None = None
+                  ) -> list[tuple[str, CheckpointPlan]]:
     """Offer plans until `deadline`; returns the greedy checkpoint plans that fit (best first),
-    for the improvement phase. `order_of` records each source's order of first computations."""
+    for the improvement phase. `order_of` records each source's order of first computations;
+    `timings["chain_dp_s"]`: how long the chain DP took (where it finished)."""
     started = time.perf_counter()
     orders: dict[str, list[int]] = {"given": schedule_order(graph)}
     order_of = order_of if order_of is not None else {}
     notes = notes if notes is not None else []
+    timings = timings if timings is not None else {}
 
     def share(fraction: float) -> float:
         return time.perf_counter() + fraction * max(0.0, deadline - time.perf_counter())
@@ -167,7 +170,7 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         # 20,001-node training chain at 0.9: one sweep takes 6.5 s; with a 10 s limit auto
         # had only chen-sqrt's +33 %, the chain DP alone +6 % at 0.9 and +15 % at 0.6).
         chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
-                                       refine_until=share(0.5))
+                                       timings, refine_until=share(0.5))
     if n > LOWERED_FIRST_NODES and "given" in store_all:
         # Large graphs: a short greedy attempt in the lowest-peak order (traced models often
         # fit there in a second), then the graph's own order lowered (a local search judged
@@ -184,7 +187,8 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         # The chain DP (a second or two) early on training graphs: at tight budgets on stacks
         # of blocks it is the quickest good plan (gpt12 at 0.6: +39 % where the first greedy
         # plan is +99 %; llama32 at 0.6: +27 %, where greedy does not fit).
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, share(0.25), notes)
+        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, share(0.25), notes,
+                                       timings)
     if n > LOWERED_MIN_NODES and _is_training(graph) and time.perf_counter() < deadline:
         # Chen's √n checkpoints, which `offer` polishes (values kept instead of recomputed where
         # memory allows): milliseconds, and at tight budgets sometimes the best start (gpt12 at
@@ -276,7 +280,8 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
     # The chain DP again with the rest of the phase when the early call ran out of its share;
     # before DTR, which it often beats by far (llama32 at 0.6: +27 % vs +45 %).
     if chain_found is None and _is_training(graph) and time.perf_counter() < deadline - 0.5:
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes)
+        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
+                                       timings)
     found = found or bool(chain_found)
     if not found and ranked and time.perf_counter() < deadline:
         found = _dtr(problems, ranked, orders, offer, order_of, deadline, share)
@@ -306,30 +311,41 @@ def _is_training(graph: Graph) -> bool:
 
 
 def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
-                     deadline: float, notes: list[str], refine_until: float | None = None
-                     ) -> bool | None:
+                     deadline: float, notes: list[str], timings: dict[str, float],
+                     refine_until: float | None = None) -> bool | None:
     """The module-level chain DP (rotor on a linearisation, each F_all choosing how much of
     its segment to keep: `solvers.chain.saving`) as an op-level candidate; whether it became
     the best plan (None: not finished by `deadline`). With `refine_until` (large graphs), a
-    chain of COARSE_SEGMENTS first: the DP is cubic in the segments, and the fine one alone
-    took 3.1 s of a 4.8 s phase at 5,001 nodes, past it on a slower run."""
+    chain of COARSE_SEGMENTS first where the linearisation is longer: the DP is cubic in the
+    segments, and the 200-segment one alone took 3.1 s of a 4.8 s phase at 5,001 nodes, past
+    it on a slower run."""
+    from solvers.chain.methods import chain_problem
+
     found: bool | None = None
     if refine_until is not None:
-        noted = len(notes)
-        found = _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, None,
-                          {"segments": COARSE_SEGMENTS, "refine": 0})
-        if len(notes) > noted:  # skipped: the chain model cannot take this graph
+        try:
+            length = chain_problem(graph).chain.length
+        except Exception as e:  # noqa: BLE001 (a graph the chain model cannot take: skip it)
+            notes.append(f"chain DP skipped: {type(e).__name__}: {e}")
             return False
+        if length > COARSE_SEGMENTS:
+            found = _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, None,
+                              {"segments": COARSE_SEGMENTS, "refine": 0})
     began = time.perf_counter()
     plain = _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, refine_until, {})
-    took = time.perf_counter() - began
-    finer: bool | None = None
-    if plain is not None and time.perf_counter() + FINE_CHAIN_COST * took < deadline:
-        finer = _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, refine_until,
-                          FINE_CHAIN)
-    if found is None and plain is None:
+    if plain is None:
+        return found
+    timings["chain_dp_s"] = time.perf_counter() - began
+    return bool(found or plain)
+
+
+def finer_chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
+                          deadline: float, notes: list[str], chain_dp_s: float) -> bool | None:
+    """The chain DP again with FINE_CHAIN (more saving levels and slots) when it fits before
+    `deadline` by the first DP's time `chain_dp_s`; whether it became the best plan."""
+    if time.perf_counter() + FINE_CHAIN_COST * chain_dp_s > deadline:
         return None
-    return bool(found or plain or finer)
+    return _chain_dp(graph, budget_bytes, offer, threads, deadline, notes, None, FINE_CHAIN)
 
 
 def _chain_dp(graph: Graph, budget_bytes: int, offer: Offer, threads: int, deadline: float,
