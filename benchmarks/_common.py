@@ -20,3 +20,10 @@ def machine() -> str:
         pass
     return (f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
             f"OR-Tools {version('ortools')}, {platform.system()} {platform.release()}")
+
+
+def write_doc(path: Path, title: str, preamble: list[str], table: list[str],
+              notes: list[str]) -> None:
+    """A benchmark's markdown page: title, the machine, preamble lines, the table, notes."""
+    path.write_text("\n".join([f"# {title}", "", f"Machine: {machine()}.", *preamble, "",
+                               *table, "", *notes]) + "\n")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import machine
+from _common import write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 RANDOM_ROWS = {f"random{n}": n for n in (500, 1000, 2000, 5000)}
@@ -304,10 +304,7 @@ def main() -> int:
             lines.append(format_row(r))
             print(lines[-1], flush=True)
     if args.write is not None:
-        args.write.write_text("\n".join([
-            "# Remat at scale",
-            "",
-            f"Machine: {machine()}.",
+        write_doc(args.write, "Remat at scale", [
             f"Command: `.venv/bin/python benchmarks/remat_scale.py --time-limit "
             f"{args.time_limit:g} --threads {args.threads} --rows {','.join(rows)} "
             f"--fractions {args.fractions} --write {args.write}`"
@@ -322,13 +319,7 @@ def main() -> int:
             "candidate) at the same budget. Random layered DAGs: "
             "`planner.synthetic.random_layered_dag(n, seed=0)`; zoo models traced op-level "
             "(`planner.tracing`, small widths). Timings are noisy: the machine is shared.",
-            "",
-            HEADER,
-            "|" + "---|" * 12,
-            *lines,
-            "",
-            *NOTES,
-        ]))
+        ], [HEADER, "|" + "---|" * 12, *lines], NOTES)
     return 0
 
 

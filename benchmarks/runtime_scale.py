@@ -23,7 +23,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _common import machine  # noqa: E402
+from _common import write_doc  # noqa: E402
 
 NOTES = [
     "Tracing and `runtime.apply` grow linearly with the graph: about 4 s and 0.1 s per 1,000",
@@ -111,17 +111,11 @@ def main() -> int:
         lines.append(format_row(row(layers, args.time_limit, args.steps)))
         print(lines[-1], flush=True)
     if args.write is not None:
-        args.write.write_text("\n".join([
-            "# Tracing and the runtime at scale",
-            "",
-            f"Machine: {machine()}; torch on CPU.",
-            f"Command: `.venv/bin/python benchmarks/runtime_scale.py --layers {args.layers} "
-            f"--time-limit {args.time_limit:g} --steps {args.steps} --write {args.write}`.",
-            "",
-            *lines,
-            "",
-            *NOTES,
-        ]) + "\n")
+        write_doc(args.write, "Tracing and the runtime at scale", [
+            "torch on CPU. Command: `.venv/bin/python benchmarks/runtime_scale.py --layers "
+            f"{args.layers} --time-limit {args.time_limit:g} --steps {args.steps} "
+            f"--write {args.write}`.",
+        ], lines, NOTES)
     return 0
 
 
