@@ -115,3 +115,21 @@ def test_rotor_segments_option_caps_the_linearised_chain() -> None:
     assert simulate(g, coarse.actions).peak_bytes <= budget
     with pytest.raises(InputError, match="segments 1"):
         solve(g, budget, "rotor", time_limit_s=5.0, options={"segments": 1})
+
+
+def test_more_saving_levels_never_cost_more(graphs) -> None:
+    # 20 levels hold every option of the default 10 (k/20 for even k): the DP can only gain
+    for name, g in graphs:
+        budget = math.ceil(0.8 * store_all_peak_bytes(g))
+        costs = []
+        for levels in (10, 20):
+            plan = solve(g, budget, "rotor", time_limit_s=30.0,
+                         options={"saving": True, "saving_levels": levels, "refine": 0})
+            assert plan.predicted is not None and plan.predicted.peak_bytes <= budget, name
+            costs.append(plan.details["rotor"]["dp_cost"])
+        assert costs[1] <= costs[0] + 1e-9, name
+        layout = linearize(g).layout
+        tenths = {o.layout.saved for o in saving_options(g, layout)}
+        twentieths = {o.layout.saved for o in saving_options(
+            g, layout, tuple(k / 20 for k in range(1, 21)))}
+        assert tenths and tenths <= twentieths, name
