@@ -49,14 +49,25 @@ class ChainProblem:
 
 def chain_problem(graph: Graph, max_segments: int | None = None) -> ChainProblem:
     """The graph's chain: its own (chain.json) or a linearisation of at most `max_segments`
-    segments (default `linearize.MAX_SEGMENTS`)."""
+    segments (default `linearize.MAX_SEGMENTS`); built once per graph and length (auto asks
+    for it up to four times: its length, then the coarse, plain and finer DPs)."""
+    from solvers.chain.linearize import MAX_SEGMENTS
+
+    length = max_segments or MAX_SEGMENTS
+    memo: dict[int, ChainProblem] = graph.index.memo.setdefault("chain_problem", {})
+    if length not in memo:
+        memo[length] = _chain_problem(graph, length)
+    return memo[length]
+
+
+def _chain_problem(graph: Graph, max_segments: int) -> ChainProblem:
     chain = chain_of_graph(graph)
     if chain is not None:
         _, layout = chain_graph(chain)
         return ChainProblem(chain, layout, "chain.json", frozenset())
-    from solvers.chain.linearize import MAX_SEGMENTS, linearize
+    from solvers.chain.linearize import linearize
 
-    lin = linearize(graph, max_segments or MAX_SEGMENTS)
+    lin = linearize(graph, max_segments)
     fixed = set(lin.non_recomputable)
     stages = frozenset(
         i for i in range(1, lin.chain.length + 1) if fixed & set(lin.layout.forward[i])
