@@ -112,7 +112,7 @@ def describe_missing(graph: Graph, missing: list[int]) -> str:
     return f"the plan never computes {listed}{more}"
 
 
-_CHECK_EVERY = 1 << 16  # actions between deadline checks
+_CHECK_EVERY = 1 << 13  # actions between deadline checks
 
 
 def _replay(

@@ -29,7 +29,7 @@ class ScheduleAbandoned(Exception):
 # with the square of the graph (8 million actions at 5,001 nodes). Callers that only want a
 # reference point (`bounded_baselines`) skip it beyond this many actions.
 QUADRATIC_MAX_ACTIONS = 2_000_000
-_CHECK_EVERY = 256  # stages between deadline checks
+_CHECK_EVERY = 16  # stages between deadline checks (a recompute-all stage can be long)
 
 
 def checkpoint_schedule(

@@ -152,7 +152,7 @@ def baseline_plans(graph: Graph, budget_bytes: int) -> list[KnownPlan]:
     out = []
     deadline = time.perf_counter() + BASELINES_TIME_S
     for name, actions in bounded_baselines(graph, budget_bytes, deadline=deadline):
-        plan = known_plan(graph, f"baseline:{name}", actions)
+        plan = known_plan(graph, f"baseline:{name}", actions, deadline)
         if plan is not None and plan.peak_bytes <= budget_bytes:
             out.append(plan)
     if len(memo) < 64:

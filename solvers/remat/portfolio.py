@@ -163,13 +163,13 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
 
     first = min(store_all, key=lambda k: store_all[k].peak_bytes, default=None)
     chain_found: bool | None = None  # None: the chain DP not tried yet, or not finished
-    if n > LOWERED_FIRST_NODES and _is_training(graph):
+    if n > LOWERED_FIRST_NODES and is_training(graph):
         # Large training graphs: the chain DP first; its first DP may take the phase, its
         # refinements half of it. Its model has at most 200 stages, so it takes seconds at any
         # size (about 2 s at 200), while greedy eviction may not fit in the whole phase (a
         # 20,001-node training chain at 0.9: one sweep takes 6.5 s; with a 10 s limit auto
         # had only chen-sqrt's +33 %, the chain DP alone +6 % at 0.9 and +15 % at 0.6).
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
+        chain_found = chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
                                        timings, refine_until=share(0.5))
     if n > LOWERED_FIRST_NODES and "given" in store_all:
         # Large graphs: a short greedy attempt in the lowest-peak order (traced models often
@@ -182,14 +182,14 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
             return found_optimal
     if first is not None:  # the first plan: greedy in the order with the lowest peak
         attempt(first, 1.0 / (len(store_all) + 3))
-    if (chain_found is None and n <= LOWERED_FIRST_NODES and _is_training(graph)
+    if (chain_found is None and n <= LOWERED_FIRST_NODES and is_training(graph)
             and time.perf_counter() < deadline - 0.5):
         # The chain DP (a second or two) early on training graphs: at tight budgets on stacks
         # of blocks it is the quickest good plan (gpt12 at 0.6: +39 % where the first greedy
         # plan is +99 %; llama32 at 0.6: +27 %, where greedy does not fit).
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, share(0.25), notes,
+        chain_found = chain_candidate(graph, budget_bytes, offer, threads, share(0.25), notes,
                                        timings)
-    if n > LOWERED_MIN_NODES and _is_training(graph) and time.perf_counter() < deadline:
+    if n > LOWERED_MIN_NODES and is_training(graph) and time.perf_counter() < deadline:
         # Chen's √n checkpoints, which `offer` polishes (values kept instead of recomputed where
         # memory allows): milliseconds, and at tight budgets sometimes the best start (gpt12 at
         # 0.6: +57.5 % raw, +31.0 % polished; the chain DP's +32.6 %).
@@ -279,8 +279,8 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
                 order_of[f"baseline:{name}"] = orders["given"]
     # The chain DP again with the rest of the phase when the early call ran out of its share;
     # before DTR, which it often beats by far (llama32 at 0.6: +27 % vs +45 %).
-    if chain_found is None and _is_training(graph) and time.perf_counter() < deadline - 0.5:
-        chain_found = _chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
+    if chain_found is None and is_training(graph) and time.perf_counter() < deadline - 0.5:
+        chain_found = chain_candidate(graph, budget_bytes, offer, threads, deadline, notes,
                                        timings)
     found = found or bool(chain_found)
     if not found and ranked and time.perf_counter() < deadline:
@@ -306,11 +306,11 @@ def _dtr(problems: dict[str, RematProblem], ranked: list[str], orders: dict[str,
     return found
 
 
-def _is_training(graph: Graph) -> bool:
+def is_training(graph: Graph) -> bool:
     return any(node.phase is Phase.backward for node in graph.nodes)
 
 
-def _chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
+def chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
                      deadline: float, notes: list[str], timings: dict[str, float],
                      refine_until: float | None = None) -> bool | None:
     """The module-level chain DP (rotor on a linearisation, each F_all choosing how much of
