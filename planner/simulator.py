@@ -24,6 +24,7 @@ from planner.events_result import (
     MemoryPoint,
     PlanError,
     RankResult,
+    ReplayTimeline,
     SimulationAbandoned,
     SimulationResult,
     TimelinePoint,
@@ -139,7 +140,7 @@ def _replay(
     live = fixed
     peak, peak_index = fixed, -1
     cost: list[float] = []
-    timeline: list[TimelinePoint] = []
+    timeline: list[int] = []  # live bytes after each action (during a compute)
 
     for i, a in enumerate(actions):
         if deadline is not None and not i % _CHECK_EVERY and time.perf_counter() > deadline:
@@ -189,7 +190,7 @@ def _replay(
             cost.append(node.compute_ms)
             if during > peak:
                 peak, peak_index = during, i
-            timeline.append(TimelinePoint(i, str(a), during))
+            timeline.append(during)
         elif op is free_op:
             if v not in resident:
                 why = (
@@ -204,7 +205,7 @@ def _replay(
             refcount[r] -= 1
             if refcount[r] == 0:
                 live -= own_bytes[r]
-            timeline.append(TimelinePoint(i, str(a), live))
+            timeline.append(live)
         else:
             raise _NeedsStreams
 
@@ -220,7 +221,7 @@ def _replay(
         baseline_cost=graph.total_compute_ms,
         computations=len(cost),
         node_count=len(nodes),
-        timeline=tuple(timeline),
+        timeline=ReplayTimeline(actions, timeline),
         compute_ms=total,
         makespan_ms=total,
     )
