@@ -133,13 +133,21 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                                                  deadline=deadline, before=sim)
             if polished.changed:
                 actions, cost, source = polished.actions, polished.compute_cost, source + "+kept"
-        if sim.peak_bytes <= budget_bytes and (best is None or cost < best[0]):
+        if sim.peak_bytes <= budget_bytes and (best is None or cost < best[0] or (
+                cost <= best[0] and problem.n <= EXACT_MAX_NODES and in_bound_space(actions)
+                and not in_bound_space(best[1]))):
+            # on a tie, a plan that the in-order bounds (small graphs) cover replaces one they
+            # do not: the MILP's optimum is then proven beside a heuristic's equal plan
             best = (cost, actions, source)
             if "first_plan_s" not in timings:
                 timings["first_plan_s"] = time.perf_counter() - started
             tell()
             return True
         return False
+
+    def in_bound_space(actions: list[Action]) -> bool:
+        """Whether the in-order bounds (LP, MILP: staged, in the graph's order) cover it."""
+        return _follows(actions, given) and staged_from_actions(problem, actions) is not None
 
     def covers(found_bound: float) -> bool:
         """Whether a bound of a search in the graph's order covers the best plan: not when the
