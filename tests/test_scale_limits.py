@@ -93,6 +93,18 @@ def test_a_tighter_budget_gets_a_checkpointing_fallback_that_fits() -> None:
     assert sim.peak_bytes <= budget and plan.objective == sim.compute_cost
 
 
+def test_where_only_recompute_all_fits_the_fallback_answers_with_it() -> None:
+    # the linear baselines peak at twice its peak here; the fallback used to answer "no plan"
+    budget = simulate(GRAPH, recompute_all(GRAPH)).peak_bytes
+    assert all(simulate(GRAPH, fn(GRAPH, budget)).peak_bytes > budget
+               for name, fn in BASELINES.items() if name != "recompute-all")
+    wall, plan = _timed_solve(budget, 0.3)
+    assert wall <= 0.3 + ANSWER_MARGIN_S
+    assert plan.status is PlanStatus.feasible
+    assert plan.backend == "fallback:baseline:recompute-all"
+    assert simulate(GRAPH, plan.actions).peak_bytes <= budget
+
+
 def test_no_fast_baseline_fits_then_timeout_names_the_least_known_budget() -> None:
     floor = lower_bound_peak_bytes(GRAPH)  # above it: no proof of infeasibility
     least = min(simulate(GRAPH, fn(GRAPH, None)).peak_bytes for fn in BASELINES.values())

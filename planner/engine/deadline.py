@@ -3,7 +3,8 @@ plus `ANSWER_MARGIN_S`.
 
 `planner.engine.solve` runs the method in a worker thread and, while it runs, builds a fallback
 from the baselines whose plans are linear in the graph (store-all, Chen's sqrt(n); Chen's greedy
-segmentation when neither fits and time is left). The method's own answer is awaited until the
+segmentation when neither fits and time is left; then recompute-all while its plan stays under
+`FALLBACK_QUADRATIC_MAX_ACTIONS`). The method's own answer is awaited until the
 time limit plus `METHOD_GRACE_S`; a method still running then is abandoned (it finishes in the
 background; a service worker process exits with the answer) and the fallback is the answer: its
 plan when it fits the budget (judged like any plan, with a note), else status timeout with the
@@ -32,6 +33,7 @@ from solvers.baselines import (
     bounded_baselines,
     chen_greedy,
     chen_sqrt,
+    recompute_all,
     store_all,
 )
 
@@ -42,6 +44,9 @@ __all__ = [
 
 ANSWER_MARGIN_S = 2.0  # documented: a solve answers within time_limit_s + this (≤ 20k nodes)
 METHOD_GRACE_S = 1.0  # a method's own answer is still awaited this long after its limit
+# recompute-all joins the fallback up to this plan length (~0.1 s to build; it holds the GIL
+# against the method, so not the 2 M actions the reference baselines allow)
+FALLBACK_QUADRATIC_MAX_ACTIONS = 200_000
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,8 @@ def fallback_plan(
     wanted: Callable[[], bool] = lambda: True,
 ) -> Fallback | None:
     """The cheapest plan within the budget among store-all and Chen's sqrt(n) (then Chen's
-    greedy segmentation, only when neither fits), else the one with the least peak; None when
+    greedy segmentation and recompute-all, each only when none fits yet), else the one with
+    the least peak; None when
     not even one was finished by `deadline` (a time.perf_counter() value). No further baseline
     is started once `wanted()` is false (the method answered)."""
     started = time.perf_counter()
@@ -88,6 +94,11 @@ def fallback_plan(
     offer("chen-sqrt", lambda: chen_sqrt(graph, deadline=deadline))
     if best is None or best[0][0] == 1:
         offer("chen-greedy", lambda: chen_greedy(graph, budget_bytes, deadline=deadline))
+    if best is None or best[0][0] == 1:
+        # the least peak of all baselines, while its plan stays short (a 4-layer GPT at 0.6:
+        # the only one that fits, where the fallback answered with no plan)
+        offer("recompute-all", lambda: recompute_all(
+            graph, max_actions=FALLBACK_QUADRATIC_MAX_ACTIONS, deadline=deadline))
     return None if best is None else _fallback(best, started)
 
 
