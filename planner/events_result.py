@@ -70,8 +70,8 @@ class ReplayTimeline(Sequence[TimelinePoint]):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 
-    def __hash__(self) -> int:
-        return hash(tuple(self.live_bytes))
+    def __hash__(self) -> int:  # as the tuple of its points, which it equals
+        return hash(tuple(self))
 
     def __repr__(self) -> str:
         return f"ReplayTimeline({len(self)} points)"
@@ -127,6 +127,12 @@ class SimulationResult:
         if self.baseline_cost <= 0:
             return 0.0
         return (self.compute_cost - self.baseline_cost) / self.baseline_cost
+
+    @property
+    def live_bytes(self) -> Sequence[int]:
+        """The timeline's live bytes alone, one per point, without making the points."""
+        t = self.timeline
+        return t.live_bytes if isinstance(t, ReplayTimeline) else [p.live_bytes for p in t]
 
     @property
     def recomputations(self) -> int:

@@ -41,6 +41,10 @@ def test_chain_peak_includes_workspace_and_fixed(chain3: Graph) -> None:
     assert sim.fixed_bytes == 100
     assert [p.live_bytes for p in sim.timeline] == [110, 180, 120, 150, 130, 100]
     assert [p.action for p in sim.timeline] == ["C0", "C1", "F0", "C2", "F1", "F2"]
+    assert list(sim.live_bytes) == [110, 180, 120, 150, 130, 100]
+    points = tuple(sim.timeline)  # made when read: the same points as a tuple, indexable
+    assert sim.timeline == points and hash(sim.timeline) == hash(points)
+    assert sim.timeline[-1] == points[-1] and sim.timeline[1:3] == points[1:3]
     assert sim.compute_cost == 6.0
     assert sim.overhead == 0.0
     assert sim.recomputations == 0

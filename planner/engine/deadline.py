@@ -4,8 +4,8 @@ plus `ANSWER_MARGIN_S`.
 `planner.engine.solve` runs the method in a worker thread and, while it runs, builds a fallback
 from the baselines whose plans are linear in the graph (store-all, Chen's sqrt(n); Chen's greedy
 segmentation when neither fits and time is left; then recompute-all while its plan stays under
-`FALLBACK_QUADRATIC_MAX_ACTIONS`). The method's own answer is awaited until the
-time limit plus `METHOD_GRACE_S`; a method still running then is abandoned (it finishes in the
+`FALLBACK_QUADRATIC_MAX_ACTIONS`). The method's own answer is awaited until the time limit plus
+`METHOD_GRACE_S`; a method still running then is abandoned (it finishes in the
 background; a service worker process exits with the answer) and the fallback is the answer: its
 plan when it fits the budget (judged like any plan, with a note), else status timeout with the
 least peak a baseline reached as the smallest feasible budget known.
@@ -68,9 +68,8 @@ def fallback_plan(
 ) -> Fallback | None:
     """The cheapest plan within the budget among store-all and Chen's sqrt(n) (then Chen's
     greedy segmentation and recompute-all, each only when none fits yet), else the one with
-    the least peak; None when
-    not even one was finished by `deadline` (a time.perf_counter() value). No further baseline
-    is started once `wanted()` is false (the method answered)."""
+    the least peak; None when not even one was finished by `deadline` (a time.perf_counter()
+    value). No further baseline is started once `wanted()` is false (the method answered)."""
     started = time.perf_counter()
     best: tuple[tuple[int, float, int], str, list[Action], SimulationResult] | None = None
 

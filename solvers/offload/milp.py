@@ -79,7 +79,7 @@ def build(judge: Judge, base: list[Action], windows: list[Window]) -> OffloadMil
     assert sim is not None
     from planner.simulator import simulate
 
-    live = simulate(graph, base).timeline  # store-all: one stream, live bytes per action
+    live = simulate(graph, base).live_bytes  # store-all: one stream, per action
     computes = [i for i, a in enumerate(base) if a.op is ActionOp.compute]
     stage_of = {i: t for t, i in enumerate(computes)}
     n = len(computes)
@@ -160,7 +160,7 @@ def build(judge: Judge, base: list[Action], windows: list[Window]) -> OffloadMil
         # memory during stage t within the budget
         cover = covering.get(t, [])
         if cover:
-            base_bytes = live[computes[t]].live_bytes
+            base_bytes = live[computes[t]]
             idx: list[int] = []
             coef: list[float] = []
             const = float(base_bytes)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.events_result import ReplayTimeline
 from planner.graph import Graph
 from planner.plan import Action, ActionOp
 from planner.simulator import PlanError, SimulationResult, simulate
@@ -61,9 +60,7 @@ def keep_instead_of_recompute(graph: Graph, actions: list[Action], budget_bytes:
     before = before if before is not None else simulate(graph, actions)
     same = Polished(actions, before.compute_cost, before.peak_bytes, False)
     n = len(actions)
-    timeline = before.timeline
-    live = np.array(timeline.live_bytes if isinstance(timeline, ReplayTimeline)
-                    else [p.live_bytes for p in timeline], dtype=np.int64)
+    live = np.array(before.live_bytes, dtype=np.int64)
     deleted = np.zeros(n, dtype=bool)
     instances: list[_Instance] = []
     of_node: dict[int, list[int]] = {}  # node -> its instances (ids), by start
