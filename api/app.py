@@ -1,8 +1,8 @@
 """The FastAPI application: `create_app(settings)`; run with `planner-cli serve` or
-`uvicorn api.app:create_app --factory`.
+`uvicorn planner.service.app:create_app --factory`.
 
 Handlers that touch the database or the CPU are plain `def` (run in the thread pool), so the
-event loop only ever routes requests; solving happens in worker processes (api.jobs).
+event loop only ever routes requests; solving happens in worker processes (planner.service.jobs).
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.errors import ApiError, BodyLimitMiddleware, error_response, install_error_handlers
-from api.jobs import JobManager
-from api.metrics import Metrics
-from api.models import FINISHED, JOB_STATUSES, Job
-from api.schemas import (
+from planner.service.errors import (
+    ApiError,
+    BodyLimitMiddleware,
+    error_response,
+    install_error_handlers,
+)
+from planner.service.jobs import JobManager
+from planner.service.metrics import Metrics
+from planner.service.models import FINISHED, JOB_STATUSES, Job
+from planner.service.schemas import (
     EXAMPLE_GRAPH,
     ErrorBody,
     GraphCreated,
@@ -43,11 +48,11 @@ from api.schemas import (
     SweepSummary,
     SweepView,
 )
-from api.security import Authenticator, RateLimiter
-from api.service import PlanService
-from api.settings import Settings, load_settings
-from api.store import Store
-from api.web import install_web
+from planner.service.security import Authenticator, RateLimiter
+from planner.service.service import PlanService
+from planner.service.settings import Settings, load_settings
+from planner.service.store import Store
+from planner.service.web import install_web
 
 log = logging.getLogger("planner.api")
 
@@ -331,7 +336,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="The newest sweeps",
     )
     def list_sweeps(limit: int = Query(default=50, ge=1, le=200)) -> SweepList:
-        from api.service import iso
+        from planner.service.service import iso
 
         return SweepList(sweeps=[
             SweepSummary(url=f"/v1/sweeps/{row['id']}", **{**row,
@@ -352,7 +357,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return method_names()
 
     app.include_router(v1)
-    from api.pipeline_routes import pipeline_router
+    from planner.service.pipeline_routes import pipeline_router
 
     app.include_router(pipeline_router([Depends(identity)]))
     install_web(app, settings)  # the page at / and the API docs served offline (api/web.py)

@@ -4,8 +4,8 @@ huge value is a 422 naming its field, never an OverflowError (500) deep inside."
 
 from __future__ import annotations
 
-from planner.errors import InputError
-from planner.graph import Graph
+from planner.core.errors import InputError
+from planner.core.graph import Graph
 
 INT64_MAX = 2**63 - 1
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from planner.errors import InputError, describe_json_decode_error
+from planner.core.errors import InputError, describe_json_decode_error
 
 log = logging.getLogger("planner.api")
 

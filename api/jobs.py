@@ -27,15 +27,15 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from api.metrics import Metrics
-from api.models import CANCELLED, DONE, FAILED, INFEASIBLE, RUNNING, Job
-from api.settings import Settings
-from api.store import Store, new_id
-from api.worker import run_job
+from planner.service.metrics import Metrics
+from planner.service.models import CANCELLED, DONE, FAILED, INFEASIBLE, RUNNING, Job
+from planner.service.settings import Settings
+from planner.service.store import Store, new_id
+from planner.service.worker import run_job
 
 log = logging.getLogger("planner.api.jobs")
 
-PRELOAD = ["planner.engine.solve", "planner.engine.reports", "api.worker"]
+PRELOAD = ["planner.engine.solve", "planner.engine.reports", "planner.service.worker"]
 PROGRESS_WRITE_INTERVAL_S = 1.0
 # How often running jobs are checked against the store (a cancel through another instance).
 STATUS_CHECK_INTERVAL_S = 1.0

@@ -6,9 +6,9 @@ capped at MAX_TIME_LIMIT_S), so the answer comes in the response: 200 with the p
 `fits: false`, no plan, the rank that overflows and the least device memory that works. Bad
 input (0 devices, more stages than layers, micro-batches an interleaved schedule cannot divide,
 a device memory below one layer's model state, a split naming an unknown layer) is 422 with one
-line, as everywhere in the service (api.errors).
+line, as everywhere in the service (planner.service.errors).
 
-`pipeline_router(dependencies)` builds the router; api.app includes it with its identity
+`pipeline_router(dependencies)` builds the router; planner.service.app includes it with its identity
 dependency (authentication and rate limits as for the other /v1 routes).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from planner.errors import InputError, NoPlanFits
+from planner.core.errors import InputError, NoPlanFits
 
 MAX_TIME_LIMIT_S = 30.0
 
@@ -91,9 +91,9 @@ def pipeline_router(dependencies: Sequence[Any] = ()) -> APIRouter:
         summary="Split a model into pipeline stages that fit each device, with a schedule",
     )
     def create_partition(body: PartitionRequest) -> PartitionResponse:
+        from planner.core.io import graph_from_dict
+        from planner.core.resources import resources_from_dict
         from planner.engine.partition import parse_device_memory, partition_plan
-        from planner.io import graph_from_dict
-        from planner.resources import resources_from_dict
 
         graph = graph_from_dict(body.graph, "graph")
         resources = (resources_from_dict(body.resources, "resources")

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from planner.budget import MAX_BUDGET_BYTES
+from planner.core.budget import MAX_BUDGET_BYTES
 from planner.engine.options import METHOD_OPTIONS, describe_options
 
 # Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow.

@@ -10,8 +10,8 @@ from collections import deque
 
 from fastapi import Request
 
-from api.errors import ApiError
-from api.settings import Settings
+from planner.service.errors import ApiError
+from planner.service.settings import Settings
 
 
 class Authenticator:

@@ -16,7 +16,7 @@ import errno
 import socket
 import sys
 
-from api.settings import Settings
+from planner.service.settings import Settings
 
 EXIT_PORT_IN_USE = 4
 EXIT_START_FAILED = 5
@@ -53,7 +53,7 @@ def serve(settings: Settings) -> int:
     """Serve until stopped; the exit code (see the module docstring)."""
     import uvicorn
 
-    from api.app import create_app
+    from planner.service.app import create_app
 
     try:
         sock = bind_socket(settings.host, settings.port)
@@ -76,8 +76,9 @@ def serve(settings: Settings) -> int:
 
 
 def main() -> None:
-    """`python -m api.server`: settings from PLANNER_* (as `planner-cli serve` without flags)."""
-    from api.settings import load_settings
+    """`python -m planner.service.server`: settings from PLANNER_* (as `planner-cli serve` without
+    flags)."""
+    from planner.service.settings import load_settings
 
     sys.exit(serve(load_settings()))
 

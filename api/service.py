@@ -11,17 +11,17 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from api.bounds import check_graph_bounds
-from api.cache import KeyIndex, RenderedCache
-from api.errors import ApiError
-from api.jobs import JobManager
-from api.metrics import Metrics
-from api.models import CACHEABLE, FINISHED, RUNNING, Job
-from api.schemas import JobView, Progress
-from api.settings import Settings
-from api.store import Store
-from planner.errors import InputError
-from planner.graph import Graph
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.service.bounds import check_graph_bounds
+from planner.service.cache import KeyIndex, RenderedCache
+from planner.service.errors import ApiError
+from planner.service.jobs import JobManager
+from planner.service.metrics import Metrics
+from planner.service.models import CACHEABLE, FINISHED, RUNNING, Job
+from planner.service.schemas import JobView, Progress
+from planner.service.settings import Settings
+from planner.service.store import Store
 
 # pyplot keeps global state: one timeline drawn at a time.
 _PLOT_LOCK = threading.Lock()
@@ -125,7 +125,7 @@ class PlanService:
         normalised; InputError (422) naming the field otherwise."""
         if value is None:
             return None
-        from planner.resources import resources_from_dict
+        from planner.core.resources import resources_from_dict
 
         return resources_from_dict(value, where="resources").model_dump(mode="json")
 
@@ -137,7 +137,7 @@ class PlanService:
         resources: dict[str, Any] | None = None,
         name: str = "budget",
     ) -> int:
-        from planner.budget import MAX_BUDGET_BYTES, parse_budget_spec
+        from planner.core.budget import MAX_BUDGET_BYTES, parse_budget_spec
 
         if budget is None:
             memory = (resources or {}).get("device_memory_bytes")
@@ -156,7 +156,7 @@ class PlanService:
         spec = parse_budget_spec(budget, name)
         if not spec.needs_reference:
             return spec.resolve(None, name)
-        from solvers.baselines import store_all_peak_bytes
+        from planner.solvers.baselines import store_all_peak_bytes
 
         reference = store_all_peak_bytes(graph or self.stored_graph(graph_hash))
         return spec.resolve(reference, name)
@@ -176,8 +176,8 @@ class PlanService:
                       resources: dict[str, Any] | None) -> None:
         """422 for an offload method on a machine without a host tier or a graph with nothing
         to offload: the CLI's exit-2 line (planner.engine.offload_checks)."""
+        from planner.core.resources import resources_from_dict
         from planner.engine.offload_checks import check_offload_request, is_offload_method
-        from planner.resources import resources_from_dict
 
         if not is_offload_method(method):
             return
@@ -189,7 +189,7 @@ class PlanService:
         cap = self.settings.max_time_limit_s
         if requested is None:
             return min(self.settings.default_time_limit_s, cap)
-        from planner.limits import check_time_limit
+        from planner.core.limits import check_time_limit
 
         requested = check_time_limit(requested, "time_limit")  # the CLI's rule: finite, > 0
         if requested > cap:
@@ -283,9 +283,9 @@ class PlanService:
                 f"plan {job.id} is {job.status}: no schedule to draw",
                 details={"status": job.status},
             )
+        from planner.core.plan import Plan
         from planner.engine.timeline_plot import plot_timeline
-        from planner.plan import Plan
-        from planner.simulator import simulate
+        from planner.sim.simulator import simulate
 
         graph = self.stored_graph(job.graph_hash)
         plan = Plan.model_validate(job.plan)
@@ -311,7 +311,7 @@ class PlanService:
                       time_limit: float | None = None, force: bool = False) -> bytes | None:
         """The rendered 200 answer of a request solved before, from memory only (no database,
         no thread): graph by id, budget in bytes. None when the slow path must decide."""
-        from planner.budget import MAX_BUDGET_BYTES, MIN_PLAIN_BYTES
+        from planner.core.budget import MAX_BUDGET_BYTES, MIN_PLAIN_BYTES
 
         if (force or graph_id is None or resources is not None or not isinstance(budget, int)
                 or not MIN_PLAIN_BYTES <= budget <= MAX_BUDGET_BYTES):

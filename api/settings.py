@@ -80,7 +80,7 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     env_file = os.environ.get("PLANNER_SETTINGS_FILE") or None
     if env_file is not None and not os.path.isfile(env_file):
-        from planner.errors import InputError
+        from planner.core.errors import InputError
 
         raise InputError(f"PLANNER_SETTINGS_FILE={env_file}: no such file")
     return Settings(_env_file=env_file, **overrides)  # type: ignore[arg-type, call-arg]

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.models import (
+from planner.service.models import (
     ACTIVE,
     CACHEABLE,
     CANCELLED,

@@ -22,9 +22,9 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import BaseRoute, Route
 
-from api.errors import ApiError
-from api.security import Authenticator
-from api.settings import Settings
+from planner.service.errors import ApiError
+from planner.service.security import Authenticator
+from planner.service.settings import Settings
 
 ASSETS_DIR = Path(__file__).resolve().parent / "web_assets"
 PAGE_PREFIX = "/web"
@@ -130,9 +130,9 @@ def install_web(app: FastAPI, settings: Settings) -> None:
 def timeline_data(app: FastAPI, plan_id: str) -> dict[str, Any]:
     """The simulator's replay of a finished plan: memory per action (and, for event-simulated
     plans, the device/host memory over time and the ranks), the same figures timeline.png draws."""
-    from planner.graph import Graph
-    from planner.plan import Plan
-    from planner.simulator import simulate
+    from planner.core.graph import Graph
+    from planner.core.plan import Plan
+    from planner.sim.simulator import simulate
 
     store = app.state.store
     job = store.get_job(plan_id)

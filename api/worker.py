@@ -47,14 +47,14 @@ def run_job(
     send_lock = threading.Lock()
     solved = threading.Event()  # set, under send_lock, as the answer goes out
     try:
+        from planner.core.errors import InputError
+        from planner.core.graph import Graph, paused_gc
         from planner.engine.registry import register_method
         from planner.engine.solve import solve
-        from planner.errors import InputError
-        from planner.graph import Graph, paused_gc
 
         for name, target in extra_methods.items():
             register_method(name, target)
-        from planner.resources import Resources
+        from planner.core.resources import Resources
 
         with paused_gc():  # validated when it was stored; this is the parse
             graph = Graph.model_validate_json(graph_json)

@@ -29,7 +29,7 @@ CORPUS = ROOT.parent / "shared" / "graphs" / "checkmate"
 
 
 def random_chain(length: int, seed: int = 0):
-    from solvers.chain.model import Chain, Stage
+    from planner.solvers.chain.model import Chain, Stage
 
     rng = random.Random(seed)
     prev = rng.randint(1, 8) * 2**20
@@ -52,8 +52,8 @@ def random_chain(length: int, seed: int = 0):
 
 
 def timing_table(lengths: list[int], slot_counts: list[int]) -> list[str]:
-    from solvers.chain.rotor import solve_rotor
-    from solvers.chain.sequence import run_sequence, store_all_ops
+    from planner.solvers.chain.rotor import solve_rotor
+    from planner.solvers.chain.sequence import run_sequence, store_all_ops
 
     rows = [
         "| L | M | solve (s) | recomputation overhead | peak / budget |",
@@ -81,23 +81,23 @@ def timing_table(lengths: list[int], slot_counts: list[int]) -> list[str]:
 
 
 def cell(plan, graph) -> str:
-    from planner.plan import PlanStatus
+    from planner.core.plan import PlanStatus
 
     if plan.status in (PlanStatus.optimal, PlanStatus.feasible) and plan.predicted is not None:
         return f"{100 * plan.predicted.overhead:+.2f} %"
-    from planner.budget import format_bytes
+    from planner.core.budget import format_bytes
 
     least = plan.details.get("smallest_feasible_bytes")
     return f"✗ (≥ {format_bytes(least)})" if least else f"✗ {plan.status.value}"
 
 
 def corpus_table(methods: list[str], time_limit: float) -> list[str]:
-    from planner.budget import format_bytes
+    from planner.core.budget import format_bytes
     from planner.engine.inputs import load_graph
     from planner.engine.registry import method_names
     from planner.engine.solve import solve
-    from solvers.baselines import store_all_peak_bytes
-    from solvers.chain.linearize import linearize
+    from planner.solvers.baselines import store_all_peak_bytes
+    from planner.solvers.chain.linearize import linearize
 
     methods = [m for m in methods if m in method_names()]
     head = "| graph | nodes | segments | budget | " + " | ".join(methods) + " | rotor time (s) |"

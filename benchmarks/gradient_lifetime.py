@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine  # noqa: E402
 
-from planner.budget import format_bytes  # noqa: E402
+from planner.core.budget import format_bytes  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
-from planner.memory_model import step_memory  # noqa: E402
-from solvers.baselines import store_all_peak_bytes  # noqa: E402
+from planner.sim.step_memory import step_memory  # noqa: E402
+from planner.solvers.baselines import store_all_peak_bytes  # noqa: E402
 
 MIB = 2**20
 
@@ -38,10 +38,10 @@ def main() -> None:
 
     import torch
 
-    from planner.simulator import simulate
+    from planner.sim.simulator import simulate
+    from planner.solvers.baselines import BASELINES
     from planner.tracing import trace
     from planner.zoo import gpt
-    from solvers.baselines import BASELINES
 
     torch.set_num_threads(1)
     print(f"machine: {machine()}")

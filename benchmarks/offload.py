@@ -24,16 +24,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine  # noqa: E402
-from planner.budget import format_bytes  # noqa: E402
-from planner.graph import Graph  # noqa: E402
-from planner.plan import Action, ActionOp  # noqa: E402
-from planner.resources import Resources, resources_preset  # noqa: E402
-from planner.simulator import PlanError, simulate  # noqa: E402
-from solvers.baselines import store_all  # noqa: E402
-from solvers.offload import methods  # noqa: E402
-from solvers.offload.hybrid import improve_with_offload  # noqa: E402
-from solvers.remat.auto import solve_auto  # noqa: E402
-from solvers.request import SolveRequest  # noqa: E402
+from planner.core.budget import format_bytes  # noqa: E402
+from planner.core.graph import Graph  # noqa: E402
+from planner.core.plan import Action, ActionOp  # noqa: E402
+from planner.core.resources import Resources, resources_preset  # noqa: E402
+from planner.sim.simulator import PlanError, simulate  # noqa: E402
+from planner.solvers.baselines import store_all  # noqa: E402
+from planner.solvers.offload import methods  # noqa: E402
+from planner.solvers.offload.hybrid import improve_with_offload  # noqa: E402
+from planner.solvers.remat.auto import solve_auto  # noqa: E402
+from planner.solvers.request import SolveRequest  # noqa: E402
 
 CORPUS = Path("/work/shared/graphs/checkmate")
 HOST_BYTES = 512 * 2**30

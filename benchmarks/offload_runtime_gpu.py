@@ -4,7 +4,7 @@ torch.autograd.graph.save_on_cpu and with pure-remat plans at the same budget.
 For each model (planner.zoo, traced with measured op costs, links measured on this machine):
 - eager store-all; eager under `save_on_cpu(pin_memory=True)` (what users have today);
 - `boundary-offload`: every tensor kept across the forward/backward boundary offloaded, prefetched
-  one computation ahead (runtime.offload_plans);
+  one computation ahead (planner.runtime.offload_plans);
 - each registered offload planner (solvers/offload: offload-all, offload-greedy, ...) and pure-remat
   `auto` at the boundary plan's predicted peak (the same device budget).
 Memory: the allocator's peak of the step (gradients included); "pred" is the plan's predicted
@@ -73,16 +73,16 @@ def cpu_accounting() -> int:
     import torch
 
     from planner import zoo
+    from planner.core.plan import PlanStatus
+    from planner.core.resources import resources_preset
     from planner.engine.offload_checks import is_offload_method
     from planner.engine.registry import BUILTIN_METHODS
     from planner.engine.solve import solve
-    from planner.plan import PlanStatus
-    from planner.resources import resources_preset
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import measure_step, training_step
+    from planner.runtime.offload_plans import boundary_offload_plan
+    from planner.solvers.baselines import chen_sqrt, store_all
     from planner.tracing.api import trace
-    from runtime.apply import apply
-    from runtime.measure import measure_step, training_step
-    from runtime.offload_plans import boundary_offload_plan
-    from solvers.baselines import chen_sqrt, store_all
 
     resources = resources_preset("h100-pcie-gen5").model_copy(update={"host_memory_bytes": 2**34})
     models = {
@@ -99,8 +99,8 @@ def cpu_accounting() -> int:
         result = trace(model, inputs, dropout_masks="graph")
         graph = result.graph
         keep = store_all(graph)
-        from planner.plan import Plan
-        from planner.simulator import simulate
+        from planner.core.plan import Plan
+        from planner.sim.simulator import simulate
 
         plain = Plan(graph_hash=graph.content_hash(), method="store-all",
                      status=PlanStatus.feasible, actions=keep,
@@ -167,16 +167,16 @@ def main() -> int:
         print("offload_runtime_gpu: no CUDA device here; this benchmark measures the runtime on a "
               "GPU (the CPU path is tested by tests/test_runtime_offload.py)", file=sys.stderr)
         return 1
+    from planner.core.plan import PlanStatus
     from planner.engine.offload_checks import is_offload_method
     from planner.engine.registry import BUILTIN_METHODS
     from planner.engine.solve import solve
-    from planner.plan import PlanStatus
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import measure_step, time_steps, training_step
+    from planner.runtime.offload_measure import measured_resources, save_on_cpu_step
+    from planner.runtime.offload_plans import boundary_offload_plan
+    from planner.solvers.baselines import store_all
     from planner.tracing.api import trace
-    from runtime.apply import apply
-    from runtime.measure import measure_step, time_steps, training_step
-    from runtime.offload_measure import measured_resources, save_on_cpu_step
-    from runtime.offload_plans import boundary_offload_plan
-    from solvers.baselines import store_all
 
     resources = measured_resources("cuda")
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; "

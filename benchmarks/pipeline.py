@@ -2,12 +2,12 @@
 against the splits users get today (parameter-, layer-count- and compute-balanced).
 
 Models: GPT-2 small / medium / XL shapes built from their configuration (module-level chains:
-token embedding, L blocks, vocabulary head with the fp32 logits; solvers.pipeline.chains), a
+token embedding, L blocks, vocabulary head with the fp32 logits; planner.solvers.pipeline.chains), a
 12-block zoo GPT traced at module level (planner.tracing, block pattern 'h.*', with its
 parameters attached per block), and a synthetic heterogeneous chain. For each model, P devices
 and m micro-batches the device memory goes from generous to tight relative to Lm, the least
 memory any contiguous 1F1B split needs without recomputation (the memory DP, exact):
-2 Lm, 1.3 Lm, Lm, 0.9 Lm. Every plan is judged by the event simulator (planner.events_pipeline).
+2 Lm, 1.3 Lm, Lm, 0.9 Lm. Every plan is judged by the event simulator (planner.sim.pipeline_ranks).
 
     .venv/bin/python benchmarks/pipeline.py > docs/pipeline_benchmark.md
 """
@@ -25,14 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import machine  # noqa: E402
-from planner.errors import InputError  # noqa: E402
-from planner.graph import FixedMemory, Graph, ModelState, ParameterState  # noqa: E402
-from solvers.pipeline.baselines import BASELINES, baseline_partition  # noqa: E402
-from solvers.pipeline.chains import LayerSpec, chain_graph, transformer_layers  # noqa: E402
-from solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split  # noqa: E402
-from solvers.pipeline.ilp import ilp_partition  # noqa: E402
-from solvers.pipeline.problem import PipelineProblem  # noqa: E402
-from solvers.pipeline.units import UnitChain  # noqa: E402
+from planner.core.errors import InputError  # noqa: E402
+from planner.core.graph import FixedMemory, Graph, ModelState, ParameterState  # noqa: E402
+from planner.solvers.pipeline.baselines import BASELINES, baseline_partition  # noqa: E402
+from planner.solvers.pipeline.chains import LayerSpec, chain_graph, transformer_layers  # noqa: E402
+from planner.solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split  # noqa: E402
+from planner.solvers.pipeline.ilp import ilp_partition  # noqa: E402
+from planner.solvers.pipeline.problem import PipelineProblem  # noqa: E402
+from planner.solvers.pipeline.units import UnitChain  # noqa: E402
 
 GiB = 2**30
 LEVELS = (("generous", 2.0), ("moderate", 1.3), ("tight", 1.0), ("below", 0.9))

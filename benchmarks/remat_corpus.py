@@ -37,7 +37,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from planner.engine.inputs import load_graph
     from planner.engine.solve import solve
-    from solvers.baselines import store_all_peak_bytes
+    from planner.solvers.baselines import store_all_peak_bytes
 
     files = sorted(CORPUS.glob("*.json"))
     if args.graphs:

@@ -49,8 +49,8 @@ def _zoo(name: str) -> tuple[Any, tuple[Any, ...]]:
 
 def load_row_graph(name: str, cache: Path) -> Any:
     """The row's graph: generated (random layered, seeded) or traced (cached as JSON)."""
-    from planner.graph import Graph
-    from planner.synthetic import random_layered_dag
+    from planner.core.graph import Graph
+    from planner.core.synthetic import random_layered_dag
 
     if name in RANDOM_ROWS:
         return random_layered_dag(RANDOM_ROWS[name], seed=0)
@@ -69,7 +69,7 @@ def load_row_graph(name: str, cache: Path) -> Any:
 def run_row(graph: Any, name: str, frac: float, time_limit: float, threads: int
             ) -> dict[str, Any]:
     from planner.engine.solve import solve
-    from solvers.baselines import store_all_peak_bytes
+    from planner.solvers.baselines import store_all_peak_bytes
 
     base = graph.total_compute_ms
     budget = math.ceil(frac * store_all_peak_bytes(graph))
@@ -317,7 +317,7 @@ def main() -> int:
             "gap = (cost − bound) / cost. `chain DP` = the module-level chain DP (`rotor` on a "
             "linearisation; plain Rotor, without the saving options of auto's own `chain-dp` "
             "candidate) at the same budget. Random layered DAGs: "
-            "`planner.synthetic.random_layered_dag(n, seed=0)`; zoo models traced op-level "
+            "`planner.core.synthetic.random_layered_dag(n, seed=0)`; zoo models traced op-level "
             "(`planner.tracing`, small widths). Timings are noisy: the machine is shared.",
         ], [HEADER, "|" + "---|" * 12, *lines], NOTES)
     return 0

@@ -1,11 +1,11 @@
 """Tight budgets on random layered DAGs: `retention.tight_budget_plan` in memory-aware orders.
 
-For each graph (`planner.synthetic.random_layered_dag(n, seed=0)`): the trivial lower bound
+For each graph (`planner.core.synthetic.random_layered_dag(n, seed=0)`): the trivial lower bound
 (`lower_bound_peak_bytes`) and the orders' store-all peaks as fractions of the given order's
 store-all peak; per fraction, whether a plan was found (the better of the orders), its
 overhead (simulator compute over every node once) and seconds; and the least fraction the
 heuristic reaches (a downward scan in steps of --step, stopped after three misses in a row).
-Every plan is checked by `planner.simulator.simulate`.
+Every plan is checked by `planner.sim.simulator.simulate`.
 
     .venv/bin/python benchmarks/remat_tight.py --sizes 500,1000,2000 --fractions 0.8,0.6,0.4
     .venv/bin/python benchmarks/remat_tight.py --lowered 10 ...   (orders after late_orders)
@@ -22,13 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.graph import Graph  # noqa: E402
-from planner.simulator import lower_bound_peak_bytes, simulate  # noqa: E402
-from planner.synthetic import random_layered_dag  # noqa: E402
-from solvers.baselines import store_all_peak_bytes  # noqa: E402
-from solvers.remat.orders import ORDER_KEYS, greedy_order, with_order  # noqa: E402
-from solvers.remat.problem import problem_from_graph  # noqa: E402
-from solvers.remat.retention import tight_budget_plan  # noqa: E402
+from planner.core.graph import Graph  # noqa: E402
+from planner.core.synthetic import random_layered_dag  # noqa: E402
+from planner.sim.simulator import lower_bound_peak_bytes, simulate  # noqa: E402
+from planner.solvers.baselines import store_all_peak_bytes  # noqa: E402
+from planner.solvers.remat.orders import ORDER_KEYS, greedy_order, with_order  # noqa: E402
+from planner.solvers.remat.problem import problem_from_graph  # noqa: E402
+from planner.solvers.remat.retention import tight_budget_plan  # noqa: E402
 
 ORDERS = ("least-growth", "growth-then-order")
 
@@ -69,7 +69,7 @@ def main() -> None:
         top = store_all_peak_bytes(graph)
         ordered = {k: with_order(graph, greedy_order(graph, ORDER_KEYS[k])) for k in ORDERS}
         if args.lowered > 0:
-            from solvers.remat.late_orders import lowered_order
+            from planner.solvers.remat.late_orders import lowered_order
 
             low = min(map(float, args.fractions.split(",")))
             ordered = {f"lowered@{k}": with_order(graph, lowered_order(

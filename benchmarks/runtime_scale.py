@@ -1,9 +1,10 @@
-"""Tracing and the runtime at scale: trace, solve, `runtime.apply` and a training step.
+"""Tracing and the runtime at scale: trace, solve, `planner.runtime.apply` and a training step.
 
 For GPT-style decoders of growing depth (planner.zoo.gpt, small widths so that the op count,
 not the arithmetic, dominates), one row per depth: op-level nodes, seconds to trace (AOTAutograd
 through torch.compile, then graph building and cost estimates), to plan (auto at 0.8 of the
-store-all peak), to `runtime.apply` the plan given the trace (binding and code generation), the
+store-all peak), to `planner.runtime.apply` the plan given the trace (binding and code generation),
+the
 lines of generated code, and the step time of the planned module against eager store-all
 (median of alternating steps). Seconds per 1,000 nodes show what grows faster than the graph.
 
@@ -26,8 +27,8 @@ sys.path.insert(0, str(REPO))
 from _common import write_doc  # noqa: E402
 
 NOTES = [
-    "Tracing and `runtime.apply` grow linearly with the graph: about 4 s and 0.1 s per 1,000",
-    "nodes from 1,609 nodes on (the first row carries torch.compile's warm-up), and the",
+    "Tracing and `planner.runtime.apply` grow linearly with the graph: about 4 s and 0.1 s per",
+    "1,000 nodes from 1,609 nodes on (the first row carries torch.compile's warm-up), and the",
     "generated code about 5 lines per node. The planned step's time over eager's is the plan's",
     "recomputation (+4-5 % compute) plus the executor's per-op Python dispatch: at these",
     "widths (dim 64) an op takes microseconds, so dispatch dominates, and the ratio stays flat",
@@ -42,11 +43,11 @@ def row(layers: int, time_limit: float, steps: int) -> dict[str, Any]:
     import torch
 
     from planner.engine.solve import solve
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import training_step
+    from planner.solvers.baselines import store_all_peak_bytes
     from planner.tracing.api import trace
     from planner.zoo import gpt
-    from runtime.apply import apply
-    from runtime.measure import training_step
-    from solvers.baselines import store_all_peak_bytes
 
     torch.manual_seed(0)
     model, inputs = gpt(batch_size=2, context=32, dim=64, layers=layers, vocab=256)

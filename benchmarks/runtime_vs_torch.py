@@ -7,7 +7,7 @@ For a GPT-style decoder and a ResNet-style CNN (planner.zoo), on CPU (or CUDA wi
   Backend `aot_eager_decomp_partition_with_mode` (inductor's decompositions and min-cut
   partitioner, which reads the budget; the graphs run op by op, so the memory accounting sees
   their allocations through a relay mode, and times compare like with like: no kernel fusion);
-- this runtime (`runtime.apply`) with the `auto` plan at budgets whose predicted activation
+- this runtime (`planner.runtime.apply`) with the `auto` plan at budgets whose predicted activation
   memory matches what each of the above measured.
 Memory: bytes the step allocates, gradients left out ("act"), and with them ("total"), measured
 by exact live-storage accounting on CPU (allocator peak on CUDA). Time: steps timed without the
@@ -36,16 +36,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from planner import zoo  # noqa: E402
-from planner.budget import format_bytes  # noqa: E402
+from planner.core.budget import format_bytes  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
-from planner.tracing.api import trace  # noqa: E402
-from runtime.apply import apply  # noqa: E402
-from runtime.measure import (  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
+from planner.runtime.measure import (  # noqa: E402
     TrackerRelay,
     measure_step,
     time_steps,
     training_step,
 )
+from planner.tracing.api import trace  # noqa: E402
 
 
 @dataclass

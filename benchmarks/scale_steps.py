@@ -1,6 +1,7 @@
 """Scaling of every step with the graph (issue 14, items 2 and 4).
 
-Graphs: `planner.synthetic.training_graph(L, skip=3)` (a layer chain with a skip connection every
+Graphs: `planner.core.synthetic.training_graph(L, skip=3)` (a layer chain with a skip connection
+every
 third layer, forward + loss + backward: 2L + 1 nodes) at about 1k, 5k, 20k and 100k nodes.
 
 1. Steps, in this process, seconds (median of --repeats runs below 20k nodes, one run above):
@@ -56,7 +57,7 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def _validate(graph: Any) -> None:
-    from planner.graph import check_structure, paused_gc
+    from planner.core.graph import check_structure, paused_gc
 
     with paused_gc():  # as Graph's validator runs it
         check_structure(graph)
@@ -64,10 +65,10 @@ def _validate(graph: Any) -> None:
 
 def step_rows(path: Path, repeats: int) -> dict[str, str]:
     from planner.cli.graph_cmds import graph_info
-    from planner.graph import GraphIndex
-    from planner.io import load_graph
-    from planner.simulator import simulate
-    from solvers import baselines
+    from planner.core.graph import GraphIndex
+    from planner.core.io import load_graph
+    from planner.sim.simulator import simulate
+    from planner.solvers import baselines
 
     out: dict[str, str] = {}
     t, graph = timed(lambda: load_graph(path), repeats)
@@ -100,14 +101,14 @@ SOLVE_CHILD = r"""
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
 began = time.perf_counter()
-from planner.io import load_graph
+from planner.core.io import load_graph
 from planner.engine.solve import solve
-from solvers.baselines import store_all_peak_bytes
+from planner.solvers.baselines import store_all_peak_bytes
 graph = load_graph({path!r})
 budget = int({fraction} * store_all_peak_bytes(graph))
 resources = None
 if {method!r}.startswith(("offload", "pofo")):  # these move memory to the host
-    from planner.resources import resources_from_dict
+    from planner.core.resources import resources_from_dict
     resources = resources_from_dict({{"preset": "h100-pcie-gen5", "host_memory_bytes": 2**38}})
 try:
     started = time.perf_counter()
@@ -207,9 +208,9 @@ def main() -> None:
     ap.add_argument("--write", type=Path)
     args = ap.parse_args()
 
+    from planner.core.io import write_json
+    from planner.core.synthetic import training_graph
     from planner.engine.registry import method_names
-    from planner.io import write_json
-    from planner.synthetic import training_graph
 
     sizes = [s for s in args.sizes.split(",") if s]
     methods = args.methods.split(",") if args.methods else method_names()

@@ -27,12 +27,12 @@ from typing import Any
 
 import httpx
 
+from planner.core.graph import Graph
+from planner.core.plan import Plan
+from planner.core.synthetic import training_graph
 from planner.engine.inputs import load_graph
-from planner.graph import Graph
-from planner.plan import Plan
-from planner.simulator import simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all_peak_bytes
 
 FINISHED = ("done", "infeasible", "failed", "cancelled")
 

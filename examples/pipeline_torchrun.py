@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 4 examples/pipeline_torchrun.py --schedule 1f1b --check
     torchrun --nproc-per-node 2 examples/pipeline_torchrun.py --plan plan.json
 
-Every rank builds the same model (seeded) and batch, `runtime.pipeline.build_pipeline` splits
+Every rank builds the same model (seeded) and batch, `planner.runtime.pipeline.build_pipeline`
+splits
 it by the plan's module names and runs the plan's per-rank action lists. Without `--plan` a plan
 is made here: the GPT's blocks split evenly (embeddings on the first stage, final norm and head
 on the last) and the GPipe or 1F1B action lists with their SEND/RECV. Rank 0 prints, per rank,
@@ -23,10 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.pipeline_actions import Partition, PipelineAction, pipeline_action
-from planner.pipeline_actions import PipelineStage as StageSpec
-from planner.plan import Plan, PlanStatus
-from planner.resources import Resources
+from planner.core.pipeline_actions import Partition, PipelineAction, pipeline_action
+from planner.core.pipeline_actions import PipelineStage as StageSpec
+from planner.core.plan import Plan, PlanStatus
+from planner.core.resources import Resources
 
 
 def even_split(layers: int, stages: int) -> list[list[str]]:
@@ -94,7 +95,7 @@ def with_recompute(plan: Plan, stages: list[int]) -> Plan:
 def predict(args: argparse.Namespace, plan: Plan) -> Any:
     """The simulator's view of the plan, on the op-level trace of one micro-batch."""
     from planner import zoo
-    from planner.events_pipeline import simulate_pipeline
+    from planner.sim.pipeline_ranks import simulate_pipeline
     from planner.tracing.api import trace
 
     model, inputs = zoo.gpt(batch_size=args.batch // args.microbatches, **gpt_options(args))
@@ -133,14 +134,19 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
 
     from planner import zoo
-    from runtime.pipeline import build_pipeline, gather_gradients, gather_memory, memory_table
+    from planner.runtime.pipeline import (
+        build_pipeline,
+        gather_gradients,
+        gather_memory,
+        memory_table,
+    )
 
     model, inputs = zoo.gpt(batch_size=args.batch, **gpt_options(args))
     reference = copy.deepcopy(model) if args.check else None
     model.to(device)
     inputs = tuple(x.to(device) for x in inputs)
-    from planner.errors import InputError
-    from runtime.apply import load
+    from planner.core.errors import InputError
+    from planner.runtime.apply import load
 
     try:
         plan = with_recompute(load(args.plan) if args.plan else make_plan(args, ranks),

@@ -38,12 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="agent: %(message)s")
 
     from planner import zoo
-    from planner.budget import format_bytes
-    from planner.errors import InputError, NoPlanFits
+    from planner.core.budget import format_bytes
+    from planner.core.errors import InputError, NoPlanFits
+    from planner.runtime.agent import plan_for
+    from planner.runtime.measure import measure_step, training_step
+    from planner.solvers.baselines import store_all_peak_bytes
     from planner.tracing.api import trace
-    from runtime.agent import plan_for
-    from runtime.measure import measure_step, training_step
-    from solvers.baselines import store_all_peak_bytes
 
     model, inputs = zoo.gpt(
         batch_size=args.batch, context=args.context, dim=args.dim, layers=args.layers, vocab=256

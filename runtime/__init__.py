@@ -1,11 +1,13 @@
 """The torch layer: executing plans inside PyTorch training.
 
-`runtime.apply(model, plan, example_inputs)` binds an op-level plan to a model (see
-`runtime/apply.py`); `runtime.agent.plan_for(...)` traces, obtains, caches and applies a plan;
-`runtime.block_executor` runs block-level plans; `runtime.measure` measures steps.
-Note: `runtime.apply` is the function (the module is reached with `from runtime.apply import`).
+`planner.runtime.apply(model, plan, example_inputs)` binds an op-level plan to a model (see
+`runtime/apply.py`); `planner.runtime.agent.plan_for(...)` traces, obtains, caches and applies a
+plan;
+`planner.runtime.block_executor` runs block-level plans; `planner.runtime.measure` measures steps.
+Note: `planner.runtime.apply` is the function (the module is reached with `from
+planner.runtime.apply import`).
 """
 
-from runtime.apply import PlanMismatch, PlannedModule, apply
+from planner.runtime.apply import PlanMismatch, PlannedModule, apply
 
 __all__ = ["PlanMismatch", "PlannedModule", "apply"]

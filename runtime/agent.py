@@ -12,7 +12,8 @@
    tightened by the measured excess (up to MAX_REPLANS times) and keeps the plan that
    measured least;
 5. logs the measured step time of the first training steps next to the prediction.
-Every decision is a line in `module.agent_report.messages` and on the `runtime.agent` logger.
+Every decision is a line in `module.agent_report.messages` and on the `planner.runtime.agent`
+logger.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.budget import format_bytes, parse_budget
-from planner.errors import InputError, NoPlanFits
-from planner.graph import Graph
-from planner.io import plan_from_dict, write_json
-from planner.plan import Plan, PlanStatus
-from runtime.apply import PlannedModule, apply
+from planner.core.budget import format_bytes, parse_budget
+from planner.core.errors import InputError, NoPlanFits
+from planner.core.graph import Graph
+from planner.core.io import plan_from_dict, write_json
+from planner.core.plan import Plan, PlanStatus
+from planner.runtime.apply import PlannedModule, apply
 
-log = logging.getLogger("runtime.agent")
+log = logging.getLogger("planner.runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
 USABLE = (PlanStatus.optimal, PlanStatus.feasible)
 MAX_REPLANS = 3  # tighter budgets tried when a measured step exceeds the budget
@@ -100,8 +101,8 @@ def plan_for(
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
     measured more than the budget allows is planned again for tighter budgets (see
     `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept."""
+    from planner.solvers.baselines import store_all_peak_bytes
     from planner.tracing.api import trace as trace_fn
-    from solvers.baselines import store_all_peak_bytes
 
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     # Dropout masks sized as the runtime (the joint graph) keeps them.
@@ -255,7 +256,7 @@ def ask_service(
     time_limit_s: float, token: str | None = None,
 ) -> Plan:
     """POST /v1/plans and poll until the job finishes; ServiceUnavailable on any failure."""
-    from planner.client import PlannerClient, ServiceError, ServiceTimeout
+    from planner.service.client import PlannerClient, ServiceError, ServiceTimeout
 
     body = {
         "graph": graph.model_dump(mode="json"),
@@ -332,7 +333,7 @@ def _calibrate(
     module: PlannedModule, model: nn.Module, inputs: tuple[Any, ...], report: AgentReport
 ) -> None:
     """One measured step; the RNG, buffers and gradients are as before afterwards."""
-    from runtime.measure import measure_step, training_step
+    from planner.runtime.measure import measure_step, training_step
 
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     rng = torch.get_rng_state()

@@ -1,4 +1,4 @@
-"""runtime.apply: a module whose training step follows a plan.
+"""planner.runtime.apply: a module whose training step follows a plan.
 
 `apply(model, plan, example_inputs)` traces the model (op level, the tracer's default
 deterministic cost estimate, so that the graph hash is reproducible), refuses a plan made for
@@ -7,7 +7,7 @@ submodules. Calling it runs forward + loss under the plan and returns the loss; 
 runs the backward part of the plan and leaves gradients in the parameters' `.grad`.
 
 Plans with host copies (kinds offload and remat+offload: `O`, `P`, `D` actions) run through
-runtime.offload_program on the plan's resources (a host tier is needed): copy streams and a
+planner.runtime.offload_program on the plan's resources (a host tier is needed): copy streams and a
 pinned host pool on CUDA, synchronous copies into a host pool on CPU;
 `PlannedModule.last_transfer_stats` says what the last step moved.
 """
@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.io import load_plan, plan_from_dict
-from planner.memory_model import model_state_breakdown
-from planner.plan import Plan, PlanKind, PlanStatus
-from planner.resources import Resources
-from planner.simulator import PlanError, simulate
-from runtime.op_codegen import PlanExecutionError
-from runtime.op_executor import JointProgram, PlanRun
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.io import load_plan, plan_from_dict
+from planner.core.plan import Plan, PlanKind, PlanStatus
+from planner.core.resources import Resources
+from planner.runtime.op_codegen import PlanExecutionError
+from planner.runtime.op_executor import JointProgram, PlanRun
+from planner.sim.simulator import PlanError, simulate
+from planner.sim.step_memory import model_state_breakdown
 
 
 class PlanMismatch(InputError):
@@ -78,7 +78,7 @@ def apply(
         )
     if plan.kind is PlanKind.pipeline:
         raise InputError(
-            f"plan ({plan.method}): a pipeline plan; runtime.apply runs one-device plans "
+            f"plan ({plan.method}): a pipeline plan; planner.runtime.apply runs one-device plans "
             "(remat, offload, remat+offload): pipeline execution is not built yet"
         )
     offloads = plan.kind in (PlanKind.offload, PlanKind.remat_offload)
@@ -111,7 +111,7 @@ def apply(
         raise InputError(f"plan ({plan.method}): does not run on the traced graph: {e}") from None
     program: JointProgram
     if offloads:
-        from runtime.offload_program import OffloadProgram
+        from planner.runtime.offload_program import OffloadProgram
 
         try:
             program = OffloadProgram(trace, plan.actions, machine)
@@ -128,7 +128,7 @@ def _apply_blocks(
     model: nn.Module, plan: Plan, trace: Any, graph: Graph | None, loss_fn: Any
 ) -> nn.Module:
     """A chain solver's plan on a module-level trace: checkpointed segments of blocks."""
-    from runtime.block_executor import BlockPlannedModule, check_simulates, stage_names_of
+    from planner.runtime.block_executor import BlockPlannedModule, check_simulates, stage_names_of
 
     check_plan_graph(plan, trace.graph, graph)
     check_simulates(plan, trace.graph)
@@ -224,7 +224,7 @@ class _PlanFunction(torch.autograd.Function):
         program = holder["program"]
         run: PlanRun
         if hasattr(program, "streams_for"):  # an OffloadProgram
-            from runtime.offload_program import OffloadRun
+            from planner.runtime.offload_program import OffloadRun
 
             run = OffloadRun(program, primals)
         else:
@@ -297,7 +297,8 @@ class PlannedModule(nn.Module):
 
     @property
     def last_transfer_stats(self) -> Any:
-        """runtime.offload_engine.TransferStats of the last full step (None for remat plans)."""
+        """planner.runtime.offload_engine.TransferStats of the last full step (None for remat
+        plans)."""
         return self._holder.get("last_transfer_stats")
 
     def forward(self, *inputs: Any) -> torch.Tensor:

@@ -23,11 +23,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.plan import BlockPlan as TypedBlockPlan
 from planner.engine.block_plans import simulate_block_plan
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.plan import BlockPlan as TypedBlockPlan
-from planner.simulator import PlanError
+from planner.sim.simulator import PlanError
 
 
 class BlockPlanError(InputError):

@@ -1,5 +1,5 @@
 """The copies of one planned step: `O` offload, `P` prefetch, `D` drop, as the event simulator
-times them (planner/events.py).
+times them (planner/sim/copy_streams.py).
 
 On CUDA: one copy stream per direction. `O v` records an event on the compute stream (v's
 producer ran before it) and the device-to-host stream waits for it before copying v's storages
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from runtime.offload_pack import GroupLayout, Packed, pack, unpack
-from runtime.offload_pool import HostPool
+from planner.runtime.offload_pack import GroupLayout, Packed, pack, unpack
+from planner.runtime.offload_pool import HostPool
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.resources import Link, Resources
+from planner.core.resources import Link, Resources
 
 
 def _copy_ms(dst: torch.Tensor, src: torch.Tensor, repeats: int) -> float:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from runtime.op_executor import _is_view
+from planner.runtime.op_executor import _is_view
 
 # Static kinds of a member value: a tensor (own storage or kept by reference), or a sequence
 # whose elements are own (True) or another node's element read back by its getitem's fx name.

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.graph import Graph
-from planner.plan import Action, ActionOp, Plan, PlanStatus, drop, free, offload, prefetch
-from planner.resources import Resources
-from planner.simulator import simulate
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp, Plan, PlanStatus, drop, free, offload, prefetch
+from planner.core.resources import Resources
+from planner.sim.simulator import simulate
 
 
 def backward_start(graph: Graph, actions: Sequence[Action]) -> int:

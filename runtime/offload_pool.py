@@ -4,7 +4,8 @@ On CUDA the buffers are pinned (page-locked), so that device-to-host and host-to
 run asynchronously on their copy streams; pinning is slow (a `cudaHostAlloc` per buffer), hence
 the pool: a buffer released by a drop is handed to the next offload of the same size, across
 steps. On CPU (CI) the buffers are ordinary tensors allocated outside any active
-TorchDispatchMode, so a step's storage tracker (`runtime.measure`) sees them as what they are:
+TorchDispatchMode, so a step's storage tracker (`planner.runtime.measure`) sees them as what they
+are:
 host memory, not device memory.
 """
 

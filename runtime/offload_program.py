@@ -1,6 +1,6 @@
 """Plans with host copies (`O`, `P`, `D`, alone or with recomputation) on the joint graph.
 
-The same program as the remat executor (runtime.op_executor: the plan split at the first
+The same program as the remat executor (planner.runtime.op_executor: the plan split at the first
 computation that needs the loss's tangent, each segment compiled to straight-line code), with
 more statements: `X.offload(v, V)` after which the plan's `F v` frees the device copy,
 `X.prefetch(v, V)` which brings v's values back into the held set, `X.drop(v)`, and
@@ -8,7 +8,7 @@ more statements: `X.offload(v, V)` after which the plan's `F v` frees the device
 stream waits there for the copy), and `X.poll()` before computations once something was
 offloaded (device storages whose copy to the host is done are released there, as the simulator
 releases a freed, offloaded tensor when its copy ends). `X` is the step's
-`runtime.offload_engine.StepCopies`.
+`planner.runtime.offload_engine.StepCopies`.
 
 What may run is the event simulator's to say, on the plan's resources (a host tier is needed):
 the program is refused with the simulator's message otherwise.
@@ -23,12 +23,17 @@ from typing import Any
 
 import torch
 
-from planner.plan import Action, ActionOp
-from planner.resources import Resources
-from runtime.offload_engine import CopyStreams, StepCopies, TransferStats
-from runtime.offload_pack import GroupLayout, group_layouts
-from runtime.op_codegen import CompiledSegment, PlanExecutionError, SegmentCompiler, _Emitter
-from runtime.op_executor import JointProgram, PlanRun
+from planner.core.plan import Action, ActionOp
+from planner.core.resources import Resources
+from planner.runtime.offload_engine import CopyStreams, StepCopies, TransferStats
+from planner.runtime.offload_pack import GroupLayout, group_layouts
+from planner.runtime.op_codegen import (
+    CompiledSegment,
+    PlanExecutionError,
+    SegmentCompiler,
+    _Emitter,
+)
+from planner.runtime.op_executor import JointProgram, PlanRun
 
 
 class OffloadProgram(JointProgram):

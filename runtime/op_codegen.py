@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from planner.plan import ActionOp
+from planner.core.plan import ActionOp
 
 # The generated function: (values, kept outputs, random-op runner, gradient layout fixer).
 SegmentFunction = Callable[
@@ -185,7 +185,7 @@ class SegmentCompiler:
 
     def __init__(self, program: Any) -> None:
         self.emitter = _Emitter(program, set(program.primals))
-        # Subclasses that move memory (runtime.offload_program) record the graph nodes their
+        # Subclasses that move memory (planner.runtime.offload_program) record the graph nodes their
         # code holds after each action here; remat plans' resident sets follow from the actions
         # alone (`resident_sets`), so none are stored per action (that was quadratic).
         self.resident_after: list[frozenset[int]] = []

@@ -3,7 +3,8 @@
 A graph node is a group of fx nodes (`TraceResult.node_fx_names`). `compute(v)` runs the
 group's fx nodes in fx order and keeps their values; `free(v)` drops them, so the tensors die
 when nothing else holds them. Each segment is compiled to straight-line Python once per applied
-plan (`runtime.op_codegen`). The plan is split at the first computation that needs the loss's
+plan (`planner.runtime.op_codegen`). The plan is split at the first computation that needs the
+loss's
 tangent: the prefix runs in the autograd forward, what is resident at the split is what stays
 alive between forward and backward, and the suffix (with its recomputations, in the plan's
 order) runs in the autograd backward.
@@ -22,16 +23,16 @@ from typing import Any
 import torch
 from torch import fx
 
-from planner.plan import Action, ActionOp
-from planner.resources import Resources
-from planner.simulator import PlanError, loss_rule_error, simulate
-from runtime.op_codegen import (
+from planner.core.plan import Action, ActionOp
+from planner.core.resources import Resources
+from planner.runtime.op_codegen import (
     CompiledSegment,
     PlanExecutionError,
     SegmentCompiler,
     resident_sets,
 )
-from runtime.rng import RngStates
+from planner.runtime.rng import RngStates
+from planner.sim.simulator import PlanError, loss_rule_error, simulate
 
 __all__ = ["JointProgram", "PlanExecutionError", "PlanRun", "Segment"]
 
@@ -109,7 +110,8 @@ class JointProgram:
         self.backward_code = compiler.compile(self.backward, self.tangents)
         self._compiled(compiler)
 
-    # Hooks for programs whose plans do more than compute and free (runtime.offload_program).
+    # Hooks for programs whose plans do more than compute and free
+    # (planner.runtime.offload_program).
     def _prepare(self) -> None:
         """Set-up a subclass needs before the plan is split and compiled."""
 
@@ -123,7 +125,7 @@ class JointProgram:
     def resident_after(self) -> tuple[frozenset[int], ...]:
         """Graph nodes the generated code holds after each action (the runtime's resident
         sets, tied to the simulator's by tests): computed on demand, as it is quadratic; a
-        subclass whose compiler records them (runtime.offload_program) sets them."""
+        subclass whose compiler records them (planner.runtime.offload_program) sets them."""
         recorded: tuple[frozenset[int], ...] | None = self.__dict__.get("_resident_after")
         if recorded is not None:
             return recorded

@@ -1,13 +1,15 @@
-"""runtime.pipeline: run a pipeline plan on a user's unmodified nn.Module.
+"""planner.runtime.pipeline: run a pipeline plan on a user's unmodified nn.Module.
 
     run = build_pipeline(model, plan, example_inputs)   # on every rank, after init_process_group
     loss = run.step(*inputs)                            # forward + backward of one step
 
 `build_pipeline` splits the model into the plan's stages by module names
-(`plan.partition.stages[].modules`; the rule and which models qualify: runtime.pipeline_split),
+(`plan.partition.stages[].modules`; the rule and which models qualify:
+planner.runtime.pipeline_split),
 wraps this rank's stages in `torch.distributed.pipelining.PipelineStage`, and builds the
 schedule from the plan's per-rank action lists: they are written as torch's CSV
-(planner.pipeline_actions.rank_actions_to_csv) and loaded by `_PipelineScheduleRuntime._load_csv`,
+(planner.core.pipeline_actions.rank_actions_to_csv) and loaded by
+`_PipelineScheduleRuntime._load_csv`,
 "compute_only" when the lists hold no SEND/RECV (torch adds the communication) and
 "compute_comms" when they do (run as planned; the per-stage gradient scaling torch inserts after
 a stage's last backward is added). `schedule="builtin"` runs torch's own class for the plan's
@@ -54,11 +56,11 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.utils.checkpoint import checkpoint
 
-from planner.errors import InputError
-from planner.pipeline_actions import rank_actions_to_csv
-from planner.plan import Plan, PlanKind, PlanStatus
+from planner.core.errors import InputError
+from planner.core.pipeline_actions import rank_actions_to_csv
+from planner.core.plan import Plan, PlanKind, PlanStatus
+from planner.runtime.pipeline_split import SplitModel, StageProgram, split_model
 from planner.tracing.memory import StorageTracker
-from runtime.pipeline_split import SplitModel, StageProgram, split_model
 
 
 class StageModule(nn.Module):
@@ -140,7 +142,9 @@ class PipelineRun:
         if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
             raise InputError(f"plan ({plan.method}): status {plan.status.value}: cannot be run")
         if not dist.is_initialized():
-            raise InputError("runtime.pipeline: call torch.distributed.init_process_group first")
+            raise InputError(
+                "planner.runtime.pipeline: call torch.distributed.init_process_group first"
+            )
         self.plan = plan
         self.partition = plan.partition
         self.group = group
@@ -342,7 +346,7 @@ def build_pipeline(
 ) -> PipelineRun:
     """This rank's part of `plan` (a Plan, plan.json dict or path) on `model`; `options` are
     PipelineRun's (loss_fn, group, device, recompute_stages, schedule, loss_reduction)."""
-    from runtime.apply import load
+    from planner.runtime.apply import load
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     return PipelineRun(model, load(plan), inputs, **options)

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from planner.errors import InputError
-from planner.pipeline_actions import Partition
+from planner.core.errors import InputError
+from planner.core.pipeline_actions import Partition
 
 
 class PipelineSplitError(InputError):
@@ -116,8 +116,8 @@ def trace_model(model: nn.Module, named: Sequence[str]) -> fx.GraphModule:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PipelineSplitError(
             f"model {type(model).__name__}: its forward cannot be traced by torch.fx with the "
-            f"stage modules as leaves ({first}); see runtime.pipeline_split for which models "
-            "qualify"
+            f"stage modules as leaves ({first}); see planner.runtime.pipeline_split for which "
+            "models qualify"
         ) from None
     return fx.GraphModule(model, graph)
 

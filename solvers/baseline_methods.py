@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from planner.plan import Action, PlanStatus
-from solvers.baselines import BASELINES, bounded_baselines
-from solvers.request import MethodResult, SolveRequest
+from planner.core.plan import Action, PlanStatus
+from planner.solvers.baselines import BASELINES, bounded_baselines
+from planner.solvers.request import MethodResult, SolveRequest
 
 
 def _run(name: str, request: SolveRequest) -> MethodResult:
@@ -40,7 +40,7 @@ def best_baseline(request: SolveRequest) -> MethodResult:
     with the least peak."""
     import time
 
-    from planner.simulator import simulate
+    from planner.sim.simulator import simulate
 
     deadline = time.perf_counter() + request.time_limit_s
     best: tuple[tuple[int, float, int], str, list[Action]] | None = None

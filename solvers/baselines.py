@@ -13,10 +13,10 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 
-from planner.graph import Graph, Phase, paused_gc
-from planner.plan import Action, compute, free
-from planner.simulator import SimulationResult, simulate
-from solvers.order import schedule_order
+from planner.core.graph import Graph, Phase, paused_gc
+from planner.core.plan import Action, compute, free
+from planner.sim.simulator import SimulationResult, simulate
+from planner.solvers.order import schedule_order
 
 BASELINE_METHODS = ("store-all", "recompute-all", "chen-sqrt", "chen-greedy")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 
-from planner.graph import Graph, GraphIndex
+from planner.core.graph import Graph, GraphIndex
 
 __all__ = ["respects_order_rule", "schedule_order", "order_successors"]
 

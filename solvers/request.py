@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.graph import Graph
-from planner.plan import Action, BlockPlan, PlanStatus
-from planner.resources import Resources
+from planner.core.graph import Graph
+from planner.core.plan import Action, BlockPlan, PlanStatus
+from planner.core.resources import Resources
 
 
 @dataclass(frozen=True)

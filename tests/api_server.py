@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from planner.graph import Graph
-from planner.plan import Plan
-from planner.simulator import simulate
-from solvers.request import MethodResult, SolveRequest
+from planner.core.graph import Graph
+from planner.core.plan import Plan
+from planner.sim.simulator import simulate
+from planner.solvers.request import MethodResult, SolveRequest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -35,7 +35,7 @@ TEST_LEASE_S = 3.0
 def slow_method(request: SolveRequest) -> MethodResult:
     """chen-greedy after `options["sleep_s"]` seconds of reported progress: a solve that is
     reliably still running when a test cancels it or kills the server."""
-    from solvers.baseline_methods import chen_greedy
+    from planner.solvers.baseline_methods import chen_greedy
 
     if request.options.get("freeze"):  # stops every thread: no fallback plan can answer
         import os
@@ -158,7 +158,7 @@ def fresh_postgres_database() -> Iterator[str]:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError
 
-    from api.store import Store, normalise_url
+    from planner.service.store import Store, normalise_url
 
     url = make_url(normalise_url(base))
     name = f"planner_test_{uuid.uuid4().hex[:10]}"

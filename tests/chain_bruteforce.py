@@ -1,6 +1,7 @@
 """Brute-force optimal chain operation sequences for tiny chains (test helper, not a test module).
 
-Dijkstra over the states of `solvers.chain.sequence.run_sequence` (resident a^i, which of them
+Dijkstra over the states of `planner.solvers.chain.sequence.run_sequence` (resident a^i, which of
+them
 are checkpoints, resident ā^i, resident δ^i, finished backwards): every operation sequence is a
 path, memory is a function of the state, so the least-cost path whose every step peaks within
 the budget is the optimum over all sequences of F_all, F_ck, F_∅, B and D in Rotor's class:
@@ -18,8 +19,8 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from solvers.chain.model import Chain
-from solvers.chain.sequence import Op, OpKind, run_sequence
+from planner.solvers.chain.model import Chain
+from planner.solvers.chain.sequence import Op, OpKind, run_sequence
 
 # (resident a^i, checkpoints among them, resident ā^i, resident δ^i, finished backwards)
 State = tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int], frozenset[int]]

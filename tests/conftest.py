@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from planner.graph import Edge, FixedMemory, Graph, Node
+from planner.core.graph import Edge, FixedMemory, Graph, Node
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # ../shared next to the repository: benchmark graphs that a user's clone does not have.

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from planner.graph import Graph, Node
-from planner.synthetic import training_graph
+from planner.core.graph import Graph, Node
+from planner.core.synthetic import training_graph
 
 
 def corpus_like(layers: int, skip: int, seed: int) -> Graph:

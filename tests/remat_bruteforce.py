@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from solvers.remat.problem import RematProblem
+from planner.solvers.remat.problem import RematProblem
 
 
 def brute_force_cost(problem: RematProblem, *, frontier: bool) -> float | None:

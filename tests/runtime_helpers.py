@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner import zoo  # noqa: E402
+from planner.core.plan import Plan  # noqa: E402
 from planner.engine.registry import method_names  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
-from planner.plan import Plan  # noqa: E402
 
 # Tiny versions of the zoo models: every solver finishes in seconds on their graphs.
 TINY = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from api_server import running_server
 
-from planner.synthetic import training_graph
+from planner.core.synthetic import training_graph
 
 DOC = training_graph(4, seed=3).model_dump(mode="json")
 

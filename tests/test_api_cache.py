@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from api_server import ServerProcess, database_url, running_server, wait_finished
 
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
+from planner.core.synthetic import training_graph
+from planner.solvers.baselines import store_all_peak_bytes
 
 GRAPH = training_graph(10, skip=2, seed=5)
 DOC = GRAPH.model_dump(mode="json")

@@ -23,7 +23,7 @@ from api_server import (
     wait_status,
 )
 
-from planner.synthetic import training_graph
+from planner.core.synthetic import training_graph
 
 GRAPH = training_graph(12, skip=3, seed=4)
 DOC = GRAPH.model_dump(mode="json")
@@ -113,7 +113,7 @@ def _instance(server: ServerProcess) -> str:
 
 
 def _instances(server: ServerProcess) -> list[str]:
-    from api.store import Store
+    from planner.service.store import Store
 
     store = Store(server.database_url)
     try:

@@ -16,7 +16,7 @@ from api_server import (
     wait_status,
 )
 
-from planner.synthetic import training_graph
+from planner.core.synthetic import training_graph
 
 GRAPH = training_graph(12, skip=3, seed=2)
 DOC = GRAPH.model_dump(mode="json")

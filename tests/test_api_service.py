@@ -23,9 +23,9 @@ from api_server import (
     wait_status,
 )
 
-from planner.graph import Graph
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
+from planner.core.graph import Graph
+from planner.core.synthetic import training_graph
+from planner.solvers.baselines import store_all_peak_bytes
 
 GRAPH = training_graph(16, skip=4, seed=1)
 DOC = GRAPH.model_dump(mode="json")
@@ -308,7 +308,7 @@ def test_cli_submit_wait_and_status(server: ServerProcess, tmp_path: Path, cli) 
 
 def test_resources_field_preset_and_errors(server: ServerProcess) -> None:
     """A plan request names its machine; without a budget the device memory is the budget."""
-    from planner.resources import resources_preset
+    from planner.core.resources import resources_preset
 
     small = {"device_memory_bytes": store_all_peak_bytes(GRAPH), "device_name": "test-gpu"}
     with server.client() as c:

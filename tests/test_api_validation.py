@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from api_server import ServerProcess, running_server, wait_finished
 
-from planner.synthetic import training_graph
+from planner.core.synthetic import training_graph
 
 GRAPH = training_graph(8, skip=2, seed=3)
 DOC = GRAPH.model_dump(mode="json")

@@ -9,18 +9,18 @@ import time
 
 import pytest
 
+from planner.core.graph import Phase
+from planner.core.plan import Action
+from planner.core.synthetic import random_layered_dag, training_graph
 from planner.engine.solve import solve
-from planner.graph import Phase
-from planner.plan import Action
-from planner.simulator import simulate
-from planner.synthetic import random_layered_dag, training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.auto import final_margin_s, solve_auto
-from solvers.remat.checkpoints import CheckpointPlan
-from solvers.remat.greedy import greedy_eviction, greedy_plan
-from solvers.remat.lns import improve_windows
-from solvers.remat.orders import ORDER_KEYS, greedy_order
-from solvers.remat.problem import RematProblem, problem_from_graph
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.auto import final_margin_s, solve_auto
+from planner.solvers.remat.checkpoints import CheckpointPlan
+from planner.solvers.remat.greedy import greedy_eviction, greedy_plan
+from planner.solvers.remat.lns import improve_windows
+from planner.solvers.remat.orders import ORDER_KEYS, greedy_order
+from planner.solvers.remat.problem import RematProblem, problem_from_graph
 
 
 def test_random_layered_dag_family() -> None:
@@ -151,10 +151,10 @@ def test_small_training_graphs_get_the_finer_chain_dp() -> None:
 
 
 def test_kicked_orders_offer_only_cheaper_plans_within_budget() -> None:
-    from solvers.order import schedule_order
-    from solvers.remat.improve_large import improve_large
-    from solvers.remat.late_orders import lowered_order
-    from solvers.remat.orders import with_order
+    from planner.solvers.order import schedule_order
+    from planner.solvers.remat.improve_large import improve_large
+    from planner.solvers.remat.late_orders import lowered_order
+    from planner.solvers.remat.orders import with_order
 
     g = random_layered_dag(500, seed=0)  # at 0.8 no order's store-all fits
     budget = math.ceil(0.8 * store_all_peak_bytes(g))
@@ -186,7 +186,7 @@ def test_first_phase_fits_tight_budgets_through_retention_in_lowered_orders(
     """random2000 at 0.8: greedy eviction gets stuck in every order; retention checkpointing is
     tried on each new lowest lowered order near the budget (one attempt each) and fits within
     seconds (was about 19 s: retention only after all the lowering)."""
-    import solvers.remat.portfolio as portfolio
+    import planner.solvers.remat.portfolio as portfolio
 
     g = random_layered_dag(2000, seed=0)
     budget = math.ceil(0.8 * store_all_peak_bytes(g))

@@ -9,14 +9,14 @@ from conftest import make_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.core.errors import InputError
+from planner.core.graph import Edge, Graph, Node, Phase
+from planner.core.plan import ActionOp, PlanStatus, compute
+from planner.core.synthetic import random_dag, training_graph
 from planner.engine import registry
 from planner.engine.solve import solve
-from planner.errors import InputError
-from planner.graph import Edge, Graph, Node, Phase
-from planner.plan import ActionOp, PlanStatus, compute
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import (
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import (
     BASELINES,
     checkpoint_schedule,
     chen_greedy,
@@ -26,7 +26,7 @@ from solvers.baselines import (
     store_all,
     store_all_peak_bytes,
 )
-from solvers.request import MethodResult, SolveRequest
+from planner.solvers.request import MethodResult, SolveRequest
 
 # "auto" belongs to the solvers (tested there); these need no solver.
 ALL_METHODS = [*BASELINES, "best-baseline"]

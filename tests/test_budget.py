@@ -1,14 +1,14 @@
 """Budget parsing: bytes, units, fractions and percentages of the store-all peak, errors.
 
-The grammar is unambiguous (planner/budget.py): a bare number is a fraction up to 1 and bytes
+The grammar is unambiguous (planner/core/budget.py): a bare number is a fraction up to 1 and bytes
 from 1000 up; anything between is refused with the forms that say what was meant."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.budget import format_bytes, parse_budget
-from planner.errors import InputError
+from planner.core.budget import format_bytes, parse_budget
+from planner.core.errors import InputError
 
 PEAK = 13_484_795_520  # fcn8's store-all peak: the published budgets are fractions of it
 

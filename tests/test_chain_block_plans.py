@@ -8,15 +8,15 @@ import random
 
 import pytest
 
+from planner.core.plan import BlockPlan, PlanStatus
+from planner.core.synthetic import training_graph
 from planner.engine.block_plans import check_block_plan, simulate_block_plan
 from planner.engine.solve import solve
-from planner.plan import BlockPlan, PlanStatus
-from planner.simulator import PlanError, simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.chain.layout import chain_graph
-from solvers.chain.methods import block_plan_actions
-from solvers.chain.model import Chain, Stage
+from planner.sim.simulator import PlanError, simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.chain.layout import chain_graph
+from planner.solvers.chain.methods import block_plan_actions
+from planner.solvers.chain.model import Chain, Stage
 
 
 def random_chain(seed: int, length: int) -> Chain:
@@ -93,8 +93,8 @@ def test_a_block_plan_for_another_chain_is_refused() -> None:
 def test_the_runtime_refuses_a_block_plan_the_simulator_refuses() -> None:
     pytest.importorskip("torch")
     from planner import zoo
+    from planner.runtime.block_executor import BlockPlanError, check_simulates, stage_names_of
     from planner.tracing.api import trace
-    from runtime.block_executor import BlockPlanError, check_simulates, stage_names_of
 
     model, inputs = zoo.gpt(batch_size=2, context=8, dim=16, layers=2, vocab=32)
     result = trace(model, inputs, level="module", block_pattern="h.*")

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from planner.core.errors import InputError
+from planner.core.io import write_json
+from planner.core.synthetic import training_graph
 from planner.engine.inputs import graph_from_dict
-from planner.errors import InputError
-from planner.io import write_json
-from planner.synthetic import training_graph
-from solvers.chain.blocks import BlockMode, BlockPlan
-from solvers.chain.layout import chain_of_graph
-from solvers.chain.model import chain_document, chain_from_dict, homogeneous_chain
-from solvers.chain.sequence import chen_sqrt_ops, ops_from_text, store_all_ops
+from planner.solvers.chain.blocks import BlockMode, BlockPlan
+from planner.solvers.chain.layout import chain_of_graph
+from planner.solvers.chain.model import chain_document, chain_from_dict, homogeneous_chain
+from planner.solvers.chain.sequence import chen_sqrt_ops, ops_from_text, store_all_ops
 
 CHAIN_DOC = {
     "schema_version": "chain-1",
@@ -102,9 +102,9 @@ def test_block_plan_forms() -> None:
 
 
 def test_homogeneous_chain_graph_store_all() -> None:
-    from solvers.baselines import store_all_peak_bytes
-    from solvers.chain.layout import chain_graph
-    from solvers.chain.sequence import run_sequence
+    from planner.solvers.baselines import store_all_peak_bytes
+    from planner.solvers.chain.layout import chain_graph
+    from planner.solvers.chain.sequence import run_sequence
 
     chain = homogeneous_chain(5, output_bytes=7, saved_bytes=20)
     graph, _ = chain_graph(chain)
@@ -116,9 +116,9 @@ def test_block_plan_one_level_schedule() -> None:
     runs each block's forward at most twice."""
     import random
 
-    from solvers.chain.model import Chain, Stage
-    from solvers.chain.rotor import solve_rotor
-    from solvers.chain.sequence import run_sequence
+    from planner.solvers.chain.model import Chain, Stage
+    from planner.solvers.chain.rotor import solve_rotor
+    from planner.solvers.chain.sequence import run_sequence
 
     rng = random.Random(9)
     stages = tuple(

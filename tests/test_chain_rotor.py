@@ -9,15 +9,15 @@ import time
 import pytest
 from chain_bruteforce import brute_force
 
-from solvers.chain.model import Chain, Stage, homogeneous_chain
-from solvers.chain.revolve import (
+from planner.solvers.chain.model import Chain, Stage, homogeneous_chain
+from planner.solvers.chain.revolve import (
     griewank_recomputations,
     revolve_ops,
     revolve_recomputations,
     solve_revolve,
 )
-from solvers.chain.rotor import solve_rotor
-from solvers.chain.sequence import (
+from planner.solvers.chain.rotor import solve_rotor
+from planner.solvers.chain.sequence import (
     Op,
     OpKind,
     SequenceError,

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from planner.core.errors import InputError
+from planner.core.graph import Graph
 from planner.engine.solve import solve
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.simulator import simulate
-from solvers.baselines import store_all_peak_bytes
-from solvers.chain.linearize import linearize
-from solvers.chain.rotor import combined, solve_rotor
-from solvers.chain.saving import combined_layout, saving_options
-from solvers.chain.sequence import run_sequence
-from solvers.chain.translate import translate
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.chain.linearize import linearize
+from planner.solvers.chain.rotor import combined, solve_rotor
+from planner.solvers.chain.saving import combined_layout, saving_options
+from planner.solvers.chain.sequence import run_sequence
+from planner.solvers.chain.translate import translate
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "planner" / "examples" / "resnet24.json"
 
@@ -104,7 +104,7 @@ def test_rotor_method_option_and_its_check(graphs) -> None:
 
 
 def test_rotor_segments_option_caps_the_linearised_chain() -> None:
-    from planner.synthetic import training_graph
+    from planner.core.synthetic import training_graph
 
     g = training_graph(300, seed=2)  # a 300-stage chain before merging
     budget = math.ceil(0.6 * store_all_peak_bytes(g))

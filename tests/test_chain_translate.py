@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from planner.core.graph import Edge, Graph, Node, Phase
+from planner.core.plan import PlanStatus
+from planner.core.synthetic import training_graph
 from planner.engine.solve import solve
-from planner.graph import Edge, Graph, Node, Phase
-from planner.plan import PlanStatus
-from planner.simulator import simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.chain.layout import chain_graph, chain_of_graph
-from solvers.chain.linearize import linearize
-from solvers.chain.model import Chain, Stage
-from solvers.chain.revolve import revolve_ops
-from solvers.chain.rotor import solve_rotor
-from solvers.chain.sequence import chen_sqrt_ops, run_sequence, store_all_ops
-from solvers.chain.translate import translate
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.chain.layout import chain_graph, chain_of_graph
+from planner.solvers.chain.linearize import linearize
+from planner.solvers.chain.model import Chain, Stage
+from planner.solvers.chain.revolve import revolve_ops
+from planner.solvers.chain.rotor import solve_rotor
+from planner.solvers.chain.sequence import chen_sqrt_ops, run_sequence, store_all_ops
+from planner.solvers.chain.translate import translate
 
 CHAIN_METHODS = ("rotor", "revolve", "chain-chen-sqrt")
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from conftest import CliResult, run_cli
 
-from planner.io import load_plan, write_json
-from planner.plan import Plan, PlanStatus, actions_from_text
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import training_graph
-from solvers.baselines import BASELINES, store_all_peak_bytes
+from planner.core.io import load_plan, write_json
+from planner.core.plan import Plan, PlanStatus, actions_from_text
+from planner.core.synthetic import training_graph
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import BASELINES, store_all_peak_bytes
 
 Cli = Callable[..., CliResult]
 GRAPH = training_graph(8, skip=2, seed=7, fixed_bytes=4096)

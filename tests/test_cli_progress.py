@@ -9,8 +9,8 @@ from pathlib import Path
 from conftest import run_cli
 
 from planner.cli.progress_view import describe
-from planner.io import write_json
-from planner.synthetic import training_graph
+from planner.core.io import write_json
+from planner.core.synthetic import training_graph
 
 
 def test_describe_overheads() -> None:
@@ -33,8 +33,8 @@ def test_solve_prints_progress_lines_on_stderr(tmp_path: Path) -> None:
 
 
 def _invalid_plan(request):  # type: ignore[no-untyped-def]
-    from planner.plan import PlanStatus, compute
-    from solvers.request import MethodResult
+    from planner.core.plan import PlanStatus, compute
+    from planner.solvers.request import MethodResult
 
     return MethodResult(actions=[compute(request.graph.nodes[-1].id)], status=PlanStatus.feasible)
 

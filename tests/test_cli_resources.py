@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import CliResult, run_cli
 
-from planner.io import load_plan, write_json
-from planner.model_state import ModelState, ParameterState
-from planner.resources import resources_preset
-from planner.synthetic import training_graph
+from planner.core.io import load_plan, write_json
+from planner.core.model_state import ModelState, ParameterState
+from planner.core.resources import resources_preset
+from planner.core.synthetic import training_graph
 
 Cli = Callable[..., CliResult]
 GRAPH = training_graph(8, skip=2, seed=7, fixed_bytes=4096)

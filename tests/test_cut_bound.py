@@ -10,13 +10,13 @@ import pytest
 from remat_bruteforce import brute_force_cost
 from test_remat_milp import CASES, budgets, varied_dag
 
-from planner.graph import Edge, Graph, Node
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.auto import solve_auto
-from solvers.remat.cut_bound import cut_lower_bound
-from solvers.remat.problem import problem_from_graph
+from planner.core.graph import Edge, Graph, Node
+from planner.core.synthetic import training_graph
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.auto import solve_auto
+from planner.solvers.remat.cut_bound import cut_lower_bound
+from planner.solvers.remat.problem import problem_from_graph
 
 
 def every_cut(graph: Graph, budget: int):  # type: ignore[no-untyped-def]

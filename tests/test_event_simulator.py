@@ -10,17 +10,17 @@ import re
 import pytest
 from conftest import make_graph
 
-from planner.events import simulate_streams
-from planner.events_pipeline import simulate_pipeline
-from planner.events_stages import stage_of_nodes
-from planner.graph import Edge, Graph, ModelState, Node, ParameterState, Phase
-from planner.memory_model import step_memory
-from planner.pipeline_actions import Partition, PipelineStage, rank_actions_from_text
-from planner.plan import Action, ActionOp, Plan, PlanStatus, actions_from_text
-from planner.resources import Link, Resources
-from planner.simulator import PlanError, SimulationResult, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import chen_sqrt, recompute_all, store_all
+from planner.core.graph import Edge, Graph, ModelState, Node, ParameterState, Phase
+from planner.core.pipeline_actions import Partition, PipelineStage, rank_actions_from_text
+from planner.core.plan import Action, ActionOp, Plan, PlanStatus, actions_from_text
+from planner.core.resources import Link, Resources
+from planner.core.synthetic import random_dag, training_graph
+from planner.sim.copy_streams import simulate_streams
+from planner.sim.pipeline_ranks import simulate_pipeline
+from planner.sim.simulator import PlanError, SimulationResult, simulate
+from planner.sim.stage_costs import stage_of_nodes
+from planner.sim.step_memory import step_memory
+from planner.solvers.baselines import chen_sqrt, recompute_all, store_all
 
 # -- version 1: exactly the old figures ---------------------------------------------------------
 

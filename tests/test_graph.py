@@ -12,10 +12,10 @@ import pytest
 from conftest import make_graph
 from pydantic import ValidationError
 
-from planner.errors import InputError
-from planner.graph import Graph, GraphMetadata, Phase
-from planner.io import graph_from_dict, load_graph, write_json
-from planner.synthetic import random_dag, training_graph
+from planner.core.errors import InputError
+from planner.core.graph import Graph, GraphMetadata, Phase
+from planner.core.io import graph_from_dict, load_graph, write_json
+from planner.core.synthetic import random_dag, training_graph
 
 
 def base_doc() -> dict[str, Any]:

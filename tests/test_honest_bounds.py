@@ -8,19 +8,19 @@ import math
 import pytest
 from corpus_like import corpus_like
 
+from planner.core.graph import Edge, Graph, Node, Phase
+from planner.core.plan import PlanStatus, compute, free
+from planner.core.synthetic import training_graph
 from planner.engine import judge, registry
 from planner.engine.solve import solve
-from planner.graph import Edge, Graph, Node, Phase
-from planner.plan import PlanStatus, compute, free
-from planner.simulator import simulate
-from planner.synthetic import training_graph
-from solvers.baseline_methods import best_baseline
-from solvers.baselines import BASELINES, recompute_all, store_all_peak_bytes
-from solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
-from solvers.remat.exact import RematResult, solve_milp
-from solvers.remat.lp_rounding import ROUNDED, solve_lp_rounding
-from solvers.remat.problem import problem_from_graph, staged_from_actions
-from solvers.request import MethodResult, SolveRequest
+from planner.sim.simulator import simulate
+from planner.solvers.baseline_methods import best_baseline
+from planner.solvers.baselines import BASELINES, recompute_all, store_all_peak_bytes
+from planner.solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
+from planner.solvers.remat.exact import RematResult, solve_milp
+from planner.solvers.remat.lp_rounding import ROUNDED, solve_lp_rounding
+from planner.solvers.remat.problem import problem_from_graph, staged_from_actions
+from planner.solvers.request import MethodResult, SolveRequest
 
 TOLERANCE = 1e-6
 # (layers, skip, seed, budget fraction): before the fixes SCIP proved +20.8 % "optimal" beside

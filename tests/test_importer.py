@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from planner.errors import InputError
-from planner.graph import CostSource, Phase
-from planner.importers.checkmate import import_checkmate, import_checkmate_file
-from planner.io import load_graph
-from planner.plan import ActionOp
-from planner.simulator import lower_bound_peak_bytes, simulate
-from solvers.baselines import BASELINES, store_all, store_all_peak_bytes
+from planner.core.errors import InputError
+from planner.core.graph import CostSource, Phase
+from planner.core.importers.checkmate import import_checkmate, import_checkmate_file
+from planner.core.io import load_graph
+from planner.core.plan import ActionOp
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import BASELINES, store_all, store_all_peak_bytes
 
 
 def checkmate_doc() -> dict[str, Any]:

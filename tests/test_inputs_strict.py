@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
-from planner.budget import MAX_BUDGET_BYTES, BudgetSpec, parse_budget, parse_budget_spec
-from planner.errors import InputError, describe_json_decode_error, json_error_position
-from planner.graph import NODE_REQUIRED_FIELDS, Graph, Node, Phase
-from planner.io import graph_from_dict, load_graph, read_json, write_json
-from planner.synthetic import training_graph
-from solvers.baselines import BASELINES, store_all_peak_bytes
+from planner.core.budget import MAX_BUDGET_BYTES, BudgetSpec, parse_budget, parse_budget_spec
+from planner.core.errors import InputError, describe_json_decode_error, json_error_position
+from planner.core.graph import NODE_REQUIRED_FIELDS, Graph, Node, Phase
+from planner.core.io import graph_from_dict, load_graph, read_json, write_json
+from planner.core.synthetic import training_graph
+from planner.solvers.baselines import BASELINES, store_all_peak_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = [ROOT / "planner" / "examples" / "resnet24.json",
@@ -239,7 +239,7 @@ def test_no_plan_message_agrees_with_its_json(graph_path: Path) -> None:
 
 
 def _peak(graph: Graph, name: str) -> int:
-    from planner.simulator import simulate
+    from planner.sim.simulator import simulate
 
     return simulate(graph, BASELINES[name](graph, None)).peak_bytes
 

@@ -6,16 +6,16 @@ import math
 import random
 import time
 
-from planner.graph import Graph
-from planner.plan import Action
-from planner.simulator import simulate
-from planner.synthetic import random_layered_dag
-from solvers.baselines import store_all, store_all_peak_bytes
-from solvers.order import respects_order_rule
-from solvers.remat.late_orders import OrderSearch, kicked, lowered_order
-from solvers.remat.orders import candidate_orders, with_order
-from solvers.remat.portfolio import run_portfolio
-from solvers.remat.problem import problem_from_graph
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.core.synthetic import random_layered_dag
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all, store_all_peak_bytes
+from planner.solvers.order import respects_order_rule
+from planner.solvers.remat.late_orders import OrderSearch, kicked, lowered_order
+from planner.solvers.remat.orders import candidate_orders, with_order
+from planner.solvers.remat.portfolio import run_portfolio
+from planner.solvers.remat.problem import problem_from_graph
 
 
 def _topological(graph_edges: list[tuple[int, int]], order: list[int]) -> bool:
@@ -73,8 +73,8 @@ def _store_all(g: Graph, order: list[int]) -> list[Action]:
 
 
 def test_moves_judged_on_their_span_match_the_whole_order() -> None:
-    from planner.synthetic import training_graph
-    from solvers.remat.order_eval import OrderState
+    from planner.core.synthetic import training_graph
+    from planner.solvers.remat.order_eval import OrderState
 
     for g in (random_layered_dag(150, seed=3), training_graph(25, skip=3, seed=2)):
         problem = problem_from_graph(g, 0)

@@ -1,8 +1,10 @@
-"""The layer rule of DESIGN.md holds: `lint-imports` keeps every contract in pyproject.toml, and
-no module of the project sits outside the layers (a new module must be placed in one)."""
+"""The layer rule of DESIGN.md holds: `lint-imports` keeps every contract in pyproject.toml (its
+layers contract is exhaustive: a folder of planner/ in no layer breaks it), and installed, the
+project is the one import package `planner`."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -14,32 +16,41 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _config() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+def _layers_contract() -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return next(c for c in config["contracts"] if c["type"] == "layers")
 
 
-def _layered_modules() -> set[str]:
-    names: set[str] = set()
-    for contract in _config()["contracts"]:
-        for layer in contract.get("layers", []):
-            for part in layer.replace("|", ":").split(":"):
-                names.add(part.strip().strip("()"))
-    return names
+def test_every_folder_is_a_layer() -> None:
+    """The contract names its containers' layers exhaustively, so lint-imports places a new
+    folder; each layer named is a folder (or module) of planner/ that exists."""
+    contract = _layers_contract()
+    assert contract["containers"] == ["planner"] and contract["exhaustive"] is True
+    named = {part.strip() for layer in contract["layers"] for part in layer.split(":")}
+    for name in named:
+        assert (ROOT / "planner" / name / "__init__.py").exists() or (
+            ROOT / "planner" / f"{name}.py"
+        ).exists(), f"layer {name} is not a folder of planner/"
+    folders = {p.name for p in (ROOT / "planner").iterdir() if (p / "__init__.py").exists()}
+    assert folders <= named, f"folders of planner/ in no layer: {sorted(folders - named)}"
 
 
-def test_every_module_has_a_layer() -> None:
-    layered = _layered_modules()
-    unplaced = []
-    for package in ("planner", "solvers", "api", "runtime"):
-        for path in sorted((ROOT / package).glob("*")):
-            if path.name.startswith(("_", ".")) or path.name in ("examples", "device_profiles"):
-                continue
-            if path.suffix != ".py" and not (path / "__init__.py").exists():
-                continue
-            module = f"{package}.{path.stem}"
-            if module not in layered and package not in layered:
-                unplaced.append(module)
-    assert not unplaced, f"modules outside every layer of pyproject.toml: {unplaced}"
+def test_one_top_level_import_package(tmp_path: Path) -> None:
+    """From outside the repository the virtualenv finds `planner` and its layers, and no
+    top-level `api`, `runtime` or `solvers` that would shadow a user's own packages."""
+    code = (
+        "import importlib.util as u, json\n"
+        "names = ['api', 'runtime', 'solvers', 'planner', 'planner.solvers', 'planner.service',"
+        " 'planner.runtime', 'planner.sim', 'planner.core']\n"
+        "print(json.dumps({n: u.find_spec(n) is not None for n in names}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found == {"api": False, "runtime": False, "solvers": False, "planner": True,
+                     "planner.solvers": True, "planner.service": True, "planner.runtime": True,
+                     "planner.sim": True, "planner.core": True}
 
 
 def test_lint_imports_keeps_every_contract() -> None:

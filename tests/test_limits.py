@@ -1,4 +1,4 @@
-"""Time limits: one validation (planner.limits) for every CLI command and the API; `inf`,
+"""Time limits: one validation (planner.core.limits) for every CLI command and the API; `inf`,
 `nan`, 0 and absurd values are one line and exit 2, never a traceback (issue 13, item 10)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from conftest import run_cli
 
 from planner.cli.main import main
-from planner.errors import InputError
-from planner.io import write_json
-from planner.limits import MAX_TIME_LIMIT_S, check_time_limit
-from planner.synthetic import training_graph
+from planner.core.errors import InputError
+from planner.core.io import write_json
+from planner.core.limits import MAX_TIME_LIMIT_S, check_time_limit
+from planner.core.synthetic import training_graph
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 from corpus_like import corpus_like
 
+from planner.core.graph import Graph
+from planner.core.plan import PlanStatus
+from planner.core.synthetic import training_graph
 from planner.engine.solve import solve
-from planner.graph import Graph
-from planner.plan import PlanStatus
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import training_graph
-from solvers.baselines import BASELINES, store_all_peak_bytes
-from solvers.remat.lp_rounding import ROUNDED
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import BASELINES, store_all_peak_bytes
+from planner.solvers.remat.lp_rounding import ROUNDED
 
 # Both gave non-monotone ladders before (corpus-like: +9.7 % then +17.2 % one rung up; the
 # training graph: +3.0 % then +17.7 %, +21.1 %, +29.8 %).

@@ -16,24 +16,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.graph import Edge, FixedMemory, Graph, Node, Phase
-from planner.memory_model import step_memory
-from planner.model_state import ModelState, ParameterState
-from planner.plan import ActionOp
-from planner.simulator import PlanError, simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all
-from solvers.chain.layout import chain_graph
-from solvers.chain.linearize import linearize
-from solvers.chain.model import Chain, Stage
-from solvers.chain.rotor import solve_rotor
-from solvers.chain.sequence import chen_sqrt_ops, run_sequence
-from solvers.chain.translate import translate
-from solvers.remat.dtr import SCORES, dtr_depth_first_plan, dtr_plan
-from solvers.remat.intervals import plan_peak_and_cost, solve_intervals
-from solvers.remat.lp_rounding import rebuild
-from solvers.remat.milp import build_checkmate
-from solvers.remat.problem import RematProblem, problem_from_graph, staged_actions
+from planner.core.graph import Edge, FixedMemory, Graph, Node, Phase
+from planner.core.model_state import ModelState, ParameterState
+from planner.core.plan import ActionOp
+from planner.core.synthetic import training_graph
+from planner.sim.simulator import PlanError, simulate
+from planner.sim.step_memory import step_memory
+from planner.solvers.baselines import store_all
+from planner.solvers.chain.layout import chain_graph
+from planner.solvers.chain.linearize import linearize
+from planner.solvers.chain.model import Chain, Stage
+from planner.solvers.chain.rotor import solve_rotor
+from planner.solvers.chain.sequence import chen_sqrt_ops, run_sequence
+from planner.solvers.chain.translate import translate
+from planner.solvers.remat.dtr import SCORES, dtr_depth_first_plan, dtr_plan
+from planner.solvers.remat.intervals import plan_peak_and_cost, solve_intervals
+from planner.solvers.remat.lp_rounding import rebuild
+from planner.solvers.remat.milp import build_checkmate
+from planner.solvers.remat.problem import RematProblem, problem_from_graph, staged_actions
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOLVER = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,7 +177,7 @@ def test_milp_memory_rows_match_simulator(graph: Graph, seed: int) -> None:
 @SOLVER
 @given(tiny_graphs)
 def test_milp_least_peak_is_the_simulators(graph: Graph) -> None:
-    from solvers.remat.backends import solve_linear
+    from planner.solvers.remat.backends import solve_linear
 
     problem = problem_from_graph(graph, 4 * store_all_peak(graph))  # room for views' bases
     milp = build_checkmate(problem, minimise_peak=True)
@@ -289,9 +289,9 @@ def test_runtime_resident_sets_are_the_simulators() -> None:
     torch = pytest.importorskip("torch")
     del torch
     from planner import zoo
+    from planner.runtime.op_executor import JointProgram
+    from planner.solvers.baselines import chen_sqrt, recompute_all
     from planner.tracing.api import trace
-    from runtime.op_executor import JointProgram
-    from solvers.baselines import chen_sqrt, recompute_all
 
     for model, inputs in (zoo.mlp(batch_size=4, in_features=16, hidden=32, depth=2),
                           zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32)):

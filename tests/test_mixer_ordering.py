@@ -12,15 +12,15 @@ torch = pytest.importorskip("torch")
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
 from planner import zoo  # noqa: E402
+from planner.core.graph import Graph, Phase  # noqa: E402
+from planner.core.plan import compute  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
-from planner.graph import Graph, Phase  # noqa: E402
-from planner.plan import compute  # noqa: E402
-from planner.simulator import PlanError, simulate  # noqa: E402
-from runtime.apply import apply  # noqa: E402
-from solvers.baselines import BASELINES, store_all  # noqa: E402
-from solvers.order import respects_order_rule, schedule_order  # noqa: E402
-from solvers.remat.orders import candidate_orders, explore_orders, greedy_order  # noqa: E402
-from solvers.remat.problem import problem_from_graph  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
+from planner.sim.simulator import PlanError, simulate  # noqa: E402
+from planner.solvers.baselines import BASELINES, store_all  # noqa: E402
+from planner.solvers.order import respects_order_rule, schedule_order  # noqa: E402
+from planner.solvers.remat.orders import candidate_orders, explore_orders, greedy_order  # noqa: E402
+from planner.solvers.remat.problem import problem_from_graph  # noqa: E402
 
 
 @pytest.fixture(scope="module")

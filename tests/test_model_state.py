@@ -10,11 +10,11 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from planner.errors import InputError
-from planner.graph import FixedMemory, Graph, ModelState, ParameterState
-from planner.io import graph_from_dict, load_graph, write_json
-from planner.memory_model import StepMemory, model_state_breakdown, step_memory
-from planner.synthetic import training_graph
+from planner.core.errors import InputError
+from planner.core.graph import FixedMemory, Graph, ModelState, ParameterState
+from planner.core.io import graph_from_dict, load_graph, write_json
+from planner.core.synthetic import training_graph
+from planner.sim.step_memory import StepMemory, model_state_breakdown, step_memory
 
 M = 10**6
 # (optimizer, precision) -> ZeRO stage -> (parameters, gradients, optimizer) MB per device for
@@ -292,9 +292,9 @@ def test_traced_model_fills_model_state() -> None:
 def test_unsharded_gradient_output_is_the_held_buffer_not_counted_twice() -> None:
     """Under gradient_lifetime 'backward' the gradient node's output is the .grad buffer: the
     simulator charges it once, from its computation to the end of the step."""
-    from planner.graph import Edge, Graph, Node, Phase
-    from planner.plan import compute, free
-    from planner.simulator import simulate
+    from planner.core.graph import Edge, Graph, Node, Phase
+    from planner.core.plan import compute, free
+    from planner.sim.simulator import simulate
 
     nodes = [
         Node(id=0, name="x", phase=Phase.forward, output_bytes=1000),

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from api_server import ServerProcess, running_server, wait_finished
 
-from planner.synthetic import training_graph
+from planner.core.synthetic import training_graph
 
 GRAPH = training_graph(12, skip=2, seed=7, fixed_bytes=4096)
 DOC = GRAPH.model_dump(mode="json")

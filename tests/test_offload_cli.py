@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from planner.core.graph import Graph
+from planner.core.io import load_plan, write_json
+from planner.core.plan import ActionOp, PlanStatus
+from planner.core.synthetic import training_graph
 from planner.engine.gantt_plot import stream_intervals
 from planner.engine.registry import BUILTIN_METHODS, register_method
 from planner.engine.transfer_report import simulated_transfer_figures
-from planner.graph import Graph
-from planner.io import load_plan, write_json
-from planner.plan import ActionOp, PlanStatus
-from planner.simulator import simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all
-from solvers.request import MethodResult, SolveRequest
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all
+from planner.solvers.request import MethodResult, SolveRequest
 
 GRAPH = training_graph(12, skip=2, seed=7, fixed_bytes=4096)
 HOST = 2**34
@@ -28,7 +28,7 @@ MACHINE = {"preset": "h100-pcie-gen5", "host_memory_bytes": HOST}
 
 def hand_offload(request: SolveRequest) -> MethodResult:
     """A plugin method: store-all with every boundary tensor offloaded (a hand-built plan)."""
-    from runtime.offload_plans import boundary_offload
+    from planner.runtime.offload_plans import boundary_offload
 
     actions = boundary_offload(request.graph, store_all(request.graph))
     return MethodResult(actions=actions, status=PlanStatus.feasible)
@@ -37,7 +37,7 @@ def hand_offload(request: SolveRequest) -> MethodResult:
 register_method("hand-offload", f"{__name__}:hand_offload")
 OFFLOAD = "offload-greedy"  # a planner of solvers/offload
 if OFFLOAD not in BUILTIN_METHODS:  # not registered yet: as a plugin, from where it lives
-    register_method(OFFLOAD, "solvers.offload.methods:offload_greedy")
+    register_method(OFFLOAD, "planner.solvers.offload.methods:offload_greedy")
 
 
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,

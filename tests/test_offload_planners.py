@@ -1,4 +1,4 @@
-"""Offload planners (solvers.offload): plans within device and host budgets per the event
+"""Offload planners (planner.solvers.offload): plans within device and host budgets per the event
 simulator, the POFO DP against brute force, remat+offload never slower than pure remat, and the
 MILP's gap reported only for its own space."""
 
@@ -9,19 +9,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from planner.errors import InputError
-from planner.plan import ActionOp
-from planner.resources import resources_preset
-from planner.simulator import simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all
-from solvers.chain.model import Chain, Stage
-from solvers.chain.sequence import Op, OpKind
-from solvers.offload import methods
-from solvers.offload.hybrid import improve_with_offload
-from solvers.offload.pofo import Item, Mark, OffloadChain, replay, solve_pofo
-from solvers.remat.auto import solve_auto
-from solvers.request import SolveRequest
+from planner.core.errors import InputError
+from planner.core.plan import ActionOp
+from planner.core.resources import resources_preset
+from planner.core.synthetic import training_graph
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all
+from planner.solvers.chain.model import Chain, Stage
+from planner.solvers.chain.sequence import Op, OpKind
+from planner.solvers.offload import methods
+from planner.solvers.offload.hybrid import improve_with_offload
+from planner.solvers.offload.pofo import Item, Mark, OffloadChain, replay, solve_pofo
+from planner.solvers.remat.auto import solve_auto
+from planner.solvers.request import SolveRequest
 
 HOST = 2**36
 GRAPH = training_graph(10, skip=3, seed=5)
@@ -49,7 +49,7 @@ def test_plans_fit_device_and_host_per_simulator(name: str, fraction: float) -> 
     if r.actions is None:  # the baselines users have today may miss the budget, and the
         # chain DP where the linearised chain is too coarse (Rotor finds nothing either)
         if name == "pofo":
-            from solvers.chain.methods import rotor
+            from planner.solvers.chain.methods import rotor
 
             assert rotor(req).actions is None
             return
@@ -63,7 +63,7 @@ def test_plans_fit_device_and_host_per_simulator(name: str, fraction: float) -> 
 
 
 def test_pofo_on_a_chain_beats_rotor_with_copies() -> None:
-    from solvers.chain.methods import rotor
+    from planner.solvers.chain.methods import rotor
 
     graph = training_graph(16, seed=3)
     peak = simulate(graph, store_all(graph)).peak_bytes
@@ -80,8 +80,8 @@ def test_pofo_on_a_chain_beats_rotor_with_copies() -> None:
 
 
 def test_pofo_on_a_module_level_chain_fits_and_uses_copies() -> None:
-    from solvers.chain.layout import chain_graph
-    from solvers.chain.model import homogeneous_chain
+    from planner.solvers.chain.layout import chain_graph
+    from planner.solvers.chain.model import homogeneous_chain
 
     chain = homogeneous_chain(12, forward_ms=2.0, backward_ms=4.0, output_bytes=2**24,
                               saved_bytes=3 * 2**24)
@@ -213,8 +213,8 @@ def test_pofo_dp_is_optimal_against_brute_force(seed: int) -> None:
 
 
 def test_exact_model_on_cpsat_fits_and_its_grid_keeps_rows_tight() -> None:
-    from solvers.offload.integral import integral_model, original_values
-    from solvers.remat.linear import INF, LinearModel
+    from planner.solvers.offload.integral import integral_model, original_values
+    from planner.solvers.remat.linear import INF, LinearModel
 
     req = request(0.6, backend="cpsat")
     r = methods.offload_milp(req)

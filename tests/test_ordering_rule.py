@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from planner.graph import Edge, Graph, Node, Phase
-from planner.io import graph_from_dict
-from planner.synthetic import training_graph
+from planner.core.graph import Edge, Graph, Node, Phase
+from planner.core.io import graph_from_dict
+from planner.core.synthetic import training_graph
 
 F, L, B = Phase.forward, Phase.loss, Phase.backward
 

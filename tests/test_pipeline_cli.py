@@ -10,14 +10,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.errors import install_error_handlers
-from api.pipeline_routes import pipeline_router
 from planner.cli import main as cli_main
 from planner.cli import pipeline_cmds
-from planner.io import load_plan, write_json
-from planner.pipeline_actions import rank_actions_from_csv
-from planner.simulator import simulate
-from solvers.pipeline.chains import chain_graph, transformer_layers
+from planner.core.io import load_plan, write_json
+from planner.core.pipeline_actions import rank_actions_from_csv
+from planner.service.errors import install_error_handlers
+from planner.service.pipeline_routes import pipeline_router
+from planner.sim.simulator import simulate
+from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 
 GRAPH = chain_graph(transformer_layers(6, 512, 8, 32000, 512, 2))  # tok, h.0..h.5, head
 

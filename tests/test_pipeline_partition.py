@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from planner.events_stages import stage_costs
-from solvers.pipeline.baselines import baseline_partition, layer_balanced
-from solvers.pipeline.chains import LayerSpec, chain_graph, transformer_layers
-from solvers.pipeline.dp import dp_partition, least_memory_split
-from solvers.pipeline.ilp import ilp_partition
-from solvers.pipeline.problem import PipelineProblem, Split
-from solvers.pipeline.units import UnitChain, unit_key
+from planner.sim.stage_costs import stage_costs
+from planner.solvers.pipeline.baselines import baseline_partition, layer_balanced
+from planner.solvers.pipeline.chains import LayerSpec, chain_graph, transformer_layers
+from planner.solvers.pipeline.dp import dp_partition, least_memory_split
+from planner.solvers.pipeline.ilp import ilp_partition
+from planner.solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.units import UnitChain, unit_key
 
 MiB = 2**20
 
@@ -144,7 +144,7 @@ def test_first_stage_holds_most_under_1f1b() -> None:
 
 
 def test_parameters_of_submodules_go_to_their_block() -> None:
-    from planner.graph import ModelState, ParameterState
+    from planner.core.graph import ModelState, ParameterState
 
     g = chain_graph([LayerSpec(f"h.{i}", 1, 2, MiB, MiB, 0) for i in range(4)])
     params = [ParameterState(name=f"h.{i}.attn.qkv.weight", module_path=f"h.{i}.attn.qkv",

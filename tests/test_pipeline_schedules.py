@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import InputError
-from planner.events_pipeline import simulate_pipeline, simulate_pipeline_spans
-from planner.events_result import PlanError
-from planner.pipeline_actions import (
+from planner.core.errors import InputError
+from planner.core.pipeline_actions import (
     PipelineOp,
     rank_actions_from_csv,
     rank_actions_to_csv,
 )
-from solvers.pipeline.chains import LayerSpec, chain_graph
-from solvers.pipeline.problem import PipelineProblem, Split
-from solvers.pipeline.schedules import (
+from planner.sim.pipeline_ranks import simulate_pipeline, simulate_pipeline_spans
+from planner.sim.result import PlanError
+from planner.solvers.pipeline.chains import LayerSpec, chain_graph
+from planner.solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.schedules import (
     check_schedule,
     compute_lists,
     inflight_counts,
     with_communication,
 )
-from solvers.pipeline.units import UnitChain
+from planner.solvers.pipeline.units import UnitChain
 
 MiB = 2**20
 

@@ -12,9 +12,9 @@ import pytest
 from conftest import make_graph
 from pydantic import ValidationError
 
-from planner.block_plan import BlockPlan
-from planner.io import load_graph, load_plan, plan_from_dict
-from planner.pipeline_actions import (
+from planner.core.block_plan import BlockPlan
+from planner.core.io import load_graph, load_plan, plan_from_dict
+from planner.core.pipeline_actions import (
     Partition,
     PipelineAction,
     PipelineOp,
@@ -25,7 +25,7 @@ from planner.pipeline_actions import (
     rank_actions_to_csv,
     rank_actions_to_text,
 )
-from planner.plan import (
+from planner.core.plan import (
     Action,
     ActionOp,
     Plan,
@@ -41,8 +41,8 @@ from planner.plan import (
     plan_nodes,
     prefetch,
 )
-from planner.resources import Link, Resources
-from planner.simulator import simulate
+from planner.core.resources import Link, Resources
+from planner.sim.simulator import simulate
 
 DATA = Path(__file__).parent / "data"
 GPIPE = "0F0 0F1 0B0 0B1\n1F0 1F1 1B0 1B1"
@@ -194,7 +194,7 @@ def test_plan_json_schema_describes_v2() -> None:
 
 
 def test_block_plan_reads_the_chain_solvers_json() -> None:
-    from solvers.chain.blocks import BlockPlan as ChainBlockPlan
+    from planner.solvers.chain.blocks import BlockPlan as ChainBlockPlan
 
     chain = ChainBlockPlan.from_json(
         {"schema": "block-plan-1", "modes": "KKCRRCR", "forward_runs": [1, 1, 2, 2, 2, 2, 2]}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 
-from planner.graph import Graph
-from planner.plan import Action, plan_nodes
-from planner.simulator import simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import chen_sqrt, recompute_all, store_all_peak_bytes
-from solvers.remat.auto import solve_auto
-from solvers.remat.polish import keep_instead_of_recompute
+from planner.core.graph import Graph
+from planner.core.plan import Action, plan_nodes
+from planner.core.synthetic import random_dag, training_graph
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import chen_sqrt, recompute_all, store_all_peak_bytes
+from planner.solvers.remat.auto import solve_auto
+from planner.solvers.remat.polish import keep_instead_of_recompute
 
 
 def _cases() -> list[tuple[Graph, list[Action]]]:

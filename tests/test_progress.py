@@ -11,9 +11,9 @@ import pytest
 from api_server import ServerProcess, assert_valid_plan, running_server, wait_finished
 from corpus_like import corpus_like
 
+from planner.core.plan import PlanStatus
 from planner.engine.solve import solve
-from planner.plan import PlanStatus
-from solvers.baselines import store_all_peak_bytes
+from planner.solvers.baselines import store_all_peak_bytes
 
 GRAPH = corpus_like(14, 3, 1)  # no method proves its optimum at 0.7 within a few seconds
 BUDGET = math.ceil(0.7 * store_all_peak_bytes(GRAPH))

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 from test_remat_milp import varied_dag
 
-from planner.graph import Edge, Graph, Node
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.dtr import SCORES, best_dtr, dtr_depth_first_plan, dtr_plan
-from solvers.remat.exact import solve_milp
-from solvers.remat.intervals import solve_intervals
-from solvers.remat.problem import problem_from_graph
+from planner.core.graph import Edge, Graph, Node
+from planner.core.synthetic import random_dag, training_graph
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.dtr import SCORES, best_dtr, dtr_depth_first_plan, dtr_plan
+from planner.solvers.remat.exact import solve_milp
+from planner.solvers.remat.intervals import solve_intervals
+from planner.solvers.remat.problem import problem_from_graph
 
 
 def _cases() -> list[tuple[int, int]]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from planner.core.synthetic import random_dag, training_graph
 from planner.engine.solve import solve
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.exact import solve_milp
-from solvers.remat.lp_rounding import lp_relaxation, solve_lp_rounding
-from solvers.remat.problem import problem_from_graph
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.exact import solve_milp
+from planner.solvers.remat.lp_rounding import lp_relaxation, solve_lp_rounding
+from planner.solvers.remat.problem import problem_from_graph
 
 GRAPHS = [random_dag(8, seed=s, edge_probability=0.35) for s in range(6)] + [
     training_graph(5, skip=2, seed=1)

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from remat_bruteforce import brute_force_min_peak
 
+from planner.core.synthetic import random_dag, training_graph
 from planner.engine.solve import solve
 from planner.engine.sweep import parse_budgets, run_sweep
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.min_budget import min_budget
-from solvers.remat.problem import problem_from_graph
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.min_budget import min_budget
+from planner.solvers.remat.problem import problem_from_graph
 
 CLI = [sys.executable, "-m", "planner.cli.main"]
 
@@ -112,8 +112,8 @@ def test_bad_budget_spec_is_one_line(tmp_path: Path) -> None:
 
 
 def test_memory_aware_orders_are_topological_and_can_fit_more() -> None:
-    from solvers.baselines import store_all
-    from solvers.remat.orders import candidate_orders, explore_orders, with_order
+    from planner.solvers.baselines import store_all
+    from planner.solvers.remat.orders import candidate_orders, explore_orders, with_order
 
     g = random_dag(30, seed=7, edge_probability=0.15, max_bytes=50)
     edges = [(e.source, e.target) for e in g.edges]

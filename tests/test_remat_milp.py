@@ -8,14 +8,14 @@ import random
 import pytest
 from remat_bruteforce import brute_force_cost
 
-from planner.graph import FixedMemory, Graph, Node
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import BASELINES, store_all_peak_bytes
-from solvers.remat.backends import MIP_BACKENDS, objective_scale, scaled_cost
-from solvers.remat.exact import solve_milp
-from solvers.remat.milp import build_checkmate
-from solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
+from planner.core.graph import FixedMemory, Graph, Node
+from planner.core.synthetic import random_dag, training_graph
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import BASELINES, store_all_peak_bytes
+from planner.solvers.remat.backends import MIP_BACKENDS, objective_scale, scaled_cost
+from planner.solvers.remat.exact import solve_milp
+from planner.solvers.remat.milp import build_checkmate
+from planner.solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
 
 
 def varied_dag(seed: int) -> Graph:

@@ -11,12 +11,12 @@ import time
 import pytest
 from test_memory_model_props import random_training_graph
 
-from planner.graph import Graph
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_layered_dag
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.problem import problem_from_graph
-from solvers.remat.retention import RetentionPlan, tight_budget_plan
+from planner.core.graph import Graph
+from planner.core.synthetic import random_layered_dag
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.problem import problem_from_graph
+from planner.solvers.remat.retention import RetentionPlan, tight_budget_plan
 
 
 def budget(graph: Graph, fraction: float) -> int:

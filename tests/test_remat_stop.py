@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
-from planner.simulator import simulate
-from planner.synthetic import training_graph
-from solvers.baselines import store_all_peak_bytes
-from solvers.remat.dtr import best_dtr
-from solvers.remat.exact import solve_milp
-from solvers.remat.intervals import solve_intervals
-from solvers.remat.problem import problem_from_graph
-from solvers.remat.stop import SearchStop, StallWatch
+from planner.core.synthetic import training_graph
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import store_all_peak_bytes
+from planner.solvers.remat.dtr import best_dtr
+from planner.solvers.remat.exact import solve_milp
+from planner.solvers.remat.intervals import solve_intervals
+from planner.solvers.remat.problem import problem_from_graph
+from planner.solvers.remat.stop import SearchStop, StallWatch
 
 
 def _hard_problem():  # type: ignore[no-untyped-def]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import InputError
-from planner.resources import (
+from planner.core.errors import InputError
+from planner.core.resources import (
     GB,
     LINK_PRESETS,
     PRESETS,

@@ -1,4 +1,5 @@
-"""runtime.agent.plan_for: against a real service on loopback, no service, and a dead URL."""
+"""planner.runtime.agent.plan_for: against a real service on loopback, no service, and a dead
+URL."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from runtime_helpers import TINY, eager_step, planned_step  # noqa: E402
 
-from planner.errors import NoPlanFits  # noqa: E402
-from runtime.agent import plan_for  # noqa: E402
+from planner.core.errors import NoPlanFits  # noqa: E402
+from planner.runtime.agent import plan_for  # noqa: E402
 
 
 def _check_module(module, model, inputs) -> None:
@@ -96,10 +97,10 @@ def test_a_step_measured_over_budget_is_planned_again(tmp_path: Path, monkeypatc
     tightened by the excess, and the step then fits as measured."""
     import dataclasses
 
-    import runtime.measure as measure
+    import planner.runtime.measure as measure
     from planner import zoo
+    from planner.solvers.baselines import store_all_peak_bytes
     from planner.tracing.api import trace
-    from solvers.baselines import store_all_peak_bytes
 
     # Activations well above fixed memory, so that tighter plans exist.
     model, inputs = zoo.mlp(batch_size=64, in_features=16, hidden=32, depth=4)

@@ -1,4 +1,5 @@
-"""runtime.apply: gradient parity with eager PyTorch under plans of every method, and refusals."""
+"""planner.runtime.apply: gradient parity with eager PyTorch under plans of every method, and
+refusals."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from runtime_helpers import (  # noqa: E402
     traced,
 )
 
-from planner.errors import InputError  # noqa: E402
-from planner.plan import PlanStatus  # noqa: E402
-from runtime.apply import PlanMismatch, apply  # noqa: E402
+from planner.core.errors import InputError  # noqa: E402
+from planner.core.plan import PlanStatus  # noqa: E402
+from planner.runtime.apply import PlanMismatch, apply  # noqa: E402
 
 MODELS = ("mlp", "cnn", "gpt")
 _CACHE: dict[str, Traced] = {}

@@ -11,13 +11,13 @@ from runtime_helpers import eager_step, planned_step  # noqa: E402
 from planner import zoo  # noqa: E402
 from planner.engine.registry import method_names  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
-from runtime.apply import apply  # noqa: E402
-from runtime.block_executor import (  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
+from planner.runtime.block_executor import (  # noqa: E402
     BlockPlanError,
     BlockPlannedModule,
     stage_names_of,
 )
-from runtime.measure import measure_step, training_step  # noqa: E402
+from planner.runtime.measure import measure_step, training_step  # noqa: E402
 
 _CACHE: dict[str, object] = {}
 

@@ -17,9 +17,9 @@ def test_cuda_plan_matches_eager_and_prediction() -> None:
 
     from planner import zoo
     from planner.engine.solve import solve
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import measure_step, training_step
     from planner.tracing.api import trace
-    from runtime.apply import apply
-    from runtime.measure import measure_step, training_step
 
     model, inputs = zoo.gpt(batch_size=8, context=64, dim=128, layers=2, vocab=512, dropout=0.1)
     model = model.cuda()

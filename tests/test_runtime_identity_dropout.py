@@ -11,8 +11,8 @@ from runtime_helpers import eager_step, planned_step  # noqa: E402
 from test_trace_fidelity_shapes import Attention  # noqa: E402
 
 from planner.engine.solve import solve  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
 from planner.tracing import trace  # noqa: E402
-from runtime.apply import apply  # noqa: E402
 
 
 @pytest.mark.parametrize("method", ["store-all", "recompute-all"])

@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 
 from runtime_helpers import plan_or_skip, traced  # noqa: E402
 
-from runtime.apply import apply  # noqa: E402
-from runtime.measure import measure_step, training_step  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
+from planner.runtime.measure import measure_step, training_step  # noqa: E402
 
 TOLERANCE = 1.10
 

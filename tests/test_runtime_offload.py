@@ -1,4 +1,5 @@
-"""runtime.apply with host copies (O/P/D): gradient parity with eager PyTorch, device memory as
+"""planner.runtime.apply with host copies (O/P/D): gradient parity with eager PyTorch, device
+memory as
 the simulator predicts it, host bytes exactly as it counts them, and bad plans refused in one
 line naming the action. CPU: copies are real copies into a host pool the storage tracker does
 not count as device memory. The CUDA path is tested in test_runtime_offload_gpu.py."""
@@ -11,14 +12,14 @@ torch = pytest.importorskip("torch")
 
 from runtime_helpers import Traced, eager_step, planned_step, traced  # noqa: E402
 
-from planner.errors import InputError  # noqa: E402
-from planner.plan import Action, Plan, PlanKind, PlanStatus, actions_from_text  # noqa: E402
-from planner.resources import resources_preset  # noqa: E402
-from planner.simulator import simulate  # noqa: E402
-from runtime.apply import apply  # noqa: E402
-from runtime.measure import measure_step, training_step  # noqa: E402
-from runtime.offload_plans import boundary_offload_plan  # noqa: E402
-from solvers.baselines import chen_sqrt, store_all  # noqa: E402
+from planner.core.errors import InputError  # noqa: E402
+from planner.core.plan import Action, Plan, PlanKind, PlanStatus, actions_from_text  # noqa: E402
+from planner.core.resources import resources_preset  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
+from planner.runtime.measure import measure_step, training_step  # noqa: E402
+from planner.runtime.offload_plans import boundary_offload_plan  # noqa: E402
+from planner.sim.simulator import simulate  # noqa: E402
+from planner.solvers.baselines import chen_sqrt, store_all  # noqa: E402
 
 TOLERANCE = 1.10  # measured device peak vs predicted, as tests/test_runtime_memory.py
 RESOURCES = resources_preset("h100-pcie-gen5").model_copy(update={"host_memory_bytes": 2**34})
@@ -176,7 +177,7 @@ def test_tuple_elements_of_other_nodes_survive_the_round_trip() -> None:
     """A dropout offloaded before its mask's own node is computed: the mask lives only in the
     op's tuple, so it travels with it, and computing the mask node from the reloaded tuple
     gives eager's mask (and gradients)."""
-    from runtime.offload_program import OffloadProgram
+    from planner.runtime.offload_program import OffloadProgram
 
     t = model_named("gpt")
     graph = t.graph

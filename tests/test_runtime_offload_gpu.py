@@ -18,8 +18,8 @@ pytestmark = [
 
 def _setup(costs: str = "estimate") -> tuple[Any, ...]:
     from planner import zoo
+    from planner.runtime.offload_measure import measured_resources
     from planner.tracing.api import trace
-    from runtime.offload_measure import measured_resources
 
     model, inputs = zoo.gpt(batch_size=8, context=256, dim=512, layers=4, vocab=1024, dropout=0.1)
     model = model.cuda()
@@ -31,10 +31,10 @@ def _setup(costs: str = "estimate") -> tuple[Any, ...]:
 def test_cuda_offload_matches_eager_and_the_prediction() -> None:
     from runtime_helpers import eager_step, planned_step
 
-    from runtime.apply import apply
-    from runtime.measure import measure_step, training_step
-    from runtime.offload_plans import boundary_offload_plan
-    from solvers.baselines import chen_sqrt, store_all
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import measure_step, training_step
+    from planner.runtime.offload_plans import boundary_offload_plan
+    from planner.solvers.baselines import chen_sqrt, store_all
 
     model, inputs, result, resources = _setup()
     graph = result.graph
@@ -58,10 +58,10 @@ def test_cuda_offload_matches_eager_and_the_prediction() -> None:
 
 
 def test_cuda_step_time_near_the_predicted_makespan() -> None:
-    from runtime.apply import apply
-    from runtime.measure import time_steps, training_step
-    from runtime.offload_plans import boundary_offload_plan
-    from solvers.baselines import store_all
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import time_steps, training_step
+    from planner.runtime.offload_plans import boundary_offload_plan
+    from planner.solvers.baselines import store_all
 
     model, inputs, result, resources = _setup(costs="measure")
     graph = result.graph
@@ -76,11 +76,11 @@ def test_cuda_step_time_near_the_predicted_makespan() -> None:
 
 
 def test_cuda_side_by_side_with_save_on_cpu() -> None:
-    from runtime.apply import apply
-    from runtime.measure import measure_step, time_steps, training_step
-    from runtime.offload_measure import save_on_cpu_step
-    from runtime.offload_plans import boundary_offload_plan
-    from solvers.baselines import store_all
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import measure_step, time_steps, training_step
+    from planner.runtime.offload_measure import save_on_cpu_step
+    from planner.runtime.offload_plans import boundary_offload_plan
+    from planner.solvers.baselines import store_all
 
     model, inputs, result, resources = _setup()
     graph = result.graph

@@ -1,4 +1,5 @@
-"""runtime.pipeline on CPU with gloo in 2 and 4 processes: parity with the single-process step
+"""planner.runtime.pipeline on CPU with gloo in 2 and 4 processes: parity with the single-process
+step
 (loss and every parameter's gradient, gathered), measured per-rank peak against the
 simulator's, recomputation, torch's built-in schedules, and the split's clear errors.
 
@@ -12,20 +13,20 @@ import pytest
 import torch
 
 from planner import zoo
-from planner.errors import InputError
-from planner.events_pipeline import simulate_pipeline
-from planner.pipeline_actions import (
+from planner.core.errors import InputError
+from planner.core.pipeline_actions import (
     Partition,
     PipelineAction,
     pipeline_action,
     rank_actions_from_text,
 )
-from planner.pipeline_actions import PipelineStage as StageSpec
-from planner.plan import Plan, PlanStatus
-from planner.resources import Resources
+from planner.core.pipeline_actions import PipelineStage as StageSpec
+from planner.core.plan import Plan, PlanStatus
+from planner.core.resources import Resources
+from planner.runtime.pipeline_launch import run_local
+from planner.runtime.pipeline_split import split_model
+from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.tracing.api import trace
-from runtime.pipeline_launch import run_local
-from runtime.pipeline_split import split_model
 
 BATCH, MICROBATCHES = 8, 4
 GPT: dict[str, Any] = {"context": 32, "dim": 32, "layers": 8, "vocab": 64, "dropout": 0.0}
@@ -91,7 +92,7 @@ def make_plan(cfg: dict[str, Any], *, with_overrides: bool = False) -> Plan:
 
 
 def _worker(rank: int, world: int, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from runtime.pipeline import build_pipeline, gather_gradients, gather_memory
+    from planner.runtime.pipeline import build_pipeline, gather_gradients, gather_memory
 
     out = []
     reference, inputs = zoo.gpt(batch_size=BATCH, **GPT)

@@ -15,16 +15,16 @@ import time
 import networkx as nx
 import pytest
 
+from planner.core.errors import InputError
+from planner.core.graph import Graph, Phase, generation_order
+from planner.core.plan import Action, Plan, PlanStatus, compute, free
+from planner.core.synthetic import random_dag, training_graph
 from planner.engine.deadline import ANSWER_MARGIN_S, METHOD_GRACE_S
 from planner.engine.judge import is_staged
 from planner.engine.registry import register_method
 from planner.engine.solve import solve
-from planner.errors import InputError
-from planner.graph import Graph, Phase, generation_order
-from planner.plan import Action, Plan, PlanStatus, compute, free
-from planner.simulator import lower_bound_peak_bytes, simulate
-from planner.synthetic import random_dag, training_graph
-from solvers.baselines import (
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import (
     BASELINES,
     ScheduleAbandoned,
     bounded_baselines,
@@ -32,9 +32,9 @@ from solvers.baselines import (
     recompute_all,
     store_all_peak_bytes,
 )
-from solvers.order import schedule_order
-from solvers.remat.problem import problem_from_graph, staged_from_actions
-from solvers.request import MethodResult, SolveRequest
+from planner.solvers.order import schedule_order
+from planner.solvers.remat.problem import problem_from_graph, staged_from_actions
+from planner.solvers.request import MethodResult, SolveRequest
 
 RELEASE = threading.Event()  # set at the end of each test: abandoned slow methods then return
 CALLS_AFTER_RETURN: list[float] = []
@@ -289,7 +289,7 @@ def test_a_plan_that_cannot_be_judged_in_time_is_not_taken_unjudged(
 
 
 def test_simulate_stops_at_its_deadline() -> None:
-    from planner.simulator import SimulationAbandoned
+    from planner.sim.simulator import SimulationAbandoned
 
     actions = BASELINES["store-all"](GRAPH, None)
     with pytest.raises(SimulationAbandoned):
@@ -315,7 +315,7 @@ def test_a_method_out_of_time_without_a_plan_is_answered_by_a_fitting_baseline()
 
 @pytest.mark.parametrize("graph", _graphs(), ids=lambda g: g.metadata.model_name)
 def test_store_all_is_the_scheduler_keeping_everything(graph: Graph) -> None:
-    from solvers.baselines import store_all
+    from planner.solvers.baselines import store_all
 
     assert store_all(graph) == _reference_schedule(graph, schedule_order(graph), False)
 

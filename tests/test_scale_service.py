@@ -7,8 +7,8 @@ from pathlib import Path
 
 from api_server import ServerProcess, assert_valid_plan, wait_finished
 
+from planner.core.synthetic import training_graph
 from planner.engine.deadline import ANSWER_MARGIN_S
-from planner.synthetic import training_graph
 
 GRAPH = training_graph(40, skip=3, seed=3)
 

@@ -1,6 +1,6 @@
 """The simulator and the runtime agree (issue 12): over zoo models x every registered method x
 several budgets, each plan is either rejected by the simulator (not feasible) or runs in
-`runtime.apply` with loss and gradients equal to eager PyTorch (dropout replayed).
+`planner.runtime.apply` with loss and gradients equal to eager PyTorch (dropout replayed).
 
 Each model is traced once per module; the solver methods get a short time limit (the whole
 grid, 144 cases, takes about two minutes on two cores).
@@ -17,14 +17,14 @@ torch = pytest.importorskip("torch")
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
 from planner import zoo  # noqa: E402
+from planner.core.plan import PlanStatus  # noqa: E402
+from planner.core.resources import resources_preset  # noqa: E402
 from planner.engine.offload_checks import is_offload_method  # noqa: E402
 from planner.engine.registry import BUILTIN_METHODS, method_names  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
-from planner.plan import PlanStatus  # noqa: E402
-from planner.resources import resources_preset  # noqa: E402
-from planner.simulator import PlanError, simulate  # noqa: E402
-from runtime.apply import apply  # noqa: E402
-from solvers.baselines import store_all  # noqa: E402
+from planner.runtime.apply import apply  # noqa: E402
+from planner.sim.simulator import PlanError, simulate  # noqa: E402
+from planner.solvers.baselines import store_all  # noqa: E402
 
 MODELS: dict[str, Any] = {
     "mlp-dropout": lambda: zoo.mlp(batch_size=4, in_features=16, hidden=32, depth=2),

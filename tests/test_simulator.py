@@ -8,9 +8,8 @@ from conftest import make_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.events import simulate_streams
-from planner.graph import Edge, FixedMemory, Graph, Node
-from planner.plan import (
+from planner.core.graph import Edge, FixedMemory, Graph, Node
+from planner.core.plan import (
     Action,
     ActionOp,
     Plan,
@@ -21,9 +20,10 @@ from planner.plan import (
     free,
     offload,
 )
-from planner.resources import Link, Resources
-from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
-from solvers.baselines import store_all
+from planner.core.resources import Link, Resources
+from planner.sim.copy_streams import simulate_streams
+from planner.sim.simulator import PlanError, lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import store_all
 
 
 def acts(text: str) -> list[Action]:

@@ -18,7 +18,7 @@ def test_trace_zoo_model_writes_graph_json(cli, tmp_path) -> None:  # type: igno
     summary = json.loads(r.stdout)
     assert summary["nodes"] > 10 and summary["backward_ms"] > 0
     assert len(summary["largest_activations"]) == 10
-    from planner.io import load_graph
+    from planner.core.io import load_graph
 
     graph = load_graph(out)
     assert graph.metadata.batch_size == 8 and len(graph.nodes) == summary["nodes"]

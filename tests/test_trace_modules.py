@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.errors import InputError  # noqa: E402
-from planner.graph import Phase  # noqa: E402
+from planner.core.errors import InputError  # noqa: E402
+from planner.core.graph import Phase  # noqa: E402
 from planner.tracing import trace  # noqa: E402
 from planner.tracing.memory import measure_step_memory  # noqa: E402
 from planner.tracing.profiles import load_profile  # noqa: E402
@@ -49,7 +49,7 @@ def test_block_output_bytes_are_real_and_chain_json_loads() -> None:
     assert stages["h.0"]["output_bytes"] == batch * context * dim * 4
     assert stages["h.0"]["saved_bytes"] > 4 * stages["h.0"]["output_bytes"]
     assert result.graph.nodes[0].cost_source.value == "measured"
-    chain_model = pytest.importorskip("solvers.chain.model")
+    chain_model = pytest.importorskip("planner.solvers.chain.model")
     doc = chain_model.ChainDocument.model_validate(json.loads(json.dumps(result.details["chain"])))
     assert doc.to_chain().length == len(stages)
 

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.graph import Phase  # noqa: E402
-from planner.memory_model import model_state_breakdown  # noqa: E402
+from planner.core.graph import Phase  # noqa: E402
+from planner.sim.step_memory import model_state_breakdown  # noqa: E402
 from planner.tracing import trace  # noqa: E402
 from planner.tracing.capture import CaptureError  # noqa: E402
 from planner.tracing.costs import joint_arguments, run_joint  # noqa: E402

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from api_server import REPO_ROOT, ServerProcess, running_server, wait_finished
 
-from planner.graph import Graph
-from planner.plan import Plan
-from planner.simulator import simulate
+from planner.core.graph import Graph
+from planner.core.plan import Plan
+from planner.sim.simulator import simulate
 
 pytestmark = pytest.mark.timeout(300)
 

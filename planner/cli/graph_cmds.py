@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from planner.budget import format_bytes
 from planner.cli.options import ResourcesOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
-from planner.errors import InputError
+from planner.core.budget import format_bytes
+from planner.core.errors import InputError
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
@@ -30,9 +30,9 @@ def schema(
     """Print the JSON Schema of graph.json, plan.json or resources.json."""
     from pydantic import BaseModel
 
-    from planner.graph import Graph
-    from planner.plan import Plan
-    from planner.resources import Resources
+    from planner.core.graph import Graph
+    from planner.core.plan import Plan
+    from planner.core.resources import Resources
 
     models: dict[str, type[BaseModel]] = {"graph": Graph, "plan": Plan, "resources": Resources}
     if which not in models:
@@ -46,8 +46,8 @@ def import_checkmate(
     as_json: JsonFlag = False,
 ) -> None:
     """Convert a Checkmate/Moccasin node-link graph to graph.json (node ids kept)."""
-    from planner.importers.checkmate import import_checkmate_file
-    from planner.io import write_json
+    from planner.core.importers.checkmate import import_checkmate_file
+    from planner.core.io import write_json
 
     graph = import_checkmate_file(source)
     write_json(output, graph)
@@ -61,9 +61,9 @@ def import_checkmate(
 
 def graph_info(graph_path: Path) -> dict[str, object]:
     from planner.engine.inputs import load_graph
-    from planner.memory_model import model_state_breakdown, step_memory
-    from planner.simulator import lower_bound_peak_bytes
-    from solvers.baselines import store_all_peak_bytes
+    from planner.sim.simulator import lower_bound_peak_bytes
+    from planner.sim.step_memory import model_state_breakdown, step_memory
+    from planner.solvers.baselines import store_all_peak_bytes
 
     graph = load_graph(graph_path)
     state = model_state_breakdown(graph)
@@ -133,9 +133,9 @@ def validate(
     as_json: JsonFlag = False,
 ) -> None:
     """Check a graph.json, and a plan.json against it (exit 2 with the first problem)."""
+    from planner.core.io import load_plan
     from planner.engine.inputs import load_graph
-    from planner.io import load_plan
-    from planner.simulator import PlanError, simulate
+    from planner.sim.simulator import PlanError, simulate
 
     graph = load_graph(graph_path)
     result: dict[str, object] = {
@@ -187,9 +187,9 @@ def simulate_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Replay a plan: peak memory, compute cost and the memory timeline."""
+    from planner.core.io import load_plan
     from planner.engine.inputs import load_graph
-    from planner.io import load_plan
-    from planner.simulator import PlanError, simulate
+    from planner.sim.simulator import PlanError, simulate
 
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from planner.errors import InputError, NoPlanFits
+from planner.core.errors import InputError, NoPlanFits
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_PLAN = 0, 2, 3
 

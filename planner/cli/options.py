@@ -1,6 +1,6 @@
 """Options shared by several commands: the machine a plan is for (`--resources`), the memory
 budget (`--budget`, one grammar with the REST API) and the solver's time limit (`--time-limit`,
-validated once by `planner.limits`)."""
+validated once by `planner.core.limits`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from planner.resources import Resources
+    from planner.core.resources import Resources
 
 ResourcesOpt = Annotated[
     str | None,
@@ -31,7 +31,7 @@ def _checked_time_limit(value: float | None) -> float | None:
     """Click callback: finite, > 0, at most a day; InputError (exit 2, one line) otherwise."""
     if value is None:
         return None
-    from planner.limits import check_time_limit
+    from planner.core.limits import check_time_limit
 
     return check_time_limit(value, "--time-limit")
 
@@ -54,7 +54,7 @@ def resolve_resources(value: str | None) -> Resources | None:
     """A resources.json path when one exists (or the value ends in .json), else a preset name."""
     if value is None:
         return None
-    from planner.resources import load_resources, resources_preset
+    from planner.core.resources import load_resources, resources_preset
 
     if value.endswith(".json") or Path(value).is_file():
         return load_resources(value)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from planner.budget import format_bytes
 from planner.cli.options import ResourcesOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
-from planner.errors import InputError
+from planner.core.budget import format_bytes
+from planner.core.errors import InputError
 
 if TYPE_CHECKING:
     from planner.engine.partition import PartitionReport, SweepRow
@@ -100,11 +100,11 @@ def partition_cmd(
                             **common)  # type: ignore[arg-type]
     plan = report.plan
     if output is not None:
-        from planner.io import write_json
+        from planner.core.io import write_json
 
         write_json(output, plan)
     if csv_out is not None:
-        from planner.pipeline_actions import rank_actions_to_csv
+        from planner.core.pipeline_actions import rank_actions_to_csv
 
         assert plan.rank_actions is not None
         csv_out.write_text(rank_actions_to_csv(plan.rank_actions))
@@ -213,7 +213,7 @@ def memory_cmd(
     state = device_breakdown(graph)
     ranks = None
     if plan_path is not None:
-        from planner.io import load_plan
+        from planner.core.io import load_plan
 
         changed = any(x is not None for x in (optimizer, precision, zero, dp))
         ranks = rank_breakdown(graph, load_plan(plan_path), check_hash=not changed)

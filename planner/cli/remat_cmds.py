@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from planner.budget import format_bytes
 from planner.cli.options import TimeLimitOpt, TimeLimitPerBudgetOpt
 from planner.cli.output import console, key_value_table, print_json
+from planner.core.budget import format_bytes
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 GraphArg = Annotated[
@@ -33,16 +33,16 @@ def min_budget_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """The least memory budget for which a plan exists: a plan achieving it plus a bound."""
+    from planner.core.io import write_json
+    from planner.core.plan import PlanStatus
     from planner.engine.inputs import load_graph
     from planner.engine.solve import checked_plan
-    from planner.io import write_json
-    from planner.plan import PlanStatus
-    from solvers.baselines import store_all_peak_bytes
-    from solvers.remat.backends import MIP_BACKENDS
-    from solvers.request import MethodResult
+    from planner.solvers.baselines import store_all_peak_bytes
+    from planner.solvers.remat.backends import MIP_BACKENDS
+    from planner.solvers.request import MethodResult
 
     if backend not in MIP_BACKENDS or backend == "pulp-cbc":
-        from planner.errors import InputError
+        from planner.core.errors import InputError
 
         raise InputError(f"--backend {backend!r}: choose one of cpsat, scip, highs, cbc")
     graph = load_graph(graph_path)
@@ -82,14 +82,15 @@ def min_budget_cmd(
 
 
 def _min_budget_in_time(graph: Any, backend: str, time_limit_s: float, threads: int) -> Any:
-    """solvers.remat.min_budget within the time limit plus the engine's grace: when the search
+    """planner.solvers.remat.min_budget within the time limit plus the engine's grace: when the
+    search
     overruns, the least-peak affordable baseline (bounded by the trivial lower bound) answers
     instead, as `planner.engine.solve` does for methods."""
     import time
 
     from planner.engine.deadline import METHOD_GRACE_S, MethodRun, least_baseline
-    from planner.simulator import lower_bound_peak_bytes
-    from solvers.remat.min_budget import MinBudget, min_budget
+    from planner.sim.simulator import lower_bound_peak_bytes
+    from planner.solvers.remat.min_budget import MinBudget, min_budget
 
     started = time.perf_counter()
     run = MethodRun(lambda _: min_budget(graph, backend=backend, time_limit_s=time_limit_s,
@@ -99,7 +100,7 @@ def _min_budget_in_time(graph: Any, backend: str, time_limit_s: float, threads: 
     run.abandon()
     least = least_baseline(graph, started + time_limit_s + 2 * METHOD_GRACE_S)
     if least is None:
-        from planner.errors import InputError
+        from planner.core.errors import InputError
 
         raise InputError(f"min-budget: no plan found within the time limit of "
                          f"{time_limit_s:g} s; give it more time (--time-limit)")
@@ -133,7 +134,7 @@ def sweep_cmd(
     from planner.engine.inputs import load_graph
     from planner.engine.registry import load_method
     from planner.engine.sweep import parse_budgets, run_sweep
-    from solvers.baselines import store_all_peak_bytes
+    from planner.solvers.baselines import store_all_peak_bytes
 
     graph = load_graph(graph_path)
     load_method(method)  # unknown method: one line, before any process starts

@@ -14,10 +14,10 @@ import typer
 
 from planner.cli.options import BUDGET_HELP, OptionalTimeLimitOpt
 from planner.cli.output import console, key_value_table, print_json
-from planner.errors import InputError, NoPlanFits
+from planner.core.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
-    from planner.client import PlannerClient
+    from planner.service.client import PlannerClient
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOpt = Annotated[
@@ -53,9 +53,9 @@ def serve(
     Exit 4: the port is in use (nothing else is touched); exit 5: the service could not start."""
     from pydantic import ValidationError
 
-    from api.server import serve as run_service
-    from api.settings import load_settings
-    from planner.errors import describe_validation_error
+    from planner.core.errors import describe_validation_error
+    from planner.service.server import serve as run_service
+    from planner.service.settings import load_settings
 
     overrides: dict[str, Any] = {
         k: v
@@ -87,7 +87,7 @@ def _redact(url: str) -> str:
 
 
 def _client(server: str, token: str | None) -> PlannerClient:
-    from planner.client import PlannerClient
+    from planner.service.client import PlannerClient
 
     return PlannerClient(server, token)
 
@@ -95,7 +95,7 @@ def _client(server: str, token: str | None) -> PlannerClient:
 def _call(
     client: PlannerClient, method: str, path: str, **kwargs: Any
 ) -> tuple[int, dict[str, Any]]:
-    from planner.client import ServiceError
+    from planner.service.client import ServiceError
 
     try:
         return client.request(method, path, **kwargs)
@@ -115,7 +115,7 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Send a graph and a budget to the service; with --wait, poll and print the plan summary."""
-    from planner.io import read_json
+    from planner.core.io import read_json
 
     document = read_json(graph_path)
     body: dict[str, Any] = {"graph": document, "budget": _budget_value(budget), "method": method}
@@ -154,14 +154,14 @@ def status(
 def _budget_value(text: str) -> str:
     """The budget as written, checked here first (the service reads the same grammar), so a
     typo is one line before anything is sent."""
-    from planner.budget import parse_budget_spec
+    from planner.core.budget import parse_budget_spec
 
     parse_budget_spec(text, "--budget")
     return text.strip()
 
 
 def _poll(client: PlannerClient, plan_id: str, quiet: bool) -> dict[str, Any]:
-    from planner.client import ServiceError
+    from planner.service.client import ServiceError
 
     def show(job: dict[str, Any]) -> None:
         if not quiet:
@@ -178,7 +178,7 @@ def _poll(client: PlannerClient, plan_id: str, quiet: bool) -> dict[str, Any]:
 def _show(answer: dict[str, Any], as_json: bool, output: Path | None) -> None:
     plan = answer.get("plan")
     if output is not None and plan is not None and answer["status"] == "done":
-        from planner.io import write_json
+        from planner.core.io import write_json
 
         write_json(output, plan)
     if as_json:

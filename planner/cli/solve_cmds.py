@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from planner.budget import format_bytes, parse_budget
 from planner.cli.options import BUDGET_HELP, ResourcesOpt, TimeLimitOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
-from planner.errors import InputError, NoPlanFits
+from planner.core.budget import format_bytes, parse_budget
+from planner.core.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
+    from planner.core.graph import Graph
+    from planner.core.plan import Plan
+    from planner.core.resources import Resources
     from planner.engine.transfer_report import TransferFigures
-    from planner.graph import Graph
-    from planner.plan import Plan
-    from planner.resources import Resources
 
 EXIT_SOLVER_ERROR = 1  # the README's exit codes: 0 ok, 1 solver error, 2 bad input, 3 no plan
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -49,11 +49,11 @@ def run_solve(
     options: dict[str, object] | None = None,
     resources: Resources | None = None,
 ) -> None:
+    from planner.core.io import write_json
+    from planner.core.plan import PlanStatus
     from planner.engine.reports import plan_summary
     from planner.engine.solve import solve
-    from planner.io import write_json
-    from planner.plan import PlanStatus
-    from solvers.baselines import store_all_peak_bytes
+    from planner.solvers.baselines import store_all_peak_bytes
 
     if budget is not None:
         budget_bytes = parse_budget(budget, store_all_peak_bytes(graph), "--budget")
@@ -149,7 +149,7 @@ def _least_baseline(graph: Graph) -> tuple[int, str]:
     import time
 
     from planner.engine.deadline import least_baseline
-    from solvers.baselines import store_all_peak_bytes
+    from planner.solvers.baselines import store_all_peak_bytes
 
     least = least_baseline(graph, time.perf_counter() + 2.0)
     return (least.peak_bytes, least.name) if least is not None else (
@@ -241,8 +241,8 @@ def with_host_memory(resources: Resources | None, host_memory: str | None) -> Re
     """`resources` with host_memory_bytes from --host-memory (bytes with a unit; > 0)."""
     if host_memory is None:
         return resources
-    from planner.budget import parse_budget_spec
-    from planner.resources import resources_from_dict
+    from planner.core.budget import parse_budget_spec
+    from planner.core.resources import resources_from_dict
 
     spec = parse_budget_spec(host_memory, "--host-memory")
     if spec.bytes is None:

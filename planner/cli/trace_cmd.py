@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from planner.budget import format_bytes
 from planner.cli.output import console, key_value_table, print_json
-from planner.errors import InputError
+from planner.core.budget import format_bytes
+from planner.core.errors import InputError
 
 _INPUT_SPEC = re.compile(r"^\s*(\w+)\[([\d,\s]*)\](?::(\d+))?\s*$")
 
@@ -99,8 +99,8 @@ def _first(out: Any) -> Any:
 
 
 def trace_summary(result: Any) -> dict[str, Any]:
-    from planner.graph import Phase
-    from solvers.baselines import store_all_peak_bytes
+    from planner.core.graph import Phase
+    from planner.solvers.baselines import store_all_peak_bytes
 
     g = result.graph
     fwd = sum(n.compute_ms for n in g.nodes if n.phase is not Phase.backward)
@@ -187,7 +187,7 @@ def trace_cmd(
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from planner.io import write_json
+    from planner.core.io import write_json
     from planner.tracing import trace
 
     model, inputs = resolve_model(target, input_spec or [])

@@ -3,7 +3,7 @@
 A chain solver's block plan (`Plan.block_plan`: K/C/R per chain block) is applied by the
 module-level runtime with one level of checkpointing; that is a schedule of its own, not the
 solver's operation sequence (whose actions the plan carries). Its actions on the graph's chain
-(`solvers.chain.methods.block_plan_actions`) are simulated like any plan: the engine keeps a
+(`planner.solvers.chain.methods.block_plan_actions`) are simulated like any plan: the engine keeps a
 block plan only when that simulation passes within the budget, and the runtime refuses one
 whose simulation fails, with the simulator's message.
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.graph import Graph
-from planner.plan import BlockPlan
-from planner.simulator import PlanError, SimulationResult, simulate
+from planner.core.graph import Graph
+from planner.core.plan import BlockPlan
+from planner.sim.simulator import PlanError, SimulationResult, simulate
 
 
 def simulate_block_plan(graph: Graph, block_plan: BlockPlan) -> SimulationResult:
     """The simulation of applying `block_plan` on `graph`; PlanError when it cannot run."""
-    from solvers.chain.methods import block_plan_actions
+    from planner.solvers.chain.methods import block_plan_actions
 
     try:
         actions = block_plan_actions(graph, block_plan)

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.graph import Graph
-from planner.plan import Action
-from planner.simulator import SimulationAbandoned, SimulationResult, simulate
-from solvers.baselines import (
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.sim.simulator import SimulationAbandoned, SimulationResult, simulate
+from planner.solvers.baselines import (
     ScheduleAbandoned,
     bounded_baselines,
     chen_greedy,
@@ -118,7 +118,8 @@ class LeastBaseline:
 
 
 def least_baseline(graph: Graph, deadline: float | None = None) -> LeastBaseline | None:
-    """The affordable baseline (`solvers.baselines.bounded_baselines`: recompute-all only while
+    """The affordable baseline (`planner.solvers.baselines.bounded_baselines`: recompute-all only
+    while
     its plan stays small) with the least peak, ties to the first in BASELINES' order; None when
     none was finished by `deadline`."""
     best: LeastBaseline | None = None

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.graph import Graph
-from planner.resources import Resources
-from planner.simulator import SimulationResult
+from planner.core.graph import Graph
+from planner.core.resources import Resources
+from planner.sim.simulator import SimulationResult
 
 STREAMS = ("compute", "d2h", "h2d")
 _STREAM_OF = {"C": "compute", "O": "d2h", "P": "h2d"}

@@ -1,6 +1,6 @@
 """Reading a workload given by a user: graph.json, a Checkmate/Moccasin file, or a chain.json.
 
-The contracts layer (`planner.io`) reads the first two; a chain.json becomes its equivalent
+The contracts layer (`planner.core.io`) reads the first two; a chain.json becomes its equivalent
 graph through the chain solver's layout, which only a layer above the solvers may call.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from planner import io
-from planner.graph import Graph
-from solvers.chain.layout import chain_graph
-from solvers.chain.model import chain_from_dict
+from planner.core import io
+from planner.core.graph import Graph
+from planner.solvers.chain.layout import chain_graph
+from planner.solvers.chain.model import chain_from_dict
 
 
 def graph_from_dict(data: Any, where: str = "graph") -> Graph:

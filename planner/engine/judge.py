@@ -22,11 +22,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.graph import Graph
-from planner.plan import Action, ActionOp
-from planner.simulator import simulate
-from solvers.remat.intervals import plan_peak_and_cost
-from solvers.remat.problem import RematProblem, problem_from_graph
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp
+from planner.sim.simulator import simulate
+from planner.solvers.remat.intervals import plan_peak_and_cost
+from planner.solvers.remat.problem import RematProblem, problem_from_graph
 
 BOUND_TOLERANCE = 1e-6  # relative: solvers may round costs when scaling them to integers
 BASELINES_TIME_S = 0.5  # the baselines' share of the answer margin (milliseconds on small graphs)
@@ -69,7 +69,8 @@ def known_plan(
 def is_staged(position: dict[int, int], actions: Sequence[Action]) -> bool:
     """Whether the plan is in Checkmate's staged form for the order `position` (node -> its
     place): first computations follow the order and recomputations between them ascend. The
-    same test as `solvers.remat.problem.staged_from_actions(...) is not None`, without building
+    same test as `planner.solvers.remat.problem.staged_from_actions(...) is not None`, without
+    building
     the schedule (whose resident sets make that quadratic)."""
     stage = 0  # first computations so far
     last = -1  # position of the last compute in the open stage; -1: no stage open
@@ -144,7 +145,7 @@ def baseline_plans(graph: Graph, budget_bytes: int) -> list[KnownPlan]:
     """Every affordable baseline plan that fits the budget (`bounded_baselines`: recompute-all
     only while its plan stays small, nothing past BASELINES_TIME_S), once per graph and
     budget."""
-    from solvers.baselines import bounded_baselines
+    from planner.solvers.baselines import bounded_baselines
 
     memo: dict[int, list[KnownPlan]] = graph.index.memo.setdefault("judge_baselines", {})
     if budget_bytes in memo:

@@ -6,19 +6,20 @@
 - a graph on which nothing may be offloaded (every node `offloadable: false`, or only views),
   asked for with an offload method.
 Links of zero or negative bandwidth, and resources files that name no device, are refused when
-the resources are read (planner.resources); a host budget smaller than what a given plan parks
+the resources are read (planner.core.resources); a host budget smaller than what a given plan parks
 is refused by the simulator, naming the action where host memory overflows (simulate, validate,
-runtime.apply), and by `planner-cli solve` when an offload planner reports that its plan needs
+planner.runtime.apply), and by `planner-cli solve` when an offload planner reports that its plan
+needs
 more host memory than given (`least_host_memory_bytes`).
 """
 
 from __future__ import annotations
 
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.resources import Resources
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.resources import Resources
 
-OFFLOAD_MODULE_PREFIX = "solvers.offload."
+OFFLOAD_MODULE_PREFIX = "planner.solvers.offload."
 
 
 def is_offload_method(method: str) -> bool:

@@ -1,8 +1,9 @@
 """The options each built-in method reads from `SolveRequest.options`, and their check.
 
 One table for the service (a bad option is a 422 at submission, not a failed job a minute
-later) and the CLI. It mirrors what the methods in `solvers.remat.methods`,
-`solvers.chain.methods` and `solvers.baseline_methods` read; a method missing here takes no
+later) and the CLI. It mirrors what the methods in `planner.solvers.remat.methods`,
+`planner.solvers.chain.methods` and `planner.solvers.baseline_methods` read; a method missing here
+takes no
 options. Plugin methods (registered "module:function") define their own and are not checked.
 """
 
@@ -12,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.errors import InputError
-from solvers.chain.rotor import DEFAULT_SLOTS
-from solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
+from planner.core.errors import InputError
+from planner.solvers.chain.rotor import DEFAULT_SLOTS
+from planner.solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
 
 __all__ = ["METHOD_OPTIONS", "OptionSpec", "check_options", "describe_options"]
 

@@ -3,8 +3,8 @@
 `partition_plan` checks the request (one line per mistake: 0 devices, more stages than layers,
 micro-batches an interleaved schedule cannot divide, a device memory below one layer's model
 state, a split naming a module the model does not have), runs a partitioner
-(solvers.pipeline: dp, ilp, or a baseline), builds the plan (kind pipeline: partition +
-per-rank action lists with SEND/RECV) and judges it with planner.simulator. A plan whose
+(planner.solvers.pipeline: dp, ilp, or a baseline), builds the plan (kind pipeline: partition +
+per-rank action lists with SEND/RECV) and judges it with planner.sim.simulator. A plan whose
 ranks do not fit is never reported as feasible: dp and ilp raise NoPlanFits naming the rank
 that overflows, by how much, and the least memory any contiguous split needs (proven with one
 stage a rank, by the memory DP); baselines come back with `fits` False so they can be compared.
@@ -15,19 +15,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from planner.budget import format_bytes, parse_budget_spec
-from planner.errors import InputError, NoPlanFits
-from planner.graph import Graph
-from planner.memory_model import with_sharding
-from planner.plan import Plan, PlanKind, PlanStatus, relative_gap
-from planner.resources import Resources
-from planner.simulator import simulate
-from solvers.pipeline.baselines import BASELINES, baseline_partition
-from solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split
-from solvers.pipeline.ilp import ilp_partition
-from solvers.pipeline.problem import Candidate, PipelineProblem, Split
-from solvers.pipeline.schedules import SCHEDULES, check_schedule, stages_per_rank
-from solvers.pipeline.units import UnitChain
+from planner.core.budget import format_bytes, parse_budget_spec
+from planner.core.errors import InputError, NoPlanFits
+from planner.core.graph import Graph
+from planner.core.plan import Plan, PlanKind, PlanStatus, relative_gap
+from planner.core.resources import Resources
+from planner.sim.simulator import simulate
+from planner.sim.step_memory import with_sharding
+from planner.solvers.pipeline.baselines import BASELINES, baseline_partition
+from planner.solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split
+from planner.solvers.pipeline.ilp import ilp_partition
+from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
+from planner.solvers.pipeline.schedules import SCHEDULES, check_schedule, stages_per_rank
+from planner.solvers.pipeline.units import UnitChain
 
 METHODS = ("dp", "ilp", *BASELINES)
 

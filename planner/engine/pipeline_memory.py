@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.errors import InputError
-from planner.events_stages import model_state_per_stage, stage_costs, stage_of_nodes
-from planner.graph import Graph
-from planner.memory_model import ModelStateBreakdown, model_state_breakdown, with_sharding
-from planner.model_state import OPTIMIZER_STATES, StateBytes
-from planner.plan import Plan, PlanKind
-from planner.simulator import PlanError, simulate
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.model_state import OPTIMIZER_STATES, StateBytes
+from planner.core.plan import Plan, PlanKind
+from planner.sim.simulator import PlanError, simulate
+from planner.sim.stage_costs import model_state_per_stage, stage_costs, stage_of_nodes
+from planner.sim.step_memory import ModelStateBreakdown, model_state_breakdown, with_sharding
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 

@@ -1,6 +1,6 @@
 """The schedule grid of a pipeline plan: ranks x time, F/B/I/W coloured, idle time left blank.
 
-Times are the event simulator's (planner.events_pipeline.simulate_pipeline_spans), so the
+Times are the event simulator's (planner.sim.pipeline_ranks.simulate_pipeline_spans), so the
 picture shows the same step the plan predicts. matplotlib is imported only here (Agg backend).
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.errors import InputError
-from planner.events_pipeline import ActionSpan, simulate_pipeline_spans
-from planner.graph import Graph
-from planner.plan import Plan, PlanKind
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.plan import Plan, PlanKind
+from planner.sim.pipeline_ranks import ActionSpan, simulate_pipeline_spans
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
 

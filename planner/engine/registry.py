@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib
 
-from planner.errors import InputError
-from solvers import baseline_methods
-from solvers.chain import methods as chain_methods
-from solvers.offload import methods as offload_methods
-from solvers.remat import methods as remat_methods
-from solvers.request import MethodFn, MethodResult, SolveRequest
+from planner.core.errors import InputError
+from planner.solvers import baseline_methods
+from planner.solvers.chain import methods as chain_methods
+from planner.solvers.offload import methods as offload_methods
+from planner.solvers.remat import methods as remat_methods
+from planner.solvers.request import MethodFn, MethodResult, SolveRequest
 
 __all__ = ["MethodFn", "MethodResult", "SolveRequest", "load_method", "method_names",
            "register_method", "BUILTIN_METHODS"]

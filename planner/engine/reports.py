@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from planner.core.graph import Graph
+from planner.core.plan import Plan
 from planner.engine.transfer_report import transfer_summary
-from planner.graph import Graph
-from planner.plan import Plan
-from solvers.baselines import store_all_peak_bytes
+from planner.solvers.baselines import store_all_peak_bytes
 
 
 def plan_summary(plan: Plan, graph: Graph) -> dict[str, object]:

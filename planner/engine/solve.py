@@ -16,6 +16,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.limits import check_time_limit
+from planner.core.plan import Action, ActionOp, Plan, PlanStatus, Predicted, relative_gap
+from planner.core.resources import Resources
 from planner.engine.deadline import (
     ANSWER_MARGIN_S,
     METHOD_GRACE_S,
@@ -34,12 +39,7 @@ from planner.engine.judge import (
 )
 from planner.engine.progress import ProgressFn, monotone_progress
 from planner.engine.registry import MethodResult, SolveRequest, load_method
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.limits import check_time_limit
-from planner.plan import Action, ActionOp, Plan, PlanStatus, Predicted, relative_gap
-from planner.resources import Resources
-from planner.simulator import (
+from planner.sim.simulator import (
     PlanError,
     SimulationAbandoned,
     SimulationResult,
@@ -396,8 +396,8 @@ def _block_plan_fields(
 ) -> None:
     """A chain solver's block plan goes into the Plan only when its own simulation (one level
     of checkpointing) runs within the budget; else it is dropped with a note saying why."""
+    from planner.core.plan import BlockPlan
     from planner.engine.block_plans import check_block_plan
-    from planner.plan import BlockPlan
 
     details = common["details"]
     block_plan = result.block_plan

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 
-from planner.errors import InputError
-from planner.graph import Graph
+from planner.core.errors import InputError
+from planner.core.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class SweepPoint:
 def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, int]]:
     """'0.3:1.0:0.05' (start:stop:step fractions, stop included) or a comma list of
     fractions / byte sizes; returns (fraction or None, bytes) sorted by bytes."""
-    from planner.budget import parse_budget
+    from planner.core.budget import parse_budget
 
     items: list[tuple[float | None, int]] = []
     if ":" in spec:
@@ -69,8 +69,8 @@ def _is_fraction(token: str) -> bool:
 
 def _solve_one(graph_json: str, budget: int, method: str, time_limit_s: float, threads: int,
                seed: int) -> dict[str, object]:
+    from planner.core.graph import Graph as _Graph
     from planner.engine.solve import solve
-    from planner.graph import Graph as _Graph
 
     graph = _Graph.model_validate_json(graph_json)
     plan = solve(graph, budget, method, time_limit_s=time_limit_s, threads=threads, seed=seed)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from planner.graph import Graph
-from planner.resources import Resources
-from planner.simulator import SimulationResult
+from planner.core.graph import Graph
+from planner.core.resources import Resources
+from planner.sim.simulator import SimulationResult
 
 GiB = 2**30
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from planner.events_result import SimulationResult
-from planner.graph import Graph
-from planner.plan import Action, ActionOp, Plan, Predicted
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp, Plan, Predicted
+from planner.sim.result import SimulationResult
 
 
 @dataclass(frozen=True)

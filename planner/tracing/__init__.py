@@ -7,7 +7,7 @@ Stable interface (the runtime executes plans on these graphs):
                    costs="estimate" | "measure", device_profile="cpu", optimizer="sgd",
                    fuse=True)
 
-`result.graph` is a `planner.graph.Graph` with node ids 0..n-1 in execution order
+`result.graph` is a `planner.core.graph.Graph` with node ids 0..n-1 in execution order
 (`graph.order`), forward then backward. Fixed memory: parameters, one gradient per trainable
 parameter, optimizer state (sgd 0, adam/adamw 2 tensors per parameter), inputs, buffers.
 `graph.outputs`: the loss node and the nodes producing parameter gradients.

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.errors import InputError
-from planner.graph import (
+from planner.core.errors import InputError
+from planner.core.graph import (
     CostSource,
     Edge,
     FixedMemory,

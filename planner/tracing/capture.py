@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import InputError
+from planner.core.errors import InputError
 
 
 class CaptureError(InputError):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.graph import Graph
-from planner.plan import Action, compute, free
+from planner.core.graph import Graph
+from planner.core.plan import Action, compute, free
 
 
 def store_all_keeping_outputs(graph: Graph) -> list[Action]:
@@ -36,7 +36,7 @@ def store_all_keeping_outputs(graph: Graph) -> list[Action]:
 
 def simulated_step_bytes(graph: Graph) -> int:
     """Store-all peak of the step's own allocations (fixed memory left out)."""
-    from planner.simulator import simulate
+    from planner.sim.simulator import simulate
 
     return simulate(graph, store_all_keeping_outputs(graph)).peak_bytes - graph.fixed_bytes
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from planner.errors import InputError
-from planner.graph import CostSource, Edge, Graph, GraphMetadata, Node, Phase
+from planner.core.errors import InputError
+from planner.core.graph import CostSource, Edge, Graph, GraphMetadata, Node, Phase
 from planner.tracing.memory import StorageTracker, _aliases_input
 
 

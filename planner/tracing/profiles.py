@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from planner.errors import InputError
+from planner.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from solvers.chain.sequence import Op, OpKind
+from planner.solvers.chain.sequence import Op, OpKind
 
 BLOCK_PLAN_SCHEMA = "block-plan-1"
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
-from solvers.chain.model import Chain, chain_document
+from planner.core.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
+from planner.solvers.chain.model import Chain, chain_document
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def chain_graph(chain: Chain) -> tuple[Graph, ChainLayout]:
 
 def chain_of_graph(graph: Graph) -> Chain | None:
     """The chain a graph was built from by `chain_graph`, when it is exactly that graph."""
-    from solvers.chain.model import chain_from_dict
+    from planner.solvers.chain.model import chain_from_dict
 
     doc = graph.metadata.extra.get("chain")
     if not isinstance(doc, dict):

@@ -1,7 +1,7 @@
 """graph.json -> a chain of segments, so that the chain solvers apply to any training graph.
 
 Joints are forward nodes that every later forward node depends on only through them (the
-definition of `solvers.baselines.cut_points`, without its fallback). Segment i holds the
+definition of `planner.solvers.baselines.cut_points`, without its fallback). Segment i holds the
 forward nodes after joint i-1 up to joint i (the last segment ends at the last forward node);
 its backward nodes are the backward nodes that read its forward values:
 
@@ -18,7 +18,8 @@ and attention mask, computed once and read by every layer) leave no joint after 
 moving them and their ancestors out of the chain gives more joints, they become the chain's input
 a^0: computed first, resident throughout (`input_bytes`), never recomputed.
 
-Stage parameters come from running each operation's actions (`solvers.chain.translate`) on the
+Stage parameters come from running each operation's actions (`planner.solvers.chain.translate`) on
+the
 segment alone: x = bytes of the joint, x̄ = bytes F_all leaves resident, temporaries = the
 excess of the op's local memory peak over x (F_ck), x̄ (F_all) and δ (B). Forward peaks are then
 exact; the backward peak is an upper bound (values freed early inside B only lower it).
@@ -29,15 +30,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.graph import Graph, Phase
-from planner.memory_model import step_memory
-from planner.plan import Action, ActionOp
-from solvers.baselines import joint_positions
-from solvers.chain.layout import ChainLayout
-from solvers.chain.model import Chain, Stage
-from solvers.chain.sequence import Op, OpKind
-from solvers.chain.translate import op_actions
-from solvers.order import schedule_order
+from planner.core.graph import Graph, Phase
+from planner.core.plan import Action, ActionOp
+from planner.sim.step_memory import step_memory
+from planner.solvers.baselines import joint_positions
+from planner.solvers.chain.layout import ChainLayout
+from planner.solvers.chain.model import Chain, Stage
+from planner.solvers.chain.sequence import Op, OpKind
+from planner.solvers.chain.translate import op_actions
+from planner.solvers.order import schedule_order
 
 # The chain DP's tables grow with the square of the segments and its time with the cube
 # (200 segments: 1.8 s, 270 MiB; 400: ~14 s, 1 GiB): longer chains merge consecutive segments.

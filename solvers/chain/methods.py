@@ -1,7 +1,8 @@
 """Planner methods on chains: `rotor`, `revolve`, `chain-chen-sqrt` (see planner.engine.registry).
 
-A graph built from a chain.json (`solvers.chain.layout.chain_graph`) is solved on that exact
-chain; any other graph is linearised first (`solvers.chain.linearize`). The operation sequence
+A graph built from a chain.json (`planner.solvers.chain.layout.chain_graph`) is solved on that exact
+chain; any other graph is linearised first (`planner.solvers.chain.linearize`). The operation
+sequence
 is translated to plan actions and judged by the simulator in `planner.engine.solve`; the chain
 model's own prediction and the operation sequence travel in `details`, the block-level plan in
 `MethodResult.block_plan` (typed; its JSON also stays in `details` for version-1 readers), and
@@ -11,7 +12,7 @@ Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, defaul
 `refine` (extra DP runs that win back rounding loss, default 2), `segments` (a linearised
 chain's most segments, default `linearize.MAX_SEGMENTS`; the DP is cubic in them) and `saving`
 (rotor on a linearised graph: let each F_all keep less and its backward recompute the rest,
-choosing per segment among `solvers.chain.saving`'s levels, `saving_levels` of them, default
+choosing per segment among `planner.solvers.chain.saving`'s levels, `saving_levels` of them, default
 10; default false, plain Rotor; auto uses it).
 """
 
@@ -22,19 +23,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.plan import Action, PlanStatus
-from planner.plan import BlockPlan as TypedBlockPlan
-from planner.simulator import PlanError, simulate
-from solvers.chain.blocks import BlockPlan
-from solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
-from solvers.chain.model import Chain
-from solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
-from solvers.request import MethodResult, SolveRequest
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.plan import Action, PlanStatus
+from planner.core.plan import BlockPlan as TypedBlockPlan
+from planner.sim.simulator import PlanError, simulate
+from planner.solvers.chain.blocks import BlockPlan
+from planner.solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
+from planner.solvers.chain.model import Chain
+from planner.solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
+from planner.solvers.request import MethodResult, SolveRequest
 
 if TYPE_CHECKING:
-    from solvers.chain.saving import SavingOption
+    from planner.solvers.chain.saving import SavingOption
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def chain_problem(graph: Graph, max_segments: int | None = None) -> ChainProblem
     """The graph's chain: its own (chain.json) or a linearisation of at most `max_segments`
     segments (default `linearize.MAX_SEGMENTS`); built once per graph and length (auto asks
     for it up to four times: its length, then the coarse, plain and finer DPs)."""
-    from solvers.chain.linearize import MAX_SEGMENTS
+    from planner.solvers.chain.linearize import MAX_SEGMENTS
 
     length = max_segments or MAX_SEGMENTS
     memo: dict[int, ChainProblem] = graph.index.memo.setdefault("chain_problem", {})
@@ -65,7 +66,7 @@ def _chain_problem(graph: Graph, max_segments: int) -> ChainProblem:
     if chain is not None:
         _, layout = chain_graph(chain)
         return ChainProblem(chain, layout, "chain.json", frozenset())
-    from solvers.chain.linearize import linearize
+    from planner.solvers.chain.linearize import linearize
 
     lin = linearize(graph, max_segments)
     fixed = set(lin.non_recomputable)
@@ -95,7 +96,7 @@ def plan_result(
     extra: dict[str, Any] | None = None,
 ) -> MethodResult:
     """Translate a sequence into actions and report what the chain model predicts."""
-    from solvers.chain.translate import translate
+    from planner.solvers.chain.translate import translate
 
     chain = problem.chain
     runs = _forward_runs(ops, chain.length)
@@ -140,7 +141,7 @@ def block_plan_actions(graph: Graph, block_plan: TypedBlockPlan) -> list[Action]
     """The actions of applying `block_plan` with one level of checkpointing, on the chain of
     `graph` (its chain.json layout, or its linearisation): what the simulator judges before a
     block plan is reported or run. Raises ValueError when the plan does not fit the chain."""
-    from solvers.chain.translate import translate
+    from planner.solvers.chain.translate import translate
 
     problem = chain_problem(graph)
     blocks = BlockPlan.from_json(block_plan.model_dump())
@@ -165,8 +166,8 @@ def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str
 def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> MethodResult:
     """`refine_within_s`: refinements only within this many seconds (the first DP may use the
     whole time limit)."""
-    from solvers.chain.linearize import MAX_SEGMENTS
-    from solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
+    from planner.solvers.chain.linearize import MAX_SEGMENTS
+    from planner.solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
 
     started = time.perf_counter()
     try:
@@ -186,7 +187,7 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
         raise InputError(f"options: 'saving' must be true or false, not {saving!r}")
     variants: list[SavingOption] = []
     if saving and problem.source == "linearized":
-        from solvers.chain.saving import saving_options
+        from planner.solvers.chain.saving import saving_options
 
         # at most a quarter of the limit: the DP needs the rest
         variants = saving_options(request.graph, problem.layout,
@@ -227,8 +228,8 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
         }
         solved = problem
         if variants:
-            from solvers.chain.rotor import combined
-            from solvers.chain.saving import combined_layout
+            from planner.solvers.chain.rotor import combined
+            from planner.solvers.chain.saving import combined_layout
 
             picks = sol.stage_options
             levels = [0.0, *(option.level for option in variants)]
@@ -252,7 +253,7 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
 
 
 def revolve(request: SolveRequest) -> MethodResult:
-    from solvers.chain.revolve import solve_revolve
+    from planner.solvers.chain.revolve import solve_revolve
 
     problem = chain_problem(request.graph)
     sol = solve_revolve(problem.chain, request.budget_bytes)

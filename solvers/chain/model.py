@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.errors import InputError, describe_validation_error
+from planner.core.errors import InputError, describe_validation_error
 
 CHAIN_SCHEMA_VERSION: Literal["chain-1"] = "chain-1"
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import comb
 
-from solvers.chain.model import Chain
-from solvers.chain.sequence import Op, OpKind, run_sequence
+from planner.solvers.chain.model import Chain
+from planner.solvers.chain.sequence import Op, OpKind, run_sequence
 
 
 def griewank_recomputations(steps: int, slots: int) -> int:

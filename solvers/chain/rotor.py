@@ -10,11 +10,12 @@ Subproblem (s, t, m): a^{s-1} and δ^t are resident, the memory above what else 
 - F_ck s, F_∅ s+1 .. s'-1 (s < s' ≤ t), then (s', t, m - x_{s'-1}), discard a^{s'-1}, then
   (s, s'-1, m). Needs m ≥ δ_t + max(x_s + ftmp_s, max_{s<k<s'} x_{k-1} + x_k + ftmp_k).
 
-These conditions are exactly the peaks of `solvers.chain.sequence.run_sequence`, so the
+These conditions are exactly the peaks of `planner.solvers.chain.sequence.run_sequence`, so the
 sequence the DP returns peaks at most at the budget (and its exact peak is reported).
 
 Saving options (`options`: other chains of the same stages, forwards and checkpoints, whose
-stages keep less under F_all and recompute the rest in their backward, `solvers.chain.saving`):
+stages keep less under F_all and recompute the rest in their backward,
+`planner.solvers.chain.saving`):
 the F_all branch takes the cheapest option that fits, per stage, so the DP chooses how much
 each F_all keeps (the block-level choice of Rockmate, Zhao et al. 2023, over a few levels).
 
@@ -40,8 +41,8 @@ from functools import reduce
 
 import numpy as np
 
-from solvers.chain.model import Chain
-from solvers.chain.sequence import Op, OpKind, run_sequence, store_all_ops
+from planner.solvers.chain.model import Chain
+from planner.solvers.chain.sequence import Op, OpKind, run_sequence, store_all_ops
 
 DEFAULT_SLOTS = 500
 # choice codes: -1 infeasible; 0 F_all (option 0); -(o + 1) F_all with option o ≥ 1; a value

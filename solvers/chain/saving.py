@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from planner.graph import Graph
-from solvers.chain.layout import ChainLayout
-from solvers.chain.linearize import chain_of_layout
-from solvers.chain.model import Chain
+from planner.core.graph import Graph
+from planner.solvers.chain.layout import ChainLayout
+from planner.solvers.chain.linearize import chain_of_layout
+from planner.solvers.chain.model import Chain
 
 SAVING_LEVELS = tuple(k / 10 for k in range(1, 11))  # shares of droppable bytes dropped
 

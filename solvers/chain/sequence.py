@@ -13,7 +13,8 @@ Operations (stage i is 1-based; text form in brackets):
 - D i [`D3`]: discard the checkpoint a^i (not part of a kept ā^i).
 
 `run_sequence` replays a sequence with these rules (the same ones the graph mapping in
-`solvers.chain.layout` gives the simulator), rejecting an invalid operation with its index, and
+`planner.solvers.chain.layout` gives the simulator), rejecting an invalid operation with its index,
+and
 returns the exact peak (fixed memory included) and compute cost.
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from solvers.chain.model import Chain
+from planner.solvers.chain.model import Chain
 
 
 class OpKind(StrEnum):

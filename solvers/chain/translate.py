@@ -1,6 +1,7 @@
 """Chain operation sequence -> plan.json actions over the graph's nodes.
 
-Each operation runs its nodes from the layout (see `solvers.chain.layout`) in order; a node is
+Each operation runs its nodes from the layout (see `planner.solvers.chain.layout`) in order; a node
+is
 freed right after its last consumer inside the operation unless the operation keeps it:
 
 - F_all keeps `saved[i]`; F_ck keeps `joint[i]`; F_∅ keeps `joint[i]` and then frees
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-from planner.graph import Graph
-from planner.plan import Action, compute, free
-from solvers.chain.layout import ChainLayout
-from solvers.chain.sequence import Op, OpKind
+from planner.core.graph import Graph
+from planner.core.plan import Action, compute, free
+from planner.solvers.chain.layout import ChainLayout
+from planner.solvers.chain.sequence import Op, OpKind
 
 
 def run_nodes(

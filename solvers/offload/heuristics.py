@@ -27,9 +27,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.plan import Action
-from solvers.offload.schedule import Window, find_windows, fixed_lead_positions, with_offloads
-from solvers.offload.search import Judge, Judged, better, fit_with_offloads, plan_for
+from planner.core.plan import Action
+from planner.solvers.offload.schedule import (
+    Window,
+    find_windows,
+    fixed_lead_positions,
+    with_offloads,
+)
+from planner.solvers.offload.search import Judge, Judged, better, fit_with_offloads, plan_for
 
 DEFAULT_MIN_BYTES = 1024  # torchtune's min_offload_size
 

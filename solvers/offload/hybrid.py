@@ -2,7 +2,8 @@
 
 A recomputation plan at a budget above the target recomputes less; offloading the windows it
 leaves brings its peak down to the target. `remat_offload_search` tries offloading on store-all
-(both Beaumont-style orders, solvers.offload.heuristics), the pofo chain DP, the offload MILP
+(both Beaumont-style orders, planner.solvers.offload.heuristics), the pofo chain DP, the offload
+MILP
 (small graphs) and remat plans at budgets between the target and store-all's peak (greedy
 eviction, Chen's greedy segments) brought down by offloading, and keeps the fastest plan by the
 simulator's makespan. The given pure-remat plan is a candidate too: nothing returned is slower
@@ -14,13 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 
-from planner.graph import Graph
-from planner.plan import Action
-from planner.resources import Resources
-from planner.simulator import simulate
-from solvers.baselines import chen_greedy, store_all
-from solvers.offload.heuristics import bandwidth_first, beaumont
-from solvers.offload.search import Judge, Judged, better
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.core.resources import Resources
+from planner.sim.simulator import simulate
+from planner.solvers.baselines import chen_greedy, store_all
+from planner.solvers.offload.heuristics import bandwidth_first, beaumont
+from planner.solvers.offload.search import Judge, Judged, better
 
 INTERMEDIATE_FRACTIONS = (0.75, 0.5, 0.25)  # of the way from the target budget to store-all
 HIDEABLE_FRACTIONS = (1.0, 0.5, 0.25)  # of the bytes the link can hide under forward compute
@@ -30,7 +31,7 @@ MILP_MAX_NODES = 150  # the offload MILP joins the search up to here
 def hideable_bytes(graph: Graph, resources: Resources) -> int:
     """Bytes the d2h link can carry while the forward pass computes: what offloading can take
     off the device by the backward pass without waits (Beaumont et al.'s bandwidth cap)."""
-    from planner.graph import Phase
+    from planner.core.graph import Phase
 
     assert resources.d2h is not None
     forward_ms = sum(n.compute_ms for n in graph.nodes if n.phase is not Phase.backward)
@@ -58,8 +59,8 @@ def remat_bases(graph: Graph, budget_bytes: int, resources: Resources,
     """Compute/free plans that recompute less than a plan at `budget_bytes` would: remat plans
     at budgets between it and store-all's peak (`remat_levels`; auto's first plans within a
     short limit, greedy eviction, Chen's greedy segments), generated while time is left."""
-    from solvers.remat.auto import solve_auto
-    from solvers.remat.greedy import greedy_eviction
+    from planner.solvers.remat.auto import solve_auto
+    from planner.solvers.remat.greedy import greedy_eviction
 
     top = simulate(graph, store_all(graph)).peak_bytes
     for name, level in remat_levels(budget_bytes, top, hideable_bytes(graph, resources)):
@@ -107,8 +108,8 @@ def remat_offload_search(
     full = store_all(graph)
     on_full = beaumont(judge, full, time.perf_counter() + share(0.25)).best
     offer(on_full, "store-all+offload")
-    from solvers.offload.pofo import pofo_floor_s
-    from solvers.offload.pofo_method import chain_length, pofo_plan
+    from planner.solvers.offload.pofo import pofo_floor_s
+    from planner.solvers.offload.pofo_method import chain_length, pofo_plan
 
     if pofo_floor_s(chain_length(graph)) <= share(0.35):
         dp, how, _, _ = pofo_plan(graph, judge, time_limit_s=share(0.35), with_rotor=False)
@@ -123,7 +124,7 @@ def remat_offload_search(
             continue  # its compute alone is no faster than the best plan
         offer(bandwidth_first(judge, base, time.perf_counter() + share(0.4)), name)
     if len(graph.nodes) <= MILP_MAX_NODES and deadline - time.perf_counter() > 0.2:
-        from solvers.offload.milp import milp_plan
+        from planner.solvers.offload.milp import milp_plan
 
         hint = on_full if on_full is not None and on_full.fits else None
         exact, how, _ = milp_plan(judge, full, hint, share(1.0))

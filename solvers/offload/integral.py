@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from solvers.remat.linear import INF, LinearModel
+from planner.solvers.remat.linear import INF, LinearModel
 
 EXACT = 1e-9  # a scaled coefficient this close to an integer is that integer
 

@@ -3,17 +3,17 @@
 Every method needs resources with a host tier (host_memory_bytes > 0, h2d/d2h links): without
 one it raises one InputError line (use a recomputation method instead). The device budget is
 `request.budget_bytes`; host memory and links come from `request.resources`. Plans are judged
-by the event simulator (planner.events): a plan returned fits both; when none is found the
+by the event simulator (planner.sim.copy_streams): a plan returned fits both; when none is found the
 result is infeasible with a note naming the peaks of the closest plan (the least host memory it
 needs when the host is what overflows).
 
 - `offload-all`: torchtune / save_on_cpu; option `min_bytes` (default 1024).
 - `offload-greedy`: offload all, bring back the largest that fit, reloads just in time.
-- `offload-beaumont`: Beaumont et al. 2020-style heuristics (solvers.offload.heuristics).
+- `offload-beaumont`: Beaumont et al. 2020-style heuristics (planner.solvers.offload.heuristics).
 - `offload-remat`: remat plans at larger budgets + offloading, never slower than the pure-remat
-  plan `auto` finds in part of the time (solvers.offload.hybrid).
-- `offload-milp`: the exact model on Checkmate's stage grid (solvers.offload.milp).
-- `pofo`: the chain DP combining recomputation and offloading (solvers.offload.pofo).
+  plan `auto` finds in part of the time (planner.solvers.offload.hybrid).
+- `offload-milp`: the exact model on Checkmate's stage grid (planner.solvers.offload.milp).
+- `pofo`: the chain DP combining recomputation and offloading (planner.solvers.offload.pofo).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from planner.errors import InputError
-from planner.plan import PlanStatus
-from solvers.baselines import store_all
-from solvers.offload.heuristics import DEFAULT_MIN_BYTES, HeuristicResult
-from solvers.offload.search import Judge, Judged, require_host_tier
-from solvers.request import MethodResult, SolveRequest
+from planner.core.errors import InputError
+from planner.core.plan import PlanStatus
+from planner.solvers.baselines import store_all
+from planner.solvers.offload.heuristics import DEFAULT_MIN_BYTES, HeuristicResult
+from planner.solvers.offload.search import Judge, Judged, require_host_tier
+from planner.solvers.request import MethodResult, SolveRequest
 
 
 def _deadline(request: SolveRequest, share: float = 0.9) -> float:
@@ -76,7 +76,7 @@ def judged_result(request: SolveRequest, judge: Judge, best: Judged | None, back
 
 
 def _heuristic(request: SolveRequest, name: str) -> tuple[Judge, HeuristicResult]:
-    from solvers.offload import heuristics
+    from planner.solvers.offload import heuristics
 
     resources = require_host_tier(request.resources, name)
     judge = Judge(request.graph, request.budget_bytes, resources)
@@ -115,8 +115,8 @@ def offload_beaumont(request: SolveRequest) -> MethodResult:
 def offload_remat(request: SolveRequest) -> MethodResult:
     """Recomputation and offloading: the best of pure remat (auto, 40 % of the time) and remat
     plans at larger budgets brought down by offloading (the rest)."""
-    from solvers.offload.hybrid import remat_offload_search
-    from solvers.remat.auto import solve_auto
+    from planner.solvers.offload.hybrid import remat_offload_search
+    from planner.solvers.remat.auto import solve_auto
 
     resources = require_host_tier(request.resources, "offload-remat")
     started = time.perf_counter()
@@ -133,12 +133,12 @@ def offload_remat(request: SolveRequest) -> MethodResult:
 
 
 def offload_milp(request: SolveRequest) -> MethodResult:
-    from solvers.offload.milp import milp_method
+    from planner.solvers.offload.milp import milp_method
 
     return milp_method(request)
 
 
 def pofo(request: SolveRequest) -> MethodResult:
-    from solvers.offload.pofo_method import pofo_method
+    from planner.solvers.offload.pofo_method import pofo_method
 
     return pofo_method(request)

@@ -1,7 +1,8 @@
 """`offload-milp`: offloading and recomputation together on Checkmate's stage grid (a MILP).
 
 Stages are the computes of the store-all plan in the graph's order (stage t runs the t-th
-node). Each window w of that plan (solvers.offload.schedule: node v idle between its last use
+node). Each window w of that plan (planner.solvers.offload.schedule: node v idle between its last
+use
 before the gap, stage a_w, and its next use, stage b_w) is kept, offloaded or recomputed:
 
 - KEEP[w], OFF[w], RC[w] ∈ {0,1}: exactly one. RC[w] recomputes v right before stage b_w (cost
@@ -22,7 +23,8 @@ copies out that never queue (the d2h link is not modelled) and no recomputation 
 bound is valid for that space only, never for every plan; the simulator judges the plan it
 translates to, and the best heuristic plan (its hint) is returned instead when faster.
 Options: backend (scip, highs, cbc, or cpsat: the same model with stage times in microseconds
-and reload fractions in hundredths, solvers.offload.integral; default scip), max_nodes (default
+and reload fractions in hundredths, planner.solvers.offload.integral; default scip), max_nodes
+(default
 400).
 """
 
@@ -32,13 +34,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import InputError
-from planner.plan import Action, ActionOp, compute, free
-from solvers.baselines import store_all
-from solvers.offload.heuristics import beaumont
-from solvers.offload.integral import integral_model, original_values
-from solvers.offload.methods import judged_result
-from solvers.offload.schedule import (
+from planner.core.errors import InputError
+from planner.core.plan import Action, ActionOp, compute, free
+from planner.solvers.baselines import store_all
+from planner.solvers.offload.heuristics import beaumont
+from planner.solvers.offload.integral import integral_model, original_values
+from planner.solvers.offload.methods import judged_result
+from planner.solvers.offload.schedule import (
     MAX_WINDOWS_PER_INTERVAL,
     Window,
     WindowKey,
@@ -46,10 +48,10 @@ from solvers.offload.schedule import (
     find_windows,
     with_offloads,
 )
-from solvers.offload.search import Judge, Judged, better, require_host_tier
-from solvers.remat.backends import solve_linear
-from solvers.remat.linear import INF, LinearModel
-from solvers.request import MethodResult, SolveRequest
+from planner.solvers.offload.search import Judge, Judged, better, require_host_tier
+from planner.solvers.remat.backends import solve_linear
+from planner.solvers.remat.linear import INF, LinearModel
+from planner.solvers.request import MethodResult, SolveRequest
 
 PREFETCH_CHOICES = 6
 MAX_NODES = 400
@@ -77,7 +79,7 @@ def build(judge: Judge, base: list[Action], windows: list[Window]) -> OffloadMil
     assert r.d2h is not None and r.h2d is not None
     sim = judge(base)
     assert sim is not None
-    from planner.simulator import simulate
+    from planner.sim.simulator import simulate
 
     live = simulate(graph, base).live_bytes  # store-all: one stream, per action
     computes = [i for i, a in enumerate(base) if a.op is ActionOp.compute]

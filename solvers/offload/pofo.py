@@ -2,7 +2,7 @@
 Eyraud-Dubois, Shilova, Zhao, NeurIPS 2021). Our model and code.
 
 Rotor's subproblem (s, t, m) (a^{s-1} and δ^t resident, m bytes free above them, produce
-δ^{s-1}; see solvers.chain.rotor) gains one operation and a flag:
+δ^{s-1}; see planner.solvers.chain.rotor) gains one operation and a flag:
 
 - F_off s: run F_all s, copy the part of ā^s beyond a^s (e_s bytes, `offload_bytes[s]`) to the
   host while the next forward operation runs, free it after that operation, copy it back while
@@ -24,7 +24,8 @@ Rotor's subproblem (s, t, m) (a^{s-1} and δ^t resident, m bytes free above them
 sequence within a budget (slots as in Rotor: exact when every size is a multiple of the gcd and
 the budget is at most `slots` of them, else sizes are rounded up). The DP contains every Rotor
 sequence (flag 0, no F_off), so its model cost never exceeds Rotor's. The simulator judges the
-plan it translates to (solvers.offload.pofo_method); where the assumptions above fail (a copy
+plan it translates to (planner.solvers.offload.pofo_method); where the assumptions above fail (a
+copy
 out longer than the next operation) the plan may need more memory, and the method re-solves at
 a smaller budget.
 """
@@ -38,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.chain.model import Chain
-from solvers.chain.rotor import discretise
-from solvers.chain.sequence import Op, OpKind
+from planner.solvers.chain.model import Chain
+from planner.solvers.chain.rotor import discretise
+from planner.solvers.chain.sequence import Op, OpKind
 
 # choice codes: F_all with bits (1: offload e_s, 2: offload the input a^{s-1}), or _SPLIT + s'
 # for the F_ck branch with split point s'
@@ -85,7 +86,7 @@ class Replay:
 
 def replay(problem: OffloadChain, items: Sequence[Item]) -> Replay:
     """Exact peak and cost of a sequence in the model (no validity checks beyond Rotor's)."""
-    from solvers.chain.sequence import run_sequence
+    from planner.solvers.chain.sequence import run_sequence
 
     chain = problem.chain
     mem = chain.input_bytes

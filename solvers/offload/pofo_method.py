@@ -1,9 +1,10 @@
-"""The `pofo` method: the remat+offload chain DP (solvers.offload.pofo) on any graph.
+"""The `pofo` method: the remat+offload chain DP (planner.solvers.offload.pofo) on any graph.
 
 A graph built from a chain.json is solved on that exact chain; any other graph is linearised
-(solvers.chain.linearize), as Rotor does (solvers.chain.methods.chain_problem). Per stage, the
+(planner.solvers.chain.linearize), as Rotor does (planner.solvers.chain.methods.chain_problem). Per
+stage, the
 offloadable part of ā^s is its saved nodes beyond the joint a^s that own storage (views cannot be
-copied on their own). The item sequence becomes actions with `solvers.chain.translate`
+copied on their own). The item sequence becomes actions with `planner.solvers.chain.translate`
 (operations) plus `O`/`F`/`P`/`D` for the marks; the event simulator judges the plan. When it
 peaks over the budget (a copy out outlasting the next operation, views), the DP runs again at a
 budget lowered by the overshoot (up to 4 times). Rotor's own plan (no copies) is judged too and
@@ -17,14 +18,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.plan import Action, drop, free, offload, prefetch
-from solvers.chain.layout import ChainLayout
-from solvers.chain.methods import chain_problem
-from solvers.chain.translate import op_actions
-from solvers.offload.methods import judged_result
-from solvers.offload.pofo import (
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.plan import Action, drop, free, offload, prefetch
+from planner.solvers.chain.layout import ChainLayout
+from planner.solvers.chain.methods import chain_problem
+from planner.solvers.chain.translate import op_actions
+from planner.solvers.offload.methods import judged_result
+from planner.solvers.offload.pofo import (
     Item,
     Mark,
     OffloadChain,
@@ -32,8 +33,8 @@ from solvers.offload.pofo import (
     slots_for_time,
     solve_pofo,
 )
-from solvers.offload.search import Judge, Judged, better, require_host_tier
-from solvers.request import MethodResult, SolveRequest
+from planner.solvers.offload.search import Judge, Judged, better, require_host_tier
+from planner.solvers.request import MethodResult, SolveRequest
 
 RETRIES = 4
 
@@ -102,8 +103,8 @@ def pofo_plan(graph: Graph, judge: Judge, slots: int = 200, time_limit_s: float 
               with_rotor: bool = True) -> tuple[Judged | None, str, list[str], dict[str, Any]]:
     """The DP's plan judged by the simulator (re-solved at lower budgets while it overshoots),
     beside Rotor's plan without copies when `with_rotor`: (best, source, notes, details)."""
-    from solvers.chain.rotor import solve_rotor
-    from solvers.chain.translate import translate
+    from planner.solvers.chain.rotor import solve_rotor
+    from planner.solvers.chain.translate import translate
 
     started = time.perf_counter()
     problem = chain_problem(graph)

@@ -3,7 +3,7 @@
 A *window* is a stretch, inside one residency interval of a node in a base plan (from its `C`
 to its `F`), between two consecutive uses: the forward-to-backward gap of a saved activation,
 typically, and the gaps between its backward uses (up to `MAX_WINDOWS_PER_INTERVAL`, the
-longest). Offloading windows of one interval means, in the event model of planner.events:
+longest). Offloading windows of one interval means, in the event model of planner.sim.copy_streams:
 
 - `O v` once, right after the `C v` that opens the interval (the copy starts as soon as v
   exists; the d2h stream is serial, so copies queue in plan order);
@@ -23,13 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.graph import Graph
-from planner.plan import Action, ActionOp
-from planner.plan import drop as _drop
-from planner.plan import free as _free
-from planner.plan import offload as _offload
-from planner.plan import prefetch as _prefetch
-from planner.resources import Link
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp
+from planner.core.plan import drop as _drop
+from planner.core.plan import free as _free
+from planner.core.plan import offload as _offload
+from planner.core.plan import prefetch as _prefetch
+from planner.core.resources import Link
 
 # Actions are immutable: one object per (op, node), built once (pydantic validation is slow)
 offload = lru_cache(maxsize=65536)(_offload)

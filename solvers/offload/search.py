@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.plan import Action
-from planner.resources import Link, Resources
-from planner.simulator import PlanError, simulate
-from solvers.offload.schedule import (
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.core.resources import Link, Resources
+from planner.sim.simulator import PlanError, simulate
+from planner.solvers.offload.schedule import (
     Window,
     WindowKey,
     find_windows,

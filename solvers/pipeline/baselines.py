@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 
-from solvers.pipeline.chain_dp import minmax_dp
-from solvers.pipeline.dp import PartitionOutcome
-from solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.chain_dp import minmax_dp
+from planner.solvers.pipeline.dp import PartitionOutcome
+from planner.solvers.pipeline.problem import PipelineProblem, Split
 
 BASELINES = ("param-balanced", "layer-balanced", "compute-balanced")
 

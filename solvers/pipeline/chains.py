@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.graph import Edge, Graph, GraphMetadata, ModelState, Node, ParameterState, Phase
+from planner.core.graph import Edge, Graph, GraphMetadata, ModelState, Node, ParameterState, Phase
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def chain_graph(
         edges=[Edge(source=u, target=v) for u, v in edges],
         model_state=ModelState(parameters=params, optimizer=optimizer,  # type: ignore[arg-type]
                                precision=precision),  # type: ignore[arg-type]
-        metadata=GraphMetadata(model_name=name, source="solvers.pipeline.chains"),
+        metadata=GraphMetadata(model_name=name, source="planner.solvers.pipeline.chains"),
     )
 
 

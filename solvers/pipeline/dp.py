@@ -7,8 +7,9 @@ stage gets a share of the device, from 1/v (always sufficient) up to all of it, 
 found is checked against its ranks' exact peaks).
 That minimises the bottleneck stage time t (compute plus boundary transfers). A second pass
 minimises the sum of stage times under each of the few smallest bottlenecks above the optimum;
-every resulting split is simulated (planner.events_pipeline) and the fastest simulated step
-wins, the balanced splits of solvers.pipeline.baselines joining the candidates when they fit:
+every resulting split is simulated (planner.sim.pipeline_ranks) and the fastest simulated step
+wins, the balanced splits of planner.solvers.pipeline.baselines joining the candidates when they
+fit:
 the objective is the simulated step time, the DP proposes. O(L^2 S) per pass.
 
 `least_memory_split` runs the same DP on memory: the least device memory any contiguous split
@@ -21,8 +22,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from solvers.pipeline.chain_dp import Cost, minmax_dp, minsum_dp
-from solvers.pipeline.problem import Candidate, PipelineProblem, Split
+from planner.solvers.pipeline.chain_dp import Cost, minmax_dp, minsum_dp
+from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
 
 THRESHOLDS = 8
 INTERLEAVED_SHARES = 6
@@ -100,7 +101,7 @@ def dp_partition(problem: PipelineProblem) -> PartitionOutcome:
     start = time.perf_counter()
     splits, bottleneck = proposals(problem, memory_caps(problem))
     proposed = len(set(splits))
-    from solvers.pipeline.baselines import BASELINES, baseline_split
+    from planner.solvers.pipeline.baselines import BASELINES, baseline_split
 
     if splits:  # the balanced splits join the candidates: the simulator picks among them all
         splits += [baseline_split(problem, name) for name in BASELINES]
@@ -137,7 +138,7 @@ def least_memory_split(problem: PipelineProblem, recompute: bool = False) -> tup
     split = Split(tuple(bounds), tuple([stored] * S) if recompute else ())
     v = problem.stage_count // problem.ranks
     if v > 1:  # the least exact peak among this split, the balanced ones and DP proposals
-        from solvers.pipeline.baselines import BASELINES, baseline_split
+        from planner.solvers.pipeline.baselines import BASELINES, baseline_split
 
         stored_all = tuple([stored] * S) if recompute else ()
 

@@ -19,9 +19,9 @@ import time
 
 from ortools.sat.python import cp_model
 
-from solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split
-from solvers.pipeline.problem import PipelineProblem, Split
-from solvers.pipeline.units import RangeCosts
+from planner.solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split
+from planner.solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.units import RangeCosts
 
 TIME_SCALE_TARGET = 1_000_000  # integer time units for the whole proxy range
 

@@ -5,7 +5,7 @@ in-flight micro-batches keep their activations (`stored`; fewer than in flight: 
 recomputed in the backward, micro-batches mb with mb mod in-flight >= stored, so any window of
 in-flight micro-batches holds exactly `stored` full sets). `PipelineProblem.build` turns a split
 into a Partition and the schedule's per-rank action lists (zero-bubble lists are generated on
-the split's own stage times); `simulate` judges it with planner.events_pipeline.
+the split's own stage times); `simulate` judges it with planner.sim.pipeline_ranks.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from planner.events_pipeline import simulate_pipeline
-from planner.events_result import SimulationResult
-from planner.graph import Graph
-from planner.pipeline_actions import Partition, PipelineAction, PipelineStage
-from planner.resources import Resources
-from solvers.pipeline.schedules import (
+from planner.core.graph import Graph
+from planner.core.pipeline_actions import Partition, PipelineAction, PipelineStage
+from planner.core.resources import Resources
+from planner.sim.pipeline_ranks import simulate_pipeline
+from planner.sim.result import SimulationResult
+from planner.solvers.pipeline.schedules import (
     SPLIT_BACKWARD,
     StageTimes,
     compute_lists,
@@ -30,7 +30,7 @@ from solvers.pipeline.schedules import (
     stages_per_rank,
     with_communication,
 )
-from solvers.pipeline.units import RangeCosts, UnitChain
+from planner.solvers.pipeline.units import RangeCosts, UnitChain
 
 
 @dataclass(frozen=True)

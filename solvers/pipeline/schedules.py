@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.errors import InputError
-from planner.pipeline_actions import PipelineAction, PipelineOp, pipeline_action
+from planner.core.errors import InputError
+from planner.core.pipeline_actions import PipelineAction, PipelineOp, pipeline_action
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2"})
@@ -248,7 +248,7 @@ def rank_peak_bytes(
     transient: Sequence[int],
     recompute: Sequence[frozenset[int]],
 ) -> list[int]:
-    """Each rank's peak as planner.events_pipeline counts it, from list order alone: model
+    """Each rank's peak as planner.sim.pipeline_ranks counts it, from list order alone: model
     state, kept bytes per micro-batch from F (saved, or the input under recomputation), the
     rest of saved from a recomputing B/I, a stage's transient while its compute runs."""
     peaks = []

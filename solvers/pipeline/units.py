@@ -4,7 +4,7 @@ A unit is a module: a node's module_path cut after its first numeric component (
 -> 'h.3', the 4th block of a ModuleList), else its first component ('tok', 'head'); an op-level
 graph grouped by module and a module-level trace both give one unit per layer. Nodes outside
 every module (a loss, an `x + pos`) follow their inputs exactly as the simulator places them
-(planner.events_stages: a forward node goes with its latest input, a backward node with its
+(planner.sim.stage_costs: a forward node goes with its latest input, a backward node with its
 earliest gradient input), so the costs of a range of units equal `stage_costs` of the stage
 that names those modules (tests/test_pipeline_units.py checks it). Units whose data would flow
 backwards across a cut (a module used twice, tied weights) are merged.
@@ -20,9 +20,9 @@ import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
-from planner.errors import InputError
-from planner.graph import Graph, Phase
-from planner.memory_model import step_memory
+from planner.core.errors import InputError
+from planner.core.graph import Graph, Phase
+from planner.sim.step_memory import step_memory
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Unit:
 
 @dataclass(frozen=True)
 class RangeCosts:
-    """Stage [first, end) of a chain: the quantities of planner.events_stages.StageCosts."""
+    """Stage [first, end) of a chain: the quantities of planner.sim.stage_costs.StageCosts."""
 
     first: int
     end: int
@@ -112,7 +112,7 @@ class UnitChain:
             k = keys.get(unit_key(n.module_path), "")
             if k:
                 out[n.id] = unit_of_key[k]
-        for v in index.topological_order:  # planner.events_stages._place_the_rest, per unit
+        for v in index.topological_order:  # planner.sim.stage_costs._place_the_rest, per unit
             if v in out:
                 continue
             preds = index.predecessors[v]

@@ -32,32 +32,32 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from planner.graph import Graph
-from planner.plan import Action, plan_nodes
-from planner.simulator import PlanError, lower_bound_peak_bytes, simulate
-from solvers.order import schedule_order
-from solvers.remat.checkpoints import CheckpointPlan
-from solvers.remat.cut_bound import cut_lower_bound
-from solvers.remat.exact import RematResult, solve_milp
-from solvers.remat.improve_large import improve_large
-from solvers.remat.intervals import solve_intervals
-from solvers.remat.lp_rounding import lp_relaxation, round_lp
-from solvers.remat.orders import explore_orders, with_order
-from solvers.remat.polish import keep_instead_of_recompute
-from solvers.remat.portfolio import (
+from planner.core.graph import Graph
+from planner.core.plan import Action, plan_nodes
+from planner.sim.simulator import PlanError, lower_bound_peak_bytes, simulate
+from planner.solvers.order import schedule_order
+from planner.solvers.remat.checkpoints import CheckpointPlan
+from planner.solvers.remat.cut_bound import cut_lower_bound
+from planner.solvers.remat.exact import RematResult, solve_milp
+from planner.solvers.remat.improve_large import improve_large
+from planner.solvers.remat.intervals import solve_intervals
+from planner.solvers.remat.lp_rounding import lp_relaxation, round_lp
+from planner.solvers.remat.orders import explore_orders, with_order
+from planner.solvers.remat.polish import keep_instead_of_recompute
+from planner.solvers.remat.portfolio import (
     LOWERED_FIRST_NODES,
     chain_candidate,
     finer_chain_candidate,
     is_training,
     run_portfolio,
 )
-from solvers.remat.problem import (
+from planner.solvers.remat.problem import (
     RematProblem,
     problem_from_graph,
     staged_actions,
     staged_from_actions,
 )
-from solvers.remat.stop import Progress, SearchStop, StallWatch
+from planner.solvers.remat.stop import Progress, SearchStop, StallWatch
 
 EXACT_MAX_NODES = 300  # up to here: LP, MILP and interval searches after the portfolio
 EXACT_INTERVALS_MAX_NODES = 30  # up to here the interval model allows every recomputation

@@ -16,8 +16,8 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from solvers.remat.linear import LinearModel
-from solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
+from planner.solvers.remat.linear import LinearModel
+from planner.solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
 
 MIP_BACKENDS = ("cpsat", "scip", "highs", "cbc", "pulp-cbc")
 CBC_OBJECTIVE_SCALE = 1e3  # CBC's largest objective coefficient (see _pywraplp)

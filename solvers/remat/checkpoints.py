@@ -1,7 +1,7 @@
 """Checkpoint-set plans evaluated incrementally: the fast core of auto's heuristics at scale.
 
 A checkpoint set K defines a plan through Checkmate's frontier scheduler (as
-`solvers.baselines.checkpoint_schedule`): stage t computes node t (position in the problem's
+`planner.solvers.baselines.checkpoint_schedule`): stage t computes node t (position in the problem's
 order) after recomputing, in ascending order, whichever of its ancestors are not resident; a
 value stays resident after its stage while it is in K (until its last consumer has run), the
 target of stage t is carried into stage t+1, anything else is freed as soon as the stage no
@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.plan import Action, compute, free
-from solvers.remat.problem import RematProblem
+from planner.core.plan import Action, compute, free
+from planner.solvers.remat.problem import RematProblem
 
 
 class _Cascade(Exception):

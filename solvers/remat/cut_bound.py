@@ -35,13 +35,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from planner.graph import Graph, GraphIndex, reachable
-from planner.memory_model import step_memory
-from solvers.order import order_successors, schedule_order
-from solvers.remat.backends import solve_linear
-from solvers.remat.checkpoints import CheckpointPlan
-from solvers.remat.linear import INF, LinearModel
-from solvers.remat.problem import problem_from_graph
+from planner.core.graph import Graph, GraphIndex, reachable
+from planner.sim.step_memory import step_memory
+from planner.solvers.order import order_successors, schedule_order
+from planner.solvers.remat.backends import solve_linear
+from planner.solvers.remat.checkpoints import CheckpointPlan
+from planner.solvers.remat.linear import INF, LinearModel
+from planner.solvers.remat.problem import problem_from_graph
 
 MAX_CUTS = 4  # LPs solved (highest pressure first); evaluating a cut is O(n + e)
 PEAK_STEPS = 24  # store-all's highest steps in the graph's order, as cut candidates

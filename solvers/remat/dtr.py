@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from itertools import product
 
-from planner.plan import Action, compute, free
-from solvers.remat.problem import RematProblem
+from planner.core.plan import Action, compute, free
+from planner.solvers.remat.problem import RematProblem
 
 Score = Callable[[float, int, int], float]  # (cost, bytes, distance to next use) -> keep value
 
@@ -213,7 +213,7 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
 def best_dtr(problem: RematProblem, *, time_limit_s: float = 10.0) -> list[Action] | None:
     """The cheapest plan within budget over the scoring variants (simulator-exact memory); each
     variant stops at the time limit (then it gives no plan)."""
-    from solvers.remat.intervals import plan_peak_and_cost
+    from planner.solvers.remat.intervals import plan_peak_and_cost
 
     started = time.perf_counter()
     deadline = started + time_limit_s

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from planner.plan import Action
-from solvers.remat.backends import solve_linear
-from solvers.remat.milp import build_checkmate
-from solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
-from solvers.remat.stop import Progress, SearchStop
+from planner.core.plan import Action
+from planner.solvers.remat.backends import solve_linear
+from planner.solvers.remat.milp import build_checkmate
+from planner.solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
+from planner.solvers.remat.stop import Progress, SearchStop
 
 
 @dataclass(frozen=True)

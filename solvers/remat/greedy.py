@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import time
 
-from planner.graph import Graph
-from planner.plan import Action
-from solvers.remat.checkpoints import CheckpointPlan, Trial
-from solvers.remat.problem import RematProblem, problem_from_graph
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.solvers.remat.checkpoints import CheckpointPlan, Trial
+from planner.solvers.remat.problem import RematProblem, problem_from_graph
 
 MAX_CANDIDATES = 40  # checkpoints tried per step of reduce_peak (most promising first)
 CASCADE_NODES = 32  # nodes a stage may run before a drop counts as a recomputation cascade

@@ -17,16 +17,16 @@ import random
 import time
 from collections.abc import Callable
 
-from planner.graph import Graph
-from planner.plan import Action
-from solvers.order import schedule_order
-from solvers.remat.checkpoints import CheckpointPlan
-from solvers.remat.greedy import improve, reduce_peak, sweep
-from solvers.remat.late_orders import KICK_MOVES, Reorderer
-from solvers.remat.lns import improve_windows
-from solvers.remat.orders import random_orders, with_order
-from solvers.remat.problem import problem_from_graph
-from solvers.remat.retention import tight_budget_plan
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.solvers.order import schedule_order
+from planner.solvers.remat.checkpoints import CheckpointPlan
+from planner.solvers.remat.greedy import improve, reduce_peak, sweep
+from planner.solvers.remat.late_orders import KICK_MOVES, Reorderer
+from planner.solvers.remat.lns import improve_windows
+from planner.solvers.remat.orders import random_orders, with_order
+from planner.solvers.remat.problem import problem_from_graph
+from planner.solvers.remat.retention import tight_budget_plan
 
 Offer = Callable[[list[Action] | None, str], bool]
 ORDERS_SLICE_S = 1.0  # random memory-aware orders per round

@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from planner.plan import Action, ActionOp, compute, free
-from solvers.remat.backends import objective_scale, scaled_cost
-from solvers.remat.exact import RematResult
-from solvers.remat.problem import RematProblem
-from solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
+from planner.core.plan import Action, ActionOp, compute, free
+from planner.solvers.remat.backends import objective_scale, scaled_cost
+from planner.solvers.remat.exact import RematResult
+from planner.solvers.remat.problem import RematProblem
+from planner.solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
 
 
 @dataclass(frozen=True)

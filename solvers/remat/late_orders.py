@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 
-from planner.graph import Graph
-from solvers.remat.order_eval import Move, OrderState
-from solvers.remat.problem import RematProblem, problem_from_graph
+from planner.core.graph import Graph
+from planner.solvers.remat.order_eval import Move, OrderState
+from planner.solvers.remat.problem import RematProblem, problem_from_graph
 
 MAX_MOVES_PER_STEP = 200  # candidate moves judged per step (largest values first)
 LARGE_NODES = 2000  # above: first-improvement descent over every candidate move

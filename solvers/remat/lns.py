@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 import time
 
-from solvers.remat.checkpoints import CheckpointPlan, Trial
-from solvers.remat.greedy import improve, reduce_peak
+from planner.solvers.remat.checkpoints import CheckpointPlan, Trial
+from planner.solvers.remat.greedy import improve, reduce_peak
 
 
 class _Journal:

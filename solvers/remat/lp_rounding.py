@@ -15,11 +15,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from solvers.remat.backends import solve_linear
-from solvers.remat.exact import RematResult, schedule_result
-from solvers.remat.milp import build_checkmate
-from solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
-from solvers.remat.stop import Progress
+from planner.solvers.remat.backends import solve_linear
+from planner.solvers.remat.exact import RematResult, schedule_result
+from planner.solvers.remat.milp import build_checkmate
+from planner.solvers.remat.problem import RematProblem, StagedSchedule, staged_actions
+from planner.solvers.remat.stop import Progress
 
 THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.2, 0.4, 0.6, 0.8, 0.05, 0.95, 0.01, 0.99)
 

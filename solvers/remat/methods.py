@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from planner.errors import InputError
-from planner.plan import Action, PlanStatus
-from solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
-from solvers.remat.exact import RematResult, solve_milp
-from solvers.remat.problem import problem_from_graph, staged_from_actions
-from solvers.request import MethodResult, SolveRequest
+from planner.core.errors import InputError
+from planner.core.plan import Action, PlanStatus
+from planner.solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
+from planner.solvers.remat.exact import RematResult, solve_milp
+from planner.solvers.remat.problem import problem_from_graph, staged_from_actions
+from planner.solvers.request import MethodResult, SolveRequest
 
 _STATUS = {"optimal": PlanStatus.optimal, "feasible": PlanStatus.feasible,
            "infeasible": PlanStatus.infeasible, "unknown": PlanStatus.timeout}
@@ -29,7 +29,7 @@ def _left_s(request: SolveRequest, started: float) -> float:
     """Seconds of the request's limit left since `started`, less the margin for building the
     answer (`auto.final_margin_s`) and for a solver's overrun of its own limit: what a solver
     called now may take."""
-    from solvers.remat.auto import final_margin_s
+    from planner.solvers.remat.auto import final_margin_s
 
     limit = request.time_limit_s
     elapsed = time.perf_counter() - started
@@ -40,7 +40,7 @@ def _left_s(request: SolveRequest, started: float) -> float:
 def _smallest(request: SolveRequest, started: float, cap_s: float) -> int | None:
     """The least budget known to work, for an infeasible answer's message, within what is
     left of the limit (None when too little is: the engine then asks the baselines)."""
-    from solvers.remat.min_budget import min_budget
+    from planner.solvers.remat.min_budget import min_budget
 
     left_s = min(cap_s, _left_s(request, started))
     if left_s < 0.2:
@@ -66,7 +66,7 @@ def _result(request: SolveRequest, r: RematResult, started: float) -> MethodResu
 
 
 def _baseline_hint(request: SolveRequest, problem):
-    from solvers.baseline_methods import best_baseline
+    from planner.solvers.baseline_methods import best_baseline
 
     base = best_baseline(request)
     if base.actions is None:
@@ -91,9 +91,9 @@ def milp(request: SolveRequest) -> MethodResult:
 def lp_rounding(request: SolveRequest) -> MethodResult:
     """LP relaxation + two-phase rounding; never over budget, never worse than the baselines
     that fit, and never worse at a larger budget (see `solve_lp_rounding`)."""
-    from planner.simulator import simulate
-    from solvers.baseline_methods import best_baseline
-    from solvers.remat.lp_rounding import solve_lp_rounding
+    from planner.sim.simulator import simulate
+    from planner.solvers.baseline_methods import best_baseline
+    from planner.solvers.remat.lp_rounding import solve_lp_rounding
 
     started = time.perf_counter()
     backend = _backend(request, "highs-lp", LP_BACKENDS)
@@ -123,7 +123,7 @@ def auto(request: SolveRequest) -> MethodResult:
     """Pure recomputation (`solve_auto`); on a machine with a host tier, then offloading on top
     of its best plan, kept only when the event simulator says it is faster (remat is a special
     case: auto is never slower than its best pure-remat plan)."""
-    from solvers.remat.auto import solve_auto
+    from planner.solvers.remat.auto import solve_auto
 
     started = time.perf_counter()
     offloading = request.resources is not None and request.resources.has_host_tier
@@ -155,7 +155,7 @@ def _with_offload(request: SolveRequest, remat_actions: list[Action] | None,
                   started: float) -> MethodResult | None:
     """The best remat plan improved with host copies, when the simulator says it is faster;
     judged by its makespan in the engine (a remat bound does not cover it)."""
-    from solvers.offload.hybrid import improve_with_offload
+    from planner.solvers.offload.hybrid import improve_with_offload
 
     # Leave the engine its margin to judge the plan (as solve_auto does for its own).
     left_s = request.time_limit_s * 0.93 - (time.perf_counter() - started)
@@ -174,8 +174,8 @@ def _with_offload(request: SolveRequest, remat_actions: list[Action] | None,
 def cpsat_intervals(request: SolveRequest) -> MethodResult:
     """Moccasin-style CP-SAT interval model; options: max_computations (int, caps each node's
     computations: then its bound is not claimed), hint (bool, from the best baseline)."""
-    from solvers.baseline_methods import best_baseline
-    from solvers.remat.intervals import solve_intervals
+    from planner.solvers.baseline_methods import best_baseline
+    from planner.solvers.remat.intervals import solve_intervals
 
     cap = request.options.get("max_computations")
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from solvers.remat.linear import INF, LinearModel
-from solvers.remat.problem import RematProblem, StagedSchedule
+from planner.solvers.remat.linear import INF, LinearModel
+from planner.solvers.remat.problem import RematProblem, StagedSchedule
 
 
 @dataclass

@@ -6,13 +6,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from planner.graph import Graph
-from planner.plan import Action
-from planner.simulator import lower_bound_peak_bytes, simulate
-from solvers.baselines import bounded_baselines
-from solvers.remat.backends import solve_linear
-from solvers.remat.milp import build_checkmate
-from solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
+from planner.core.graph import Graph
+from planner.core.plan import Action
+from planner.sim.simulator import lower_bound_peak_bytes, simulate
+from planner.solvers.baselines import bounded_baselines
+from planner.solvers.remat.backends import solve_linear
+from planner.solvers.remat.milp import build_checkmate
+from planner.solvers.remat.problem import problem_from_graph, staged_actions, staged_from_actions
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.remat.problem import RematProblem
+from planner.solvers.remat.problem import RematProblem
 
 Score = tuple[int, int]  # (peak bytes, bytes over the target summed over every step)
 SHORT_SPAN = 48  # moves over fewer steps are judged in plain Python, longer ones in numpy

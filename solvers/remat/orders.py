@@ -14,8 +14,8 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-from planner.graph import Graph
-from solvers.order import order_successors, schedule_order
+from planner.core.graph import Graph
+from planner.solvers.order import order_successors, schedule_order
 
 Key = Callable[[int, int, int], tuple[float, ...]]  # (delta bytes, bytes while running, pos)
 
@@ -99,7 +99,7 @@ def explore_orders(graph: Graph, budget_bytes: int, deadline: float, seed: int =
                    ) -> Iterator[tuple[str, list[int]]]:
     """The candidate orders, then randomised greedy ones until one's store-all fits or time
     runs out."""
-    from solvers.baselines import store_all_peak_bytes
+    from planner.solvers.baselines import store_all_peak_bytes
 
     yield from candidate_orders(graph).items()
     rng = random.Random(seed)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.graph import Graph
-from planner.plan import Action, ActionOp
-from planner.simulator import PlanError, SimulationResult, simulate
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp
+from planner.sim.simulator import PlanError, SimulationResult, simulate
 
 
 @dataclass

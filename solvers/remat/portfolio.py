@@ -25,16 +25,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from planner.graph import Graph, Phase
-from planner.plan import Action, PlanStatus
-from solvers.order import schedule_order
-from solvers.remat.checkpoints import CheckpointPlan
-from solvers.remat.dtr import SCORES, dtr_depth_first_plan, dtr_plan
-from solvers.remat.greedy import improve, reduce_peak, sweep
-from solvers.remat.late_orders import KICK_MOVES, lowered_order
-from solvers.remat.orders import ORDER_KEYS, greedy_order, random_orders, with_order
-from solvers.remat.problem import RematProblem, problem_from_graph
-from solvers.remat.retention import tight_budget_plan
+from planner.core.graph import Graph, Phase
+from planner.core.plan import Action, PlanStatus
+from planner.solvers.order import schedule_order
+from planner.solvers.remat.checkpoints import CheckpointPlan
+from planner.solvers.remat.dtr import SCORES, dtr_depth_first_plan, dtr_plan
+from planner.solvers.remat.greedy import improve, reduce_peak, sweep
+from planner.solvers.remat.late_orders import KICK_MOVES, lowered_order
+from planner.solvers.remat.orders import ORDER_KEYS, greedy_order, random_orders, with_order
+from planner.solvers.remat.problem import RematProblem, problem_from_graph
+from planner.solvers.remat.retention import tight_budget_plan
 
 Offer = Callable[[list[Action] | None, str], bool]  # (plan, source) -> became the best
 OrderMap = dict[str, list[int]]
@@ -193,7 +193,7 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
         # Chen's √n checkpoints, which `offer` polishes (values kept instead of recomputed where
         # memory allows): milliseconds, and at tight budgets sometimes the best start (gpt12 at
         # 0.6: +57.5 % raw, +31.0 % polished; the chain DP's +32.6 %).
-        from solvers.baselines import ScheduleAbandoned, chen_sqrt
+        from planner.solvers.baselines import ScheduleAbandoned, chen_sqrt
 
         try:
             if offer(chen_sqrt(graph, deadline=share(0.1)), "baseline:chen-sqrt"):
@@ -271,7 +271,7 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
     # nothing fits (a greedy plan is never beaten by them there; recompute-all alone takes
     # seconds at 1,000 nodes, better spent on the improvement phase).
     if time.perf_counter() < deadline and n <= 3000 and (not fitted or n <= LOWERED_MIN_NODES):
-        from solvers.baselines import bounded_baselines
+        from planner.solvers.baselines import bounded_baselines
 
         for name, actions in bounded_baselines(graph, budget_bytes, deadline=share(0.5)):
             if offer(actions, f"baseline:{name}"):
@@ -314,12 +314,12 @@ def chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads: int,
                      deadline: float, notes: list[str], timings: dict[str, float],
                      refine_until: float | None = None) -> bool | None:
     """The module-level chain DP (rotor on a linearisation, each F_all choosing how much of
-    its segment to keep: `solvers.chain.saving`) as an op-level candidate; whether it became
+    its segment to keep: `planner.solvers.chain.saving`) as an op-level candidate; whether it became
     the best plan (None: not finished by `deadline`). With `refine_until` (large graphs), a
     chain of COARSE_SEGMENTS first where the linearisation is longer: the DP is cubic in the
     segments, and the 200-segment one alone took 3.1 s of a 4.8 s phase at 5,001 nodes, past
     it on a slower run."""
-    from solvers.chain.methods import chain_problem
+    from planner.solvers.chain.methods import chain_problem
 
     found: bool | None = None
     if refine_until is not None:
@@ -351,8 +351,8 @@ def finer_chain_candidate(graph: Graph, budget_bytes: int, offer: Offer, threads
 def _chain_dp(graph: Graph, budget_bytes: int, offer: Offer, threads: int, deadline: float,
               notes: list[str], refine_until: float | None, options: dict[str, object]
               ) -> bool | None:
-    from solvers.chain.methods import rotor
-    from solvers.request import SolveRequest
+    from planner.solvers.chain.methods import rotor
+    from planner.solvers.request import SolveRequest
 
     try:
         now = time.perf_counter()

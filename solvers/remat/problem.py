@@ -7,7 +7,7 @@ recomputing (in ascending position, each at most once) the earlier nodes in `com
 after its last use in the stage unless it is retained into the next stage; a value retained into
 stage t that stage t neither uses nor passes on is freed at the end of the stage. This module
 turns staged schedules into actions and accounts memory exactly as the simulator does, so that
-every formulation built on it can be checked against `planner.simulator`.
+every formulation built on it can be checked against `planner.sim.simulator`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.graph import Graph
-from planner.memory_model import step_memory
-from planner.plan import Action, ActionOp, compute, free
-from solvers.order import schedule_order
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp, compute, free
+from planner.sim.step_memory import step_memory
+from planner.solvers.order import schedule_order
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def problem_from_graph(graph: Graph, budget_bytes: int) -> RematProblem:
     """Views (alias_of) are charged their base's bytes: never less than the simulator counts
     (a view keeps its base alive), so plans stay within budget; exact for alias-free graphs.
 
-    Fixed and held bytes are the memory model's (`planner.memory_model.step_memory`): the start
+    Fixed and held bytes are the memory model's (`planner.sim.step_memory.step_memory`): the start
     bytes for the whole step, and gradient buffers from their node's first computation on."""
     index = graph.index
     step = step_memory(graph)

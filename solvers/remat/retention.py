@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.plan import Action, compute, free
-from solvers.remat.problem import RematProblem
+from planner.core.plan import Action, compute, free
+from planner.solvers.remat.problem import RematProblem
 
 CLOSURE_CAP = 256  # nodes a stage's closure may hold (larger: a cascade, the drop is refused)
 TREE_FACTOR = 8  # a depth-first tree may hold this many times its closure's nodes

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from planner.errors import InputError
-from planner.graph import Graph
-from planner.model_state import ModelState, StateBytes
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.model_state import ModelState, StateBytes
 
 
 @dataclass(frozen=True)

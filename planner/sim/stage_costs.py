@@ -1,4 +1,4 @@
-"""What each pipeline stage costs, read from the graph (planner.events_pipeline uses it).
+"""What each pipeline stage costs, read from the graph (planner.sim.pipeline_ranks uses it).
 
 The graph is one micro-batch's training step: a stage's forward time is the sum of compute_ms of
 its forward and loss nodes, its backward time that of its backward nodes. The backward splits
@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.events_result import PlanError
-from planner.graph import Graph, Phase
-from planner.memory_model import step_memory
-from planner.model_state import StateBytes
-from planner.pipeline_actions import Partition
+from planner.core.graph import Graph, Phase
+from planner.core.model_state import StateBytes
+from planner.core.pipeline_actions import Partition
+from planner.sim.result import PlanError
+from planner.sim.step_memory import step_memory
 
 
 @dataclass(frozen=True)

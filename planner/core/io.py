@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import InputError, describe_validation_error
-from planner.graph import Graph, graph_from_document
-from planner.plan import Plan
+from planner.core.errors import InputError, describe_validation_error
+from planner.core.graph import Graph, graph_from_document
+from planner.core.plan import Plan
 
 
 def read_json(path: str | Path) -> Any:
@@ -32,12 +32,12 @@ def read_json(path: str | Path) -> Any:
 def graph_from_dict(data: Any, where: str = "graph") -> Graph:
     """A graph.json document or a Checkmate/Moccasin node-link file (imported on the fly).
 
-    graph.json is read strictly (`planner.graph.graph_from_document`): each node states id,
+    graph.json is read strictly (`planner.core.graph.graph_from_document`): each node states id,
     phase, compute_ms and output_bytes, with JSON types, so nothing is silently misread.
 
     chain.json documents are the chain solver's: `planner.engine.inputs` reads all three."""
     if isinstance(data, dict) and "links" in data and "schema_version" not in data:
-        from planner.importers.checkmate import import_checkmate
+        from planner.core.importers.checkmate import import_checkmate
 
         try:
             return import_checkmate(data, source=where)
@@ -59,7 +59,7 @@ def graph_from_dict(data: Any, where: str = "graph") -> Graph:
 
 
 def is_chain_document(data: Any) -> bool:
-    """A chain.json (solvers.chain.model) rather than a graph.json."""
+    """A chain.json (planner.solvers.chain.model) rather than a graph.json."""
     return isinstance(data, dict) and ("stages" in data or "chain" in data) and "nodes" not in data
 
 

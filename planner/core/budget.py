@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from planner.errors import InputError
+from planner.core.errors import InputError
 
 __all__ = [
     "BUDGET_GRAMMAR", "MAX_BUDGET_BYTES", "MIN_PLAIN_BYTES", "BudgetSpec", "format_bytes",

@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 
 
 class InputError(ValueError):
-    """Raised for anything a user gave us that we cannot use. `str()` is the whole message."""
+    """Raised for anything a user gave us that we cannot use. `str()` is the whole message.
+
+    `field` names the request field at fault when there is one, in the request's own words
+    (`budget`, `devices`, `resources.host_memory_bytes`, `options.slots`): `str()` then reads
+    "field: detail". Code below the entry points names fields, never flags; each entry point
+    says them in its own words with `renamed` (the CLI: `--budget`; JSON: `budget`).
+    """
+
+    def __init__(self, detail: str, *, field: str | None = None) -> None:
+        self.detail = detail
+        self.field = field
+        super().__init__(f"{field}: {detail}" if field else detail)
+
+    def renamed(self, words: Mapping[str, str]) -> InputError:
+        """The same error with its field said in an entry point's words: the field's first
+        part is looked up in `words` (`{"budget": "--budget"}`); unknown fields stay as they
+        are."""
+        if self.field is None:
+            return self
+        head, dot, rest = self.field.partition(".")
+        if head not in words:
+            return self
+        return InputError(self.detail, field=words[head] + dot + rest)
 
 
 class NoPlanFits(RuntimeError):

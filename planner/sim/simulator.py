@@ -10,8 +10,8 @@ before the loss (`graph.index.order_predecessors`).
 
 `simulate` picks the replay a plan needs: compute/free lists on one stream are replayed here
 action by action (version-1 figures, exactly); plans with host copies (O/P/D) go to the event
-simulation of planner.events (compute, d2h and h2d streams), pipelines to
-planner.events_pipeline (every rank, send/recv matched). docs/plan.md describes the event model.
+simulation of planner.sim.copy_streams (compute, d2h and h2d streams), pipelines to
+planner.sim.pipeline_ranks (every rank, send/recv matched). docs/plan.md describes the event model.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import math
 import time
 from collections.abc import Sequence
 
-from planner.events_result import (
+from planner.core.graph import Graph, GraphIndex, paused_gc
+from planner.core.plan import Action, ActionOp, Plan, PlanKind
+from planner.core.resources import Resources
+from planner.sim.result import (
     MemoryPoint,
     PlanError,
     RankResult,
@@ -29,10 +32,7 @@ from planner.events_result import (
     SimulationResult,
     TimelinePoint,
 )
-from planner.graph import Graph, GraphIndex, paused_gc
-from planner.memory_model import step_memory
-from planner.plan import Action, ActionOp, Plan, PlanKind
-from planner.resources import Resources
+from planner.sim.step_memory import step_memory
 
 __all__ = [
     "MemoryPoint", "PlanError", "RankResult", "SimulationAbandoned", "SimulationResult",
@@ -62,7 +62,7 @@ def simulate(
         if resources is None:
             resources = plan.resources
         if plan.kind is PlanKind.pipeline:
-            from planner.events_pipeline import simulate_pipeline
+            from planner.sim.pipeline_ranks import simulate_pipeline
 
             assert plan.partition is not None and plan.rank_actions is not None  # validated
             return simulate_pipeline(graph, plan.partition, plan.rank_actions, resources)
@@ -73,7 +73,7 @@ def simulate(
         with paused_gc():
             return _replay(graph, actions, deadline)
     except _NeedsStreams:
-        from planner.events import simulate_streams
+        from planner.sim.copy_streams import simulate_streams
 
         with paused_gc():
             return simulate_streams(graph, actions, resources)

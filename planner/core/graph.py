@@ -19,7 +19,7 @@ from typing import Any, Literal
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from planner.model_state import ModelState, ParameterState, StateBytes
+from planner.core.model_state import ModelState, ParameterState, StateBytes
 
 __all__ = [
     "MAX_BYTES", "MAX_NODE_ID", "NODE_REQUIRED_FIELDS", "CostSource", "Edge", "FixedMemory",
@@ -301,7 +301,7 @@ def graph_from_document(data: Mapping[str, Any]) -> Graph:
     """A graph.json document (parsed JSON) as a Graph, strictly: every node states
     NODE_REQUIRED_FIELDS, and every field has its JSON type ("12" is not a number of bytes,
     12.0 not an integer, "false" not a boolean). Raises ValueError naming the node and field
-    for a missing field, pydantic's ValidationError for the rest (planner.io makes both one
+    for a missing field, pydantic's ValidationError for the rest (planner.core.io makes both one
     line). Python code building Node(...) is not affected."""
     nodes = data.get("nodes")
     if isinstance(nodes, list):
@@ -330,7 +330,7 @@ class GraphIndex:
         self.graph = graph
         self.position: dict[int, int] = {n.id: i for i, n in enumerate(graph.nodes)}
         # Other derived values of this (immutable) graph, computed once by whoever needs them
-        # (e.g. solvers.baselines.store_all_peak_bytes): keyed by a name of the value.
+        # (e.g. planner.solvers.baselines.store_all_peak_bytes): keyed by a name of the value.
         self.memo: dict[str, Any] = {}
         self.predecessors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}
         self.successors: dict[int, list[int]] = {n.id: [] for n in graph.nodes}

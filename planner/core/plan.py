@@ -5,7 +5,7 @@ plans. One-device actions have a text form, one token each, that parses back:
 `C12` compute node 12, `F12` free its device copy, `O12` start copying its output to the host
 (device-to-host stream), `P12` start copying it back (host-to-device stream; the device memory
 is taken when the copy starts), `D12` drop the host copy. Pipelines carry a `partition` and one
-action list per rank in torch.distributed.pipelining's vocabulary (planner.pipeline_actions).
+action list per rank in torch.distributed.pipelining's vocabulary (planner.core.pipeline_actions).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from planner.block_plan import BLOCK_PLAN_SCHEMA, BlockPlan
-from planner.pipeline_actions import (
+from planner.core.block_plan import BLOCK_PLAN_SCHEMA, BlockPlan
+from planner.core.pipeline_actions import (
     Partition,
     PipelineAction,
     PipelineOp,
@@ -34,7 +34,7 @@ from planner.pipeline_actions import (
     check_rank_actions,
     rank_actions_to_text,
 )
-from planner.resources import Resources
+from planner.core.resources import Resources
 
 __all__ = [
     "BLOCK_PLAN_SCHEMA", "Action", "ActionOp", "BlockPlan", "Partition", "PipelineAction",

@@ -23,12 +23,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planner.events_result import MemoryPoint, PlanError, SimulationResult, TimelinePoint
-from planner.graph import Graph
-from planner.memory_model import step_memory
-from planner.plan import Action, ActionOp
-from planner.resources import Link, Resources
-from planner.simulator import control_predecessors, describe_missing, loss_rule_error
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp
+from planner.core.resources import Link, Resources
+from planner.sim.result import MemoryPoint, PlanError, SimulationResult, TimelinePoint
+from planner.sim.simulator import control_predecessors, describe_missing, loss_rule_error
+from planner.sim.step_memory import step_memory
 
 # event: (time_ms, action index, order within the action, device delta, host delta, primary)
 Event = tuple[float, int, int, int, int, bool]

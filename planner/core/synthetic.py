@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random as _random
 
-from planner.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
+from planner.core.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
 
 
 def training_graph(
@@ -77,7 +77,7 @@ def training_graph(
         nodes=nodes,
         edges=edges,
         fixed=FixedMemory(parameters_bytes=fixed_bytes),
-        metadata=GraphMetadata(model_name=name, source="planner.synthetic"),
+        metadata=GraphMetadata(model_name=name, source="planner.core.synthetic"),
     )
 
 
@@ -165,4 +165,4 @@ def random_layered_dag(
     name = (f"random_layered_n{n}_w{mean_width:.2f}_nlv{width_variance}_ed{density:.2f}"
             f"_scd{skip_density}_seed{seed}")
     return Graph(nodes=nodes, edges=edges,
-                 metadata=GraphMetadata(model_name=name, source="planner.synthetic"))
+                 metadata=GraphMetadata(model_name=name, source="planner.core.synthetic"))

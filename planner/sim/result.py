@@ -1,5 +1,6 @@
-"""What the simulator returns, and the error it raises (shared by planner.simulator, planner.events
-and planner.events_pipeline)."""
+"""What the simulator returns, and the error it raises (shared by planner.sim.simulator,
+planner.sim.copy_streams
+and planner.sim.pipeline_ranks)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from planner.plan import Action, Predicted
+from planner.core.plan import Action, Predicted
 
 
 class PlanError(ValueError):

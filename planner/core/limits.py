@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from planner.errors import InputError
+from planner.core.errors import InputError
 
 __all__ = ["MAX_TIME_LIMIT_S", "check_time_limit"]
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.budget import format_bytes
-from planner.errors import InputError, describe_validation_error
+from planner.core.budget import format_bytes
+from planner.core.errors import InputError, describe_validation_error
 
 RESOURCES_SCHEMA_VERSION: Literal["1"] = "1"
 GiB = 2**30
@@ -272,7 +272,9 @@ def resources_from_dict(data: Any, where: str = "resources") -> Resources:
 def load_resources(path: str | Path) -> Resources:
     """A resources.json file; it must name its device (a preset, device_memory_bytes or
     device_name): a file describing a machine without one is a mistake, not a bare budget."""
-    from planner.io import read_json  # here: planner.io imports planner.plan, which imports us
+    from planner.core.io import (
+        read_json,  # here: planner.core.io imports planner.core.plan, which imports us
+    )
 
     resources = resources_from_dict(read_json(path), where=str(path))
     if resources.device_memory_bytes is None and not resources.device_name:

@@ -18,7 +18,7 @@ gradient and optimizer bytes follow from them (DESIGN.md, Resources):
 trained under `torch.autocast` (fp32 weights) is "fp32" here, and a model cast to bf16 and trained
 with a torch optimizer (bf16 states, no master copy) is "fp32" with 2-byte `bytes`.
 
-This module imports nothing of the project (a contract); planner.graph re-exports its classes.
+This module imports nothing of the project (a contract); planner.core.graph re-exports its classes.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ParameterState(BaseModel):
     )
     bytes: int = Field(
         ge=0,
-        le=2**60,  # planner.graph.MAX_BYTES (not imported: graph imports this module)
+        le=2**60,  # planner.core.graph.MAX_BYTES (not imported: graph imports this module)
         description="Bytes of the weights as the model computes with them (fp32 under 'fp32', "
         "16-bit under the mixed precisions), unsharded.",
     )

@@ -1,7 +1,7 @@
 """Event simulation of a pipeline plan: every rank's action list runs concurrently.
 
 Each rank runs its list in order on one compute stream. F/B/I/W of (stage, micro-batch) take the
-stage's times (planner.events_stages). A SEND does not block its rank: the data arrives at the
+stage's times (planner.sim.stage_costs). A SEND does not block its rank: the data arrives at the
 peer `resources.device_link.transfer_ms(boundary bytes)` after the producing compute ends (no
 link given: instantly; links are not shared, no contention). A RECV blocks its rank until the
 matching send's data arrives: RECV_F of stage s matches SEND_F of stage s-1, RECV_B of stage s
@@ -25,11 +25,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.events_result import PlanError, RankResult, SimulationResult
-from planner.events_stages import StageCosts, stage_costs
-from planner.graph import Graph
-from planner.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
-from planner.resources import Resources
+from planner.core.graph import Graph
+from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
+from planner.core.resources import Resources
+from planner.sim.result import PlanError, RankResult, SimulationResult
+from planner.sim.stage_costs import StageCosts, stage_costs
 
 F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input,
                PipelineOp.backward_weight)

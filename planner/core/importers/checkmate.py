@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import InputError, describe_validation_error
-from planner.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
+from planner.core.errors import InputError, describe_validation_error
+from planner.core.graph import CostSource, Edge, FixedMemory, Graph, GraphMetadata, Node, Phase
 
 
 def import_checkmate_file(path: str | Path) -> Graph:
