@@ -1,8 +1,9 @@
 """One JSON error shape for every failure, and the request-body size limit.
 
 Every error is `{"error": {"code", "message", "details"}}` with one line of message that names
-the field, node or limit, whatever raised it: our own ApiError, planner's InputError (the CLI's
-messages), FastAPI's request validation, Starlette's 404/405, or a bug (500, no traceback).
+the field, node or limit, whatever raised it: our own ApiError, planner's InputError (the
+request field at fault, as the body names it, also in `details.field`), FastAPI's request
+validation, Starlette's 404/405, or a bug (500, no traceback).
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InputError)
     async def _input_error(_: Request, exc: InputError) -> JSONResponse:
-        return error_response(422, str(exc))
+        # The request field at fault, in the body's words (`budget`, `options.slots`).
+        details = {"field": exc.field} if exc.field else None
+        return error_response(422, str(exc), details=details)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

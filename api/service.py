@@ -1,5 +1,6 @@
-"""What the routes do, without HTTP: resolve graphs and budgets, answer from the store or queue
-a job, cancel, draw timelines. Bad input raises ApiError/InputError with the CLI's messages."""
+"""What the routes do, without HTTP: resolve a request once (planner.engine.request), answer
+from the store or queue a job, cancel, draw timelines. Bad input raises ApiError, or InputError
+naming the body's field (the request's field names are the body's)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 import os
 import tempfile
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph
@@ -22,6 +24,10 @@ from planner.service.models import CACHEABLE, FINISHED, RUNNING, Job
 from planner.service.schemas import JobView, Progress
 from planner.service.settings import Settings
 from planner.service.store import Store
+
+if TYPE_CHECKING:
+    from planner.engine.request import RequestGraph, ResolvedRequest
+    from planner.service.schemas import PlanRequest, SweepRequest
 
 # pyplot keeps global state: one timeline drawn at a time.
 _PLOT_LOCK = threading.Lock()
@@ -102,134 +108,104 @@ class PlanService:
             )
         return Graph.model_validate_json(document)
 
-    def resolve_graph(
-        self, graph: dict[str, Any] | None, graph_id: str | None
-    ) -> tuple[str, Graph | None]:
-        """(graph hash, the Graph when it was sent inline)."""
+    def request_graph(self, graph: dict[str, Any] | None, graph_id: str | None) -> RequestGraph:
+        """The request's graph: sent inline (validated and stored now) or named by its id (read
+        from the store only when the request needs it: a relative budget, an offload check)."""
+        from planner.engine.request import RequestGraph
+
         if (graph is None) == (graph_id is None):
             raise ApiError(422, "give exactly one of 'graph' (a graph.json) or 'graph_id'")
         if graph is not None:
             parsed = self.parse_graph(graph)
-            graph_hash, _ = self.put_graph(parsed)
-            return graph_hash, parsed
+            self.put_graph(parsed)
+            return RequestGraph.given(parsed)
         assert graph_id is not None
         if self.known_graphs.get(graph_id) is None:
             if not self.store.graph_exists(graph_id):
                 self.stored_graph(graph_id)  # raises the 404
             self.known_graphs.put(graph_id, graph_id)
-        return graph_id, None
+        return RequestGraph(graph_id, lambda: self.stored_graph(graph_id))
 
     # -- plans --------------------------------------------------------------------------------
-    def resources(self, value: dict[str, Any] | str | None) -> dict[str, Any] | None:
-        """The request's resources (a resources.json document or a preset name), validated and
-        normalised; InputError (422) naming the field otherwise."""
-        if value is None:
-            return None
-        from planner.core.resources import resources_from_dict
-
-        return resources_from_dict(value, where="resources").model_dump(mode="json")
-
-    def budget_bytes(
+    def resolve(
         self,
+        source: RequestGraph,
         budget: int | float | str | None,
-        graph_hash: str,
-        graph: Graph | None,
-        resources: dict[str, Any] | None = None,
-        name: str = "budget",
-    ) -> int:
-        from planner.core.budget import MAX_BUDGET_BYTES, parse_budget_spec
-
-        if budget is None:
-            memory = (resources or {}).get("device_memory_bytes")
-            if memory is None:
-                raise InputError(
-                    f"{name}: missing; give a budget (0.8, '11GiB', bytes) or resources that "
-                    "name a device (e.g. \"h100-pcie-gen5\")"
-                )
-            if int(memory) > MAX_BUDGET_BYTES:
-                raise InputError(
-                    f"resources.device_memory_bytes {memory}: over the largest budget of "
-                    f"{MAX_BUDGET_BYTES} bytes (1 EiB)"
-                )
-            return int(memory)
-        # One grammar with the CLI; it refuses budgets over 1 EiB (the store's columns are int64).
-        spec = parse_budget_spec(budget, name)
-        if not spec.needs_reference:
-            return spec.resolve(None, name)
-        from planner.solvers.baselines import store_all_peak_bytes
-
-        reference = store_all_peak_bytes(graph or self.stored_graph(graph_hash))
-        return spec.resolve(reference, name)
-
-    def check_method(self, method: str, options: dict[str, Any] | None = None) -> None:
-        """422 for an unknown method, or options it does not take (planner.engine.options)."""
-        from planner.engine.options import check_options
-        from planner.engine.registry import load_method
-
-        try:
-            load_method(method)
-        except ImportError as e:
-            raise ApiError(422, f"method {method!r} is not available on this server: {e}") from None
-        check_options(method, options or {})
-
-    def check_offload(self, graph_hash: str, graph: Graph | None, method: str,
-                      resources: dict[str, Any] | None) -> None:
-        """422 for an offload method on a machine without a host tier or a graph with nothing
-        to offload: the CLI's exit-2 line (planner.engine.offload_checks)."""
-        from planner.core.resources import resources_from_dict
-        from planner.engine.offload_checks import check_offload_request, is_offload_method
-
-        if not is_offload_method(method):
-            return
-        machine = resources_from_dict(resources, "resources") if resources is not None else None
-        check_offload_request(graph or self.stored_graph(graph_hash), method, machine,
-                              graph_where="graph", resources_where="resources")
-
-    def time_limit(self, requested: float | None) -> float:
-        cap = self.settings.max_time_limit_s
-        if requested is None:
-            return min(self.settings.default_time_limit_s, cap)
-        from planner.core.limits import check_time_limit
-
-        requested = check_time_limit(requested, "time_limit")  # the CLI's rule: finite, > 0
-        if requested > cap:
-            raise ApiError(
-                422,
-                f"time_limit {requested:g} s: over this server's cap of max_time_limit_s={cap:g}",
-                details={"limit": "max_time_limit_s", "max": cap},
-            )
-        return requested
-
-    def submit(
-        self,
-        graph_hash: str,
-        budget_bytes: int,
+        *,
         method: str,
         options: dict[str, Any],
-        time_limit_s: float,
-        resources: dict[str, Any] | None = None,
-        *,
-        force: bool = False,
-    ) -> tuple[Job, bool]:
+        resources: dict[str, Any] | str | None,
+        time_limit: float | None,
+    ) -> ResolvedRequest:
+        """One request resolution (planner.engine.request), once per request: InputError (422)
+        naming the body's field; then this server's cap on the time limit."""
+        from planner.engine.request import resolve_request
+
+        cap = self.settings.max_time_limit_s
+        request = resolve_request(
+            source, budget, resources=resources, method=method, options=options,
+            time_limit=min(self.settings.default_time_limit_s, cap) if time_limit is None
+            else time_limit,
+            threads=self.settings.solver_threads,
+        )
+        if request.time_limit_s > cap:
+            raise ApiError(
+                422,
+                f"time_limit {request.time_limit_s:g} s: over this server's cap of "
+                f"max_time_limit_s={cap:g}",
+                details={"limit": "max_time_limit_s", "max": cap},
+            )
+        return request
+
+    def resolve_plan(self, body: PlanRequest) -> ResolvedRequest:
+        return self.resolve(
+            self.request_graph(body.graph, body.graph_id), body.budget, method=body.method,
+            options=body.options, resources=body.resources, time_limit=body.time_limit,
+        )
+
+    def resolve_sweep(self, body: SweepRequest) -> list[ResolvedRequest]:
+        """One request per distinct budget, smallest first; a budget's errors name it
+        (`budgets[2]`)."""
+        from planner.engine.request import resolve_budget
+
+        source = self.request_graph(body.graph, body.graph_id)
+        try:
+            first = self.resolve(source, body.budgets[0], method=body.method,
+                                 options=body.options, resources=body.resources,
+                                 time_limit=body.time_limit)
+        except InputError as e:
+            raise e.renamed({"budget": "budgets[0]"}) from None
+        budgets = {first.budget_bytes}
+        for i, budget in enumerate(body.budgets[1:], start=1):
+            try:
+                budgets.add(resolve_budget(budget, source, first.resources))
+            except InputError as e:
+                raise e.renamed({"budget": f"budgets[{i}]"}) from None
+        return [replace(first, budget_bytes=b) for b in sorted(budgets)]
+
+    def submit(self, request: ResolvedRequest, *, force: bool = False) -> tuple[Job, bool]:
         """(job, answered from the store at once). A finished answer serves the request when no
         more search could improve it (proven, or solved with at least this time limit), unless
         `force`; identical active requests (same key and time limit) share one job."""
-        key = request_key(graph_hash, budget_bytes, method, options, resources)
+        resources = request.resources_document()
+        options = dict(request.options)
+        key = request_key(request.graph_hash, request.budget_bytes, request.method, options,
+                          resources)
         if not force:
-            done = self._known_answer(key, time_limit_s)
+            done = self._known_answer(key, request.time_limit_s)
             if done is None:
-                done = self.store.find_answer(key, time_limit_s)
+                done = self.store.find_answer(key, request.time_limit_s)
             if done is not None:
                 self._remember_answer(key, done)
                 self.metrics.cache_hits.inc()
                 return done, True
         job, created = self.store.create_or_join_job(
             request_key=key,
-            graph_hash=graph_hash,
-            budget_bytes=budget_bytes,
-            method=method,
+            graph_hash=request.graph_hash,
+            budget_bytes=request.budget_bytes,
+            method=request.method,
             options=options,
-            time_limit_s=time_limit_s,
+            time_limit_s=request.time_limit_s,
             resources=resources,
         )
         if created:

@@ -29,6 +29,47 @@ def _watch_lifeline(lifeline: Connection) -> None:
     os._exit(70)
 
 
+class _Reporter:
+    """The pipe back to the server: progress at most once per interval (a report that comes too
+    soon is kept and sent by a flusher thread, so the last improvement before a long quiet spell
+    is not lost), then one answer, after which nothing more is sent."""
+
+    def __init__(self, results: Connection) -> None:
+        self.results = results
+        self.lock = threading.Lock()
+        self.solved = threading.Event()  # set, under the lock, as the answer goes out
+        self.pending: list[tuple[float | None, float | None]] = []  # the latest unsent report
+        self.last_sent = 0.0
+
+    def start_flusher(self) -> None:
+        threading.Thread(target=self._flush, daemon=True).start()
+
+    def progress(self, objective: float | None, bound: float | None) -> None:
+        with self.lock:
+            self.pending[:] = [(objective, bound)]
+        if time.monotonic() - self.last_sent >= PROGRESS_INTERVAL_S:
+            self._send_pending()
+
+    def answer(self, message: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.solved.set()
+            self.results.send(message)
+
+    def _flush(self) -> None:
+        while not self.solved.wait(PROGRESS_INTERVAL_S):
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        with self.lock:
+            report = self.pending.pop() if self.pending else None
+        if report is None:
+            return
+        self.last_sent = time.monotonic()
+        with self.lock:
+            if not self.solved.is_set():  # nothing after the answer
+                self.results.send(("progress", *report))
+
+
 def run_job(
     spec: dict[str, Any],
     graph_json: str,
@@ -44,80 +85,32 @@ def run_job(
             os.nice(nice)
         except OSError:
             pass
-    send_lock = threading.Lock()
-    solved = threading.Event()  # set, under send_lock, as the answer goes out
+    reporter = _Reporter(results)
     try:
         from planner.core.errors import InputError
         from planner.core.graph import Graph, paused_gc
         from planner.engine.registry import register_method
-        from planner.engine.solve import solve
+        from planner.engine.request import stored_request
 
         for name, target in extra_methods.items():
             register_method(name, target)
-        from planner.core.resources import Resources
-
         with paused_gc():  # validated when it was stored; this is the parse
             graph = Graph.model_validate_json(graph_json)
         # This process lives for one solve: the graph's objects stay until it ends, so later
         # collections need not walk them again and again (a large graph has millions).
         gc.freeze()
-        resources = spec.get("resources")
-        last_sent = 0.0
-
-        pending: list[tuple[float | None, float | None]] = []  # the latest unsent report
-
-        def send_progress(report: tuple[float | None, float | None]) -> None:
-            nonlocal last_sent
-            last_sent = time.monotonic()
-            with send_lock:
-                if not solved.is_set():  # nothing after the answer
-                    results.send(("progress", *report))
-
-        def progress(objective: float | None, bound: float | None) -> None:
-            # At most one report per interval; a report that comes too soon is kept and sent by
-            # the flusher, so the last improvement before a long quiet spell is not lost.
-            with send_lock:
-                pending[:] = [(objective, bound)]
-            if time.monotonic() - last_sent >= PROGRESS_INTERVAL_S:
-                with send_lock:
-                    report = pending.pop() if pending else None
-                if report is not None:
-                    send_progress(report)
-
-        def flush_progress() -> None:
-            while not solved.wait(PROGRESS_INTERVAL_S):
-                with send_lock:
-                    report = pending.pop() if pending else None
-                if report is not None:
-                    send_progress(report)
-
-        threading.Thread(target=flush_progress, daemon=True).start()
-
+        request = stored_request(graph, spec)  # resolved at submission: nothing is parsed again
+        reporter.start_flusher()
         # The job's limit counts from its start (the dispatcher's clock, CLOCK_MONOTONIC like
         # ours): starting this process and reading the graph come out of it.
         began = float(spec.get("started_monotonic", entered))
-        time_limit_s = max(MIN_SOLVE_S, float(spec["time_limit_s"]) - (time.monotonic() - began))
+        time_limit_s = max(MIN_SOLVE_S, request.time_limit_s - (time.monotonic() - began))
         try:
-            plan = solve(
-                graph,
-                int(spec["budget_bytes"]),
-                str(spec["method"]),
-                time_limit_s=time_limit_s,
-                threads=int(spec.get("threads", 1)),
-                seed=int(spec.get("seed", 0)),
-                options=dict(spec.get("options") or {}),
-                progress=progress,
-                resources=None if resources is None else Resources.model_validate(resources),
-            )
+            plan = request.solve(progress=reporter.progress, time_limit_s=time_limit_s)
         except InputError as e:
-            with send_lock:
-                solved.set()
-                results.send(("error", str(e)))
+            reporter.answer(("error", str(e)))
             return
-        report = plan_report(plan, graph)
-        with send_lock:
-            solved.set()
-            results.send(("result", plan.model_dump_json(), report))
+        reporter.answer(("result", plan.model_dump_json(), plan_report(plan, graph)))
         from planner.engine.deadline import abandoned_methods
 
         if abandoned_methods():  # the answer is out (send returns once it is written): a method
@@ -125,9 +118,7 @@ def run_job(
     except Exception as e:  # a solver bug: report it as the job's failure reason
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
-        with send_lock:
-            solved.set()
-            results.send(("error", f"solver error: {type(e).__name__}: {e}{where}"))
+        reporter.answer(("error", f"solver error: {type(e).__name__}: {e}{where}"))
 
 
 def plan_report(plan: Any, graph: Any) -> dict[str, Any]:

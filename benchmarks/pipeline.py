@@ -29,9 +29,12 @@ from planner.core.errors import InputError  # noqa: E402
 from planner.core.graph import FixedMemory, Graph, ModelState, ParameterState  # noqa: E402
 from planner.solvers.pipeline.baselines import BASELINES, baseline_partition  # noqa: E402
 from planner.solvers.pipeline.chains import LayerSpec, chain_graph, transformer_layers  # noqa: E402
-from planner.solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split  # noqa: E402
+from planner.solvers.pipeline.dp import dp_partition, least_memory_split
 from planner.solvers.pipeline.ilp import ilp_partition  # noqa: E402
-from planner.solvers.pipeline.problem import PipelineProblem  # noqa: E402
+from planner.solvers.pipeline.problem import (
+    PartitionOutcome,  # noqa: E402
+    PipelineProblem,  # noqa: E402
+)
 from planner.solvers.pipeline.units import UnitChain  # noqa: E402
 
 GiB = 2**30

@@ -210,10 +210,12 @@ def main() -> None:
 
     from planner.core.io import write_json
     from planner.core.synthetic import training_graph
-    from planner.engine.registry import method_names
+    from planner.engine.registry import method_names, method_spec
 
     sizes = [s for s in args.sizes.split(",") if s]
-    methods = args.methods.split(",") if args.methods else method_names()
+    # one-device methods: the pipeline partitioners plan for several devices, not this table
+    one_device = [m for m in method_names() if (s := method_spec(m)) is None or not s.pipeline]
+    methods = args.methods.split(",") if args.methods else one_device
     columns: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:

@@ -23,24 +23,27 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from planner.core.budget import format_bytes, parse_budget
+from planner.core.budget import format_bytes
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.io import plan_from_dict, write_json
 from planner.core.plan import Plan, PlanStatus
+from planner.engine.request import ResolvedRequest, resolve_request
 from planner.runtime.apply import PlannedModule, apply
 
 log = logging.getLogger("planner.runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
 USABLE = (PlanStatus.optimal, PlanStatus.feasible)
 MAX_REPLANS = 3  # tighter budgets tried when a measured step exceeds the budget
+# Request field -> plan_for's argument (planner.engine.request names fields).
+AGENT_FIELDS = {"time_limit": "time_limit_s"}
 
 
 class ServiceUnavailable(RuntimeError):
@@ -101,19 +104,22 @@ def plan_for(
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
     measured more than the budget allows is planned again for tighter budgets (see
     `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept."""
-    from planner.solvers.baselines import store_all_peak_bytes
     from planner.tracing.api import trace as trace_fn
 
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     # Dropout masks sized as the runtime (the joint graph) keeps them.
     traced = trace_fn(model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph")
     graph = traced.graph
-    budget_bytes = parse_budget(budget, store_all_peak_bytes(graph))
+    try:  # a method only the service knows is checked there
+        request = resolve_request(graph, budget, method=method, time_limit=time_limit_s,
+                                  method_here=server is None)
+    except InputError as e:
+        raise e.renamed(AGENT_FIELDS) from None
     cache = PlanCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
 
     def planned(planning_budget: int) -> tuple[PlannedModule, AgentReport]:
-        report = _obtain(graph, planning_budget, method, server, cache, timeout_s,
-                         time_limit_s, token)
+        report = _obtain(replace(request, budget_bytes=planning_budget), server, cache,
+                         timeout_s, token)
         plan = report.plan
         if plan.status not in USABLE:
             smallest = plan.details.get("smallest_feasible_bytes")
@@ -133,7 +139,7 @@ def plan_for(
         )
         return module, report
 
-    module, report = planned(budget_bytes)
+    module, report = planned(request.budget_bytes)
     if calibrate:
         _calibrate(module, model, inputs, report)
         if replan and tighter_budget(report) is not None:
@@ -208,15 +214,18 @@ def _replan(
 
 # -- getting a plan ------------------------------------------------------------------------------
 def _obtain(
-    graph: Graph, budget_bytes: int, method: str, server: str | None, cache: PlanCache,
-    timeout_s: float, time_limit_s: float, token: str | None,
+    request: ResolvedRequest, server: str | None, cache: PlanCache, timeout_s: float,
+    token: str | None,
 ) -> AgentReport:
+    graph, budget_bytes, method = request.graph, request.budget_bytes, request.method
+
     def report(source: str, plan: Plan) -> AgentReport:
         return AgentReport(source, plan, graph, budget_bytes)
 
     if server is not None:
         try:
-            plan = ask_service(server, graph, budget_bytes, method, timeout_s, time_limit_s, token)
+            plan = ask_service(server, graph, budget_bytes, method, timeout_s,
+                               request.time_limit_s, token)
             out = report("service", plan)
             out.say(f"plan from the service at {server}")
             return out
@@ -228,9 +237,7 @@ def _obtain(
             path = cache.path_of(graph, budget_bytes, method)
             out.say(f"service unavailable ({reason}); using the cached plan {path}")
             return out
-        from planner.engine.solve import solve
-
-        plan = solve(graph, budget_bytes, FALLBACK_METHOD, time_limit_s=time_limit_s)
+        plan = replace(request, method=FALLBACK_METHOD, options={}).solve()
         out = report("fallback-baseline", plan)
         out.say(
             f"service unavailable ({reason}); no cached plan: using the local baseline "
@@ -242,10 +249,8 @@ def _obtain(
         out = report("cache", cached)
         out.say(f"cached plan {cache.path_of(graph, budget_bytes, method)}")
         return out
-    from planner.engine.solve import solve
-
     started = time.perf_counter()
-    plan = solve(graph, budget_bytes, method, time_limit_s=time_limit_s)
+    plan = request.solve()
     out = report("local", plan)
     out.say(f"solved in-process with {method} in {time.perf_counter() - started:.2f} s")
     return out

@@ -1,6 +1,6 @@
 """Block-level plans (chain solvers): non-reentrant `torch.utils.checkpoint` per segment.
 
-A `BlockPlan` (solvers/chain/blocks.py) gives each chain stage (a module path from the
+A `BlockPlan` (planner.core.block_plan) gives each chain stage (a module path from the
 module-level trace) a mode: K runs normally, C starts a checkpointed segment (its input is
 kept), R continues that segment. A segment `C R R` runs as ONE checkpointed function of its
 blocks: while the planned forward runs, the C block's forward is replaced by the composition of
@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.core.errors import InputError
+from planner.core.block_plan import BlockPlan
+from planner.core.errors import InputError, describe_validation_error
 from planner.core.graph import Graph
-from planner.core.plan import BlockPlan as TypedBlockPlan
 from planner.engine.block_plans import simulate_block_plan
 from planner.sim.simulator import PlanError
 
@@ -34,58 +35,50 @@ class BlockPlanError(InputError):
     """A block plan that does not fit the model (names the block)."""
 
 
-def parse_modes(block_plan: Any) -> str:
-    """'KCRR...' from a BlockPlan, its JSON form, a Plan (its `block_plan`, else version 1's
-    details['block_plan']), or text."""
-    if isinstance(block_plan, str):
-        modes = block_plan
-    elif isinstance(block_plan, dict):
-        modes = str(block_plan.get("modes", ""))
-    elif isinstance(getattr(block_plan, "block_plan", None), TypedBlockPlan):
-        modes = block_plan.block_plan.modes
+def read_block_plan(block_plan: Any) -> BlockPlan:
+    """The BlockPlan of a BlockPlan, its JSON form, a Plan (its `block_plan`, else version 1's
+    details['block_plan']), or text ('KCRR...'); BlockPlanError naming the block."""
+    if isinstance(block_plan, BlockPlan):
+        return block_plan
+    data: Any
+    typed = getattr(block_plan, "block_plan", None)
+    if isinstance(typed, BlockPlan):
+        return typed
+    if isinstance(block_plan, str | dict):
+        data = block_plan
     elif hasattr(block_plan, "details") and isinstance(block_plan.details, dict):
-        inner = block_plan.details.get("block_plan")
-        if not isinstance(inner, dict):
+        data = block_plan.details.get("block_plan")
+        if not isinstance(data, dict):
             raise BlockPlanError("plan: has no details.block_plan (not a chain solver's plan)")
-        modes = str(inner.get("modes", ""))
-    elif hasattr(block_plan, "modes"):
-        modes = "".join(getattr(m, "value", str(m)) for m in block_plan.modes)
     else:
         raise BlockPlanError(f"block plan: cannot read a {type(block_plan).__name__}")
-    if not modes or set(modes) - {"K", "C", "R"}:
-        raise BlockPlanError(f"block plan: modes {modes!r} must be a non-empty string of K, C, R")
-    for b, mode in enumerate(modes):
-        if mode == "R" and (b == 0 or modes[b - 1] == "K"):
-            raise BlockPlanError(f"block {b}: 'R' must follow a 'C' or 'R' block")
-    return modes
+    try:
+        return BlockPlan.model_validate(data)
+    except ValidationError as e:
+        why = describe_validation_error(e)  # "block 1: 'R' must follow ..." names the block
+        raise BlockPlanError(why if why.startswith("block ") else f"block plan {why}") from None
+
+
+def parse_modes(block_plan: Any) -> str:
+    """'KCRR...' of anything `read_block_plan` reads."""
+    return read_block_plan(block_plan).modes
 
 
 def check_simulates(block_plan: Any, graph: Graph) -> None:
     """Refuse a block plan whose one-level application does not simulate on `graph` (the
     module-level trace's), with the simulator's message."""
-    typed = TypedBlockPlan.model_validate(parse_modes(block_plan))
     try:
-        simulate_block_plan(graph, typed)
+        simulate_block_plan(graph, read_block_plan(block_plan))
     except PlanError as e:
         raise BlockPlanError(str(e)) from None  # names the block plan, step and node
-
-
-def segments(modes: str) -> list[tuple[int, int]]:
-    """Checkpointed segments as (first, last) block, inclusive."""
-    out: list[tuple[int, int]] = []
-    for b, mode in enumerate(modes):
-        if mode == "C":
-            out.append((b, b))
-        elif mode == "R":
-            out[-1] = (out[-1][0], b)
-    return out
 
 
 class BlockExecutor:
     """Installs the checkpointed forwards on the model's blocks; use as a context manager."""
 
     def __init__(self, model: nn.Module, block_plan: Any, stage_names: Sequence[str]) -> None:
-        self.modes = parse_modes(block_plan)
+        plan = read_block_plan(block_plan)
+        self.modes = plan.modes
         if len(self.modes) != len(stage_names):
             raise BlockPlanError(
                 f"block plan: {len(self.modes)} modes for {len(stage_names)} stages of the model"
@@ -102,7 +95,7 @@ class BlockExecutor:
                 raise BlockPlanError(f"block {b}: the model has no module {name!r}")
             self.blocks.append(modules[name])
         self.names = list(stage_names)
-        self.segments = segments(self.modes)
+        self.segments = plan.segments()
         self._installed = False
         self.notes: list[str] = []
         self.probed = not any(last > first for first, last in self.segments)

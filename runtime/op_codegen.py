@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 from planner.core.plan import ActionOp
+from planner.sim.ledger import resident_after
 
 # The generated function: (values, kept outputs, random-op runner, gradient layout fixer).
 SegmentFunction = Callable[
@@ -213,12 +214,6 @@ class SegmentCompiler:
 
 
 def resident_sets(actions: Iterable[Any]) -> Iterable[frozenset[int]]:
-    """The graph nodes a compiled remat plan holds after each action (computes add their node,
-    frees remove it: the compiler checked the plan), built as they are iterated."""
-    resident: set[int] = set()
-    for action in actions:
-        if action.op is ActionOp.compute:
-            resident.add(action.node)
-        else:
-            resident.discard(action.node)
-        yield frozenset(resident)
+    """The graph nodes a compiled remat plan holds after each action (the compiler checked the
+    plan): the memory ledger's resident sets, built as they are iterated."""
+    return resident_after(actions)

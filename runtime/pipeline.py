@@ -43,16 +43,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
     _add_reduce_grad,
     _PipelineSchedule,
     _PipelineScheduleRuntime,
+    get_schedule_class,
 )
 from torch.utils.checkpoint import checkpoint
 
@@ -60,6 +58,7 @@ from planner.core.errors import InputError
 from planner.core.pipeline_actions import rank_actions_to_csv
 from planner.core.plan import Plan, PlanKind, PlanStatus
 from planner.runtime.pipeline_split import SplitModel, StageProgram, split_model
+from planner.solvers.pipeline.schedules import SCHEDULE_CLASSES
 from planner.tracing.memory import StorageTracker
 
 
@@ -224,16 +223,17 @@ class PipelineRun:
                 "partition does not (use schedule='plan')"
             )
         name = str(getattr(planned, "value", planned))
-        if name in ("gpipe", "1f1b") and len(self.stages) == 1:
-            cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
-            return cls(self.stages[0], m, loss_fn=self.loss_fn, scale_grads=scale)
-        if name == "interleaved-1f1b":
+        ours = SCHEDULE_CLASSES.get(name)
+        torch_cls = get_schedule_class(ours.torch_class) if ours and ours.torch_class else None
+        if torch_cls is not None and issubclass(torch_cls, PipelineScheduleSingle) \
+                and len(self.stages) == 1:
+            return torch_cls(self.stages[0], m, loss_fn=self.loss_fn, scale_grads=scale)
+        if torch_cls is not None and issubclass(torch_cls, PipelineScheduleMulti):
             stages: list[Any] = list(self.stages)
-            return ScheduleInterleaved1F1B(stages, m, loss_fn=self.loss_fn,
-                                           scale_grads=scale)
+            return torch_cls(stages, m, loss_fn=self.loss_fn, scale_grads=scale)
         raise InputError(
             f"schedule builtin: no torch class for {name!r} with {len(self.stages)} stage(s) per "
-            "rank (gpipe, 1f1b: one; interleaved-1f1b: several); use schedule='plan'"
+            f"rank ({_builtin_choices()}); use schedule='plan'"
         )
 
     # -- steps -------------------------------------------------------------------------------
@@ -401,3 +401,14 @@ def _batch_size(inputs: tuple[Any, ...]) -> int | None:
         if isinstance(x, torch.Tensor) and x.dim() > 0:
             return int(x.shape[0])
     return None
+
+
+def _builtin_choices() -> str:
+    """'gpipe, 1f1b: one; interleaved-1f1b: several': the schedules torch has a class for."""
+    single: list[str] = []
+    multi: list[str] = []
+    for name, cls in SCHEDULE_CLASSES.items():
+        if cls.torch_class is not None:
+            torch_cls = get_schedule_class(cls.torch_class)
+            (multi if issubclass(torch_cls, PipelineScheduleMulti) else single).append(name)
+    return f"{', '.join(single)}: one; {', '.join(multi)}: several"

@@ -1,10 +1,11 @@
-"""Baselines exposed as planning methods (see planner.engine.registry)."""
+"""Baselines exposed as planning methods; each declares its spec (planner.solvers.spec) here."""
 
 from __future__ import annotations
 
 from planner.core.plan import Action, PlanStatus
 from planner.solvers.baselines import BASELINES, bounded_baselines
 from planner.solvers.request import MethodResult, SolveRequest
+from planner.solvers.spec import MethodSpec
 
 
 def _run(name: str, request: SolveRequest) -> MethodResult:
@@ -61,3 +62,17 @@ def best_baseline(request: SolveRequest) -> MethodResult:
         backend=f"baseline:{name}",
         lower_bound=request.graph.total_compute_ms,
     )
+
+
+SPECS: tuple[MethodSpec, ...] = (
+    MethodSpec(name="store-all", run=store_all,
+               summary="keep every activation: the most memory, no recomputation"),
+    MethodSpec(name="recompute-all", run=recompute_all,
+               summary="keep nothing, recompute every activation for its backward"),
+    MethodSpec(name="chen-sqrt", run=chen_sqrt,
+               summary="Chen et al.'s sqrt(n) checkpoints, evenly spaced"),
+    MethodSpec(name="chen-greedy", run=chen_greedy,
+               summary="Chen et al.'s greedy checkpoints within the budget"),
+    MethodSpec(name="best-baseline", run=best_baseline,
+               summary="every affordable baseline; the cheapest within the budget"),
+)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.core.graph import Graph
 from planner.core.plan import Action, BlockPlan, PlanStatus
 from planner.core.resources import Resources
+
+if TYPE_CHECKING:
+    from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class SolveRequest:
     progress: Callable[[float | None, float | None], None] | None = None
     # The machine (links, host memory); None: one device, the budget alone.
     resources: Resources | None = None
+    # Pipeline partitioners only: the problem the engine built and checked (ranks,
+    # micro-batches, schedule, device memory; planner.engine.partition).
+    pipeline: PipelineProblem | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,9 @@ class MethodResult:
     # Chain solvers: the block modes a module-level runtime applies (one level of
     # checkpointing); the engine simulates it before it goes into the Plan.
     block_plan: BlockPlan | None = None
+    # Pipeline partitioners: the split chosen, its rank actions and per-rank peaks; the engine
+    # builds the pipeline plan from it and judges it (planner.engine.partition).
+    partition: PartitionOutcome | None = None
 
 
 MethodFn = Callable[[SolveRequest], MethodResult]

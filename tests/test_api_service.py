@@ -278,7 +278,11 @@ def test_health_ready_metrics_auth_off(server: ServerProcess) -> None:
         assert ready["database"] in ("sqlite", "postgresql")
         # Auth is off on this server: any or no Authorization header is fine.
         r = c.get("/v1/methods", headers={"Authorization": "Bearer anything"})
-        assert r.status_code == 200 and "chen-greedy" in r.json()
+        assert r.status_code == 200
+        methods = {m["name"]: m for m in r.json()}
+        assert methods["chen-greedy"]["plan_kinds"] == ["remat"]
+        assert methods["offload-milp"]["needs_host_tier"]
+        assert {o["name"] for o in methods["milp"]["options"]} == {"backend", "hint"}
         text = c.get("/metrics").text
         for name in ("planner_queue_depth", "planner_solves_total", "planner_solve_seconds_bucket",
                      "planner_cache_hits_total", 'planner_jobs{status="done"}'):

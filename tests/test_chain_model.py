@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from planner.core.block_plan import BlockMode, BlockPlan
 from planner.core.errors import InputError
 from planner.core.io import write_json
 from planner.core.synthetic import training_graph
 from planner.engine.inputs import graph_from_dict
-from planner.solvers.chain.blocks import BlockMode, BlockPlan
+from planner.solvers.chain.blocks import (
+    block_plan_from_ops,
+    block_plan_from_solution,
+    one_level_ops,
+)
 from planner.solvers.chain.layout import chain_of_graph
 from planner.solvers.chain.model import chain_document, chain_from_dict, homogeneous_chain
 from planner.solvers.chain.sequence import chen_sqrt_ops, ops_from_text, store_all_ops
@@ -82,23 +87,23 @@ def test_cli_solves_chain_and_graph(tmp_path: Path, cli) -> None:  # type: ignor
 def test_block_plan_forms() -> None:
     length = 24
     ops = store_all_ops(6)  # blocks 0-5 kept ...
-    plan = BlockPlan.from_ops(6, ops)
+    plan = block_plan_from_ops(6, ops)
     assert plan.text() == "blocks 0–5 kept" and plan.kept() == list(range(6))
     mixed = ops_from_text(
         "Fall1 Fall2 Fck3 Fn4 Fn5 Fck6 Fn7 Fn8 Fall9 B9 D8 Fall6 Fall7 Fall8 B8 B7 B6 D5 "
         "Fall3 Fall4 Fall5 B5 B4 B3 B2 B1"
     )
-    plan = BlockPlan.from_ops(9, mixed)
+    plan = block_plan_from_ops(9, mixed)
     assert plan.to_json()["modes"] == "KKCRRCRRK"
     assert plan.segments() == [(2, 4), (5, 7)]
     assert plan.text() == "blocks 0–1 kept, 2–7 checkpointed every 3rd, 8 kept"
-    assert plan.forward_runs == (1, 1, 2, 2, 2, 2, 2, 2, 1)
+    assert plan.forward_runs == [1, 1, 2, 2, 2, 2, 2, 2, 1]
     assert BlockPlan.from_json(plan.to_json()) == plan
-    chen = BlockPlan.from_ops(length, chen_sqrt_ops(length))
-    assert chen.modes[0] is BlockMode.checkpoint
+    chen = block_plan_from_ops(length, chen_sqrt_ops(length))
+    assert chen.modes[0] == BlockMode.checkpoint
     assert "checkpointed" in chen.text()
     with pytest.raises(ValueError, match="'R' must follow"):
-        BlockPlan((BlockMode.keep, BlockMode.recompute), (1, 1))
+        BlockPlan(modes="KR", forward_runs=[1, 1])
 
 
 def test_homogeneous_chain_graph_store_all() -> None:
@@ -130,14 +135,14 @@ def test_block_plan_one_level_schedule() -> None:
     seen = set()
     for fraction in (1.0, 0.7, 0.5, 0.35):
         sol = solve_rotor(chain, int(fraction * full))
-        plan = BlockPlan.from_solution(sol.ops)
+        plan = block_plan_from_solution(sol.ops)
         if plan is None:
             continue
         seen.add(plan.to_json()["modes"])
-        run = run_sequence(chain, plan.one_level_ops())
+        run = run_sequence(chain, one_level_ops(plan))
         assert run.complete
         assert run.forward_count <= 20 + sum(hi - lo + 1 for lo, hi in plan.segments())
         if set(plan.modes) == {BlockMode.keep}:
             assert run.cost == pytest.approx(sol.cost) and run.peak_bytes == sol.peak_bytes
     assert len(seen) >= 3
-    assert BlockPlan.from_solution(None) is None
+    assert block_plan_from_solution(None) is None

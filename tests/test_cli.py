@@ -159,8 +159,9 @@ def test_demo(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_methods_and_help(cli: Cli) -> None:
-    names = ok_json(cli("methods", "--json"))
-    assert set(BASELINES) <= set(names)
+    described = ok_json(cli("methods", "--json"))  # each method's spec, described
+    assert set(BASELINES) <= {m["name"] for m in described}
+    assert all("plan_kinds" in m and "options" in m for m in described)
     result = cli("--help")
     assert result.returncode == 0 and "solve" in result.stdout
     bare = cli()
@@ -271,7 +272,7 @@ def test_usage_errors_are_one_line(cli: Cli, work: Path) -> None:
     bad_input(cli("frobnicate"), "frobnicate")
     bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--threads", "0"), "--threads")
     bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--time-limit", "-1"),
-              "--time-limit -1", "more than 0")
+              "--time-limit: -1", "more than 0")
     bad_input(cli("schema", "nope"), "schema 'nope'")
     bad_input(cli("simulate", work / "graph.json", work / "plan.json", "--plot",
                   work / "no_such_dir" / "t.png"), "cannot write the plot")

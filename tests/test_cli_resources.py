@@ -52,7 +52,7 @@ def test_resources_file_and_its_device_memory_as_budget(work: Path) -> None:
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--budget", "0.9", "--resources", "tpu-v9"], "resources preset 'tpu-v9'"),
+        (["--budget", "0.9", "--resources", "tpu-v9"], "--resources: preset 'tpu-v9'"),
         ([], "--budget: missing"),
         (["--resources", "nothing.json"], "nothing.json: no such file"),
     ],

@@ -168,7 +168,7 @@ def test_ambiguous_budgets_are_refused_with_the_fix(
     with pytest.raises(InputError) as info:
         parse_budget(value, PEAK, "--budget")
     message = str(info.value)
-    assert message.startswith(f"--budget {str(value)!r}: ambiguous"), message
+    assert message.startswith(f"--budget: {str(value)!r}: ambiguous"), message
     for fix in fixes:
         assert fix in message, message
 
@@ -209,7 +209,7 @@ def graph_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cli_budget_1_5_is_refused_not_read_as_2_bytes(graph_path: Path) -> None:
     r = run_cli("solve", graph_path, "--budget", "1.5", "-m", "store-all")
     assert r.returncode == 2, r.stderr  # before: exit 3 "no plan within 2 bytes"
-    assert r.stderr.startswith("error: --budget '1.5': ambiguous") and "150%" in r.stderr
+    assert r.stderr.startswith("error: --budget: '1.5': ambiguous") and "150%" in r.stderr
     help_text = run_cli("solve", "--help").stdout
     assert "80%" in " ".join(help_text.split()) and "ambiguous" in help_text
 
@@ -258,7 +258,7 @@ def test_json_errors_say_line_and_column() -> None:
 
 
 def test_budget_1e400_says_too_large_not_positive() -> None:
-    with pytest.raises(InputError, match=r"budget '1e400': too large; the largest budget is"):
+    with pytest.raises(InputError, match=r"budget: '1e400': too large; the largest budget is"):
         parse_budget("1e400", PEAK)
 
 

@@ -34,7 +34,7 @@ def test_bad_time_limits_are_one_line(value: object, fragment: str) -> None:
     with pytest.raises(InputError) as info:
         check_time_limit(value, "time_limit")
     message = str(info.value)
-    assert message.startswith("time_limit ") and fragment in message and "\n" not in message
+    assert message.startswith("time_limit: ") and fragment in message and "\n" not in message
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_every_command_refuses_bad_time_limits(
     code, err = _in_process(args, capsys, monkeypatch)
     assert code == 2, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --time-limit "), err
+    assert len(lines) == 1 and lines[0].startswith("error: --time-limit: "), err
 
 
 def test_inf_is_one_line_as_a_user_runs_it(graph_path: Path) -> None:
@@ -83,5 +83,5 @@ def test_inf_is_one_line_as_a_user_runs_it(graph_path: Path) -> None:
     r = run_cli("solve", graph_path, "--budget", "0.5", "--method", "milp", "--time-limit", "inf")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == (
-        "error: --time-limit inf: must be a finite number of seconds (at most 86400, one day)"
+        "error: --time-limit: inf: must be a finite number of seconds (at most 86400, one day)"
     )

@@ -174,11 +174,11 @@ def test_host_memory_flag_refuses_zero_and_fractions(
 ) -> None:
     base = ("solve", work / "graph.json", "--budget", "40GiB", "--method", "hand-offload")
     _one_line_exit_2(cli(capsys, monkeypatch, *base, "--resources", "h100-pcie-gen5",
-                         "--host-memory", "0"), "--host-memory '0': must be more than 0")
+                         "--host-memory", "0"), "--host-memory: '0': must be more than 0")
     _one_line_exit_2(cli(capsys, monkeypatch, *base, "--resources", "h100-pcie-gen5",
                          "--host-memory", "50%"), "give bytes with a unit")
     _one_line_exit_2(cli(capsys, monkeypatch, *base, "--host-memory", "1GiB"),
-                     "needs --resources")
+                     "--host-memory: needs resources")
 
 
 def test_host_budget_below_what_the_plan_parks(

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
+from api_server import ServerProcess, running_server, wait_finished
 
 from planner.cli import main as cli_main
 from planner.cli import pipeline_cmds
 from planner.core.io import load_plan, write_json
 from planner.core.pipeline_actions import rank_actions_from_csv
-from planner.service.errors import install_error_handlers
-from planner.service.pipeline_routes import pipeline_router
 from planner.sim.simulator import simulate
 from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 
@@ -110,22 +108,44 @@ def test_no_fit_names_the_rank_and_the_least_memory(capsys: pytest.CaptureFixtur
     assert code == 3 and "OVER" in out
 
 
-def test_api_partitions() -> None:
-    app = FastAPI()
-    install_error_handlers(app)
-    app.include_router(pipeline_router())
-    client = TestClient(app)
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    workdir = tmp_path_factory.mktemp("partitions-api")
+    with running_server(workdir, f"sqlite:///{workdir / 's.db'}", workers=1,
+                        submissions_per_minute=100_000, max_time_limit_s=30) as srv:
+        yield srv
+
+
+def test_api_partitions_is_the_plans_route(server: ServerProcess) -> None:
+    """POST /v1/partitions is a plan job like POST /v1/plans (method pipeline-<method>, the
+    machine as resources), answered with the plan when it is done; bad input is a 422 naming
+    the body's own field, at submission."""
     body = {"graph": GRAPH.model_dump(mode="json"), "devices": 2, "device_memory": "4GiB",
             "microbatches": 4, "schedule": "zb-h1", "method": "ilp", "time_limit": 5}
-    r = client.post("/v1/partitions", json=body)
-    assert r.status_code == 200, r.text
-    data = r.json()
-    assert data["fits"] and data["plan"]["kind"] == "pipeline" and len(data["stages"]) == 2
-    assert data["peak_bytes"] <= 4 * 2**30
-    r = client.post("/v1/partitions", json={**body, "device_memory": "700MiB", "method": "dp"})
-    assert r.status_code == 200 and not r.json()["fits"]
-    assert r.json()["least_memory_bytes"] > 700 * 2**20
-    r = client.post("/v1/partitions", json={**body, "devices": 0})
-    assert r.status_code == 422 and "at least 1 device" in r.json()["error"]["message"]
-    r = client.post("/v1/partitions", json={**body, "split": ["nope"]})
-    assert r.status_code == 422 and "no such layer" in r.json()["error"]["message"]
+    with server.client() as c:
+        r = c.post("/v1/partitions", json=body)
+        assert r.status_code in (200, 202), r.text
+        job = wait_finished(c, r.json()["id"])
+        assert job["method"] == "pipeline-ilp" and job["status"] == "done", job
+        plan = job["plan"]
+        assert plan["kind"] == "pipeline" and len(plan["partition"]["stages"]) == 2
+        assert plan["status"] in ("optimal", "feasible")
+        assert max(plan["predicted"]["per_rank_peak_bytes"]) <= 4 * 2**30
+        assert job["resources"]["device_count"] == 2
+        same = c.post("/v1/plans?wait=30", json={
+            "graph": body["graph"], "budget": "4GiB", "method": "pipeline-ilp", "time_limit": 5,
+            "options": {"chunks": 2},
+            "resources": {"device_count": 2, "microbatches": 4, "pipeline_schedule": "zb-h1"}})
+        assert same.status_code == 200 and same.json()["id"] == job["id"]  # one question
+        r = c.post("/v1/partitions?wait=30", json={**body, "device_memory": "700MiB",
+                                                   "method": "dp"})
+        assert r.status_code == 200, r.text
+        tight = r.json()["plan"]
+        assert tight["status"] == "infeasible"
+        assert tight["details"]["smallest_feasible_bytes"] > 700 * 2**20
+        r = c.post("/v1/partitions", json={**body, "devices": 0})
+        assert r.status_code == 422 and "devices" in r.json()["error"]["message"]
+        r = c.post("/v1/partitions", json={**body, "split": ["nope"]})
+        assert r.status_code == 422, r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith("split:") and "no such layer" in message

@@ -194,9 +194,7 @@ def test_plan_json_schema_describes_v2() -> None:
 
 
 def test_block_plan_reads_the_chain_solvers_json() -> None:
-    from planner.solvers.chain.blocks import BlockPlan as ChainBlockPlan
-
-    chain = ChainBlockPlan.from_json(
+    chain = BlockPlan.from_json(
         {"schema": "block-plan-1", "modes": "KKCRRCR", "forward_runs": [1, 1, 2, 2, 2, 2, 2]}
     )
     typed = BlockPlan.model_validate(chain.to_json())

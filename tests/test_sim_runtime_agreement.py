@@ -20,7 +20,7 @@ from planner import zoo  # noqa: E402
 from planner.core.plan import PlanStatus  # noqa: E402
 from planner.core.resources import resources_preset  # noqa: E402
 from planner.engine.offload_checks import is_offload_method  # noqa: E402
-from planner.engine.registry import BUILTIN_METHODS, method_names  # noqa: E402
+from planner.engine.registry import BUILTIN_METHODS, method_names, method_spec  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
 from planner.runtime.apply import apply  # noqa: E402
 from planner.sim.simulator import PlanError, simulate  # noqa: E402
@@ -57,8 +57,14 @@ def _cases() -> list[Any]:
         pytest.param(model, method, fraction, id=f"{model}-{method}-{fraction:g}")
         for model in MODELS
         for method in method_names()
+        if not _pipeline(method)  # plans for one device: pipelines have their own tests
         for fraction in (OFFLOAD_FRACTIONS if _offloads(method) else FRACTIONS)
     ]
+
+
+def _pipeline(method: str) -> bool:
+    spec = method_spec(method)
+    return spec is not None and spec.pipeline
 
 
 def _offloads(method: str) -> bool:

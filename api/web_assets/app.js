@@ -337,7 +337,10 @@
     try {
       const methods = await api.get("v1/methods");
       const select = $("method");
-      select.replaceChildren(...methods.map((m) => el("option", { value: m, selected: m === "auto" }, m)));
+      // The form plans for one device: pipeline partitioners need a machine of several.
+      const oneDevice = methods.filter((m) => !(m.plan_kinds || []).includes("pipeline"));
+      select.replaceChildren(...oneDevice.map((m) => el("option",
+        { value: m.name, selected: m.name === "auto", title: m.summary || m.plugin || "" }, m.name)));
     } catch (error) { explain(error); }
   }
 

@@ -1,4 +1,5 @@
-"""Entry point of planner-cli. Bad input exits 2 with one line, never a traceback."""
+"""Entry point of planner-cli. Bad input exits 2 with one line, never a traceback; the request
+field at fault is said as the flag that gives it (`budget` -> `--budget`)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def _main() -> None:
     try:
         code = app(standalone_mode=False)
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from planner.cli.options import in_cli_words
+
+        print(f"error: {in_cli_words(e)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except NoPlanFits as e:
         print(f"no plan fits: {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Options shared by several commands: the machine a plan is for (`--resources`), the memory
 budget (`--budget`, one grammar with the REST API) and the solver's time limit (`--time-limit`,
-validated once by `planner.core.limits`)."""
+validated once by `planner.core.limits`); and the CLI's words for the request's fields
+(`planner.engine.request`): an error about field `budget` says `--budget` here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,41 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from planner.core.errors import InputError
     from planner.core.resources import Resources
+
+# Request field -> the flag that gives it (InputError.renamed looks up the field's first part).
+CLI_FIELDS = {
+    "budget": "--budget",
+    "resources": "--resources",
+    "host_memory": "--host-memory",
+    "time_limit": "--time-limit",
+    "method": "--method",
+    "threads": "--threads",
+    "seed": "--seed",
+    "devices": "--devices",
+    "device_memory": "--device-memory",
+    "microbatches": "--microbatches",
+    "schedule": "--schedule",
+    "chunks": "--chunks",
+    "split": "--split",
+    "zero_stage": "--zero",
+    "dp": "--dp",
+    "optimizer": "--optimizer",
+    "precision": "--precision",
+}
+# Whole fields with a flag of their own: `solve --backend` gives options.backend.
+CLI_WHOLE_FIELDS = {"options.backend": "--backend"}
+
+
+def in_cli_words(err: InputError) -> InputError:
+    """`err` with its request field said as the flag that gives it (`budget` -> `--budget`)."""
+    if err.field in CLI_WHOLE_FIELDS:
+        from planner.core.errors import InputError
+
+        return InputError(err.detail, field=CLI_WHOLE_FIELDS[err.field])
+    return err.renamed(CLI_FIELDS)
+
 
 ResourcesOpt = Annotated[
     str | None,
@@ -33,7 +68,7 @@ def _checked_time_limit(value: float | None) -> float | None:
         return None
     from planner.core.limits import check_time_limit
 
-    return check_time_limit(value, "--time-limit")
+    return check_time_limit(value, "time_limit")
 
 
 def _time_limit_option(help_text: str) -> typer.models.OptionInfo:
@@ -50,12 +85,18 @@ OptionalTimeLimitOpt = Annotated[
 ]
 
 
-def resolve_resources(value: str | None) -> Resources | None:
-    """A resources.json path when one exists (or the value ends in .json), else a preset name."""
+def resources_input(value: str | None) -> Path | str | None:
+    """What `--resources` names: a resources.json file when one exists (or the value ends in
+    .json), else a preset name."""
     if value is None:
         return None
-    from planner.core.resources import load_resources, resources_preset
-
     if value.endswith(".json") or Path(value).is_file():
-        return load_resources(value)
-    return resources_preset(value)
+        return Path(value)
+    return value
+
+
+def resolve_resources(value: str | None) -> Resources | None:
+    """The machine `--resources` names (planner.engine.request.resolve_resources)."""
+    from planner.engine.request import resolve_resources as resolve
+
+    return resolve(resources_input(value))

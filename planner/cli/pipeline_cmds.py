@@ -13,6 +13,7 @@ from planner.cli.options import ResourcesOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError
+from planner.solvers.pipeline.schedules import SCHEDULES
 
 if TYPE_CHECKING:
     from planner.engine.partition import PartitionReport, SweepRow
@@ -21,6 +22,16 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.
 GraphArg = Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3 (shards over --dp)")]
 DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree ZeRO shards over")]
+
+# The engine names request fields; the CLI says them as its flags (InputError.renamed).
+FLAGS = {"devices": "--devices", "microbatches": "--microbatches",
+         "device_memory": "--device-memory", "split": "--split", "method": "--method",
+         "schedule": "--schedule", "chunks": "--chunks", "zero": "--zero", "dp": "--dp",
+         "optimizer": "--optimizer", "precision": "--precision", "plan": "--plan"}
+
+
+def _flags(graph_path: Path) -> dict[str, str]:
+    return {**FLAGS, "graph": str(graph_path)}
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +58,7 @@ def partition_cmd(
     microbatches: Annotated[int | None, typer.Option("--microbatches", "-m")] = None,
     schedule: Annotated[
         str | None,
-        typer.Option("--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2"),
+        typer.Option("--schedule", help=", ".join(SCHEDULES)),
     ] = None,
     method: Annotated[
         str, typer.Option("--method", help="dp, ilp, param-balanced, layer-balanced, "
@@ -83,7 +94,8 @@ def partition_cmd(
     from planner.engine.inputs import load_graph
     from planner.engine.partition import parse_device_memory, partition_plan, sweep_partitions
     graph = load_graph(graph_path)
-    common = dict(devices=devices, device_memory_bytes=parse_device_memory(device_memory),
+    memory = parse_device_memory(device_memory, "device_memory")
+    common = dict(devices=devices, device_memory_bytes=memory,
                   chunks=chunks, resources=resolve_resources(resources), zero_stage=zero, dp=dp,
                   time_limit_s=time_limit)
     if sweep:
@@ -95,9 +107,12 @@ def partition_cmd(
         )
         _print_sweep(rows, as_json)
         return
-    report = partition_plan(graph, microbatches=microbatches, schedule=schedule,
-                            method=method, split=_csv(split, "--split") if split else None,
-                            **common)  # type: ignore[arg-type]
+    try:
+        report = partition_plan(graph, microbatches=microbatches, schedule=schedule,
+                                method=method, split=_csv(split, "--split") if split else None,
+                                **common)  # type: ignore[arg-type]
+    except InputError as e:
+        raise e.renamed(_flags(graph_path)) from None
     plan = report.plan
     if output is not None:
         from planner.core.io import write_json
@@ -209,14 +224,17 @@ def memory_cmd(
     from planner.engine.inputs import load_graph
     from planner.engine.pipeline_memory import device_breakdown, rank_breakdown, with_training_setup
 
-    graph = with_training_setup(load_graph(graph_path), optimizer, precision, zero, dp)
-    state = device_breakdown(graph)
-    ranks = None
-    if plan_path is not None:
-        from planner.core.io import load_plan
+    try:
+        graph = with_training_setup(load_graph(graph_path), optimizer, precision, zero, dp)
+        state = device_breakdown(graph)
+        ranks = None
+        if plan_path is not None:
+            from planner.core.io import load_plan
 
-        changed = any(x is not None for x in (optimizer, precision, zero, dp))
-        ranks = rank_breakdown(graph, load_plan(plan_path), check_hash=not changed)
+            changed = any(x is not None for x in (optimizer, precision, zero, dp))
+            ranks = rank_breakdown(graph, load_plan(plan_path), check_hash=not changed)
+    except InputError as e:
+        raise e.renamed(_flags(graph_path)) from None
     if as_json:
         print_json({
             "per_device": vars(state.per_device) | {"total_bytes": state.total_bytes},

@@ -131,34 +131,24 @@ def sweep_cmd(
     from rich.progress import Progress
     from rich.table import Table
 
+    from planner.core.errors import InputError
     from planner.engine.inputs import load_graph
-    from planner.engine.registry import load_method
+    from planner.engine.request import check_method
     from planner.engine.sweep import parse_budgets, run_sweep
     from planner.solvers.baselines import store_all_peak_bytes
 
     graph = load_graph(graph_path)
-    load_method(method)  # unknown method: one line, before any process starts
+    check_method(method)  # unknown method: one line, before any process starts
     store_all = store_all_peak_bytes(graph)
-    points_in = parse_budgets(budgets, store_all)
+    try:
+        points_in = parse_budgets(budgets, store_all)
+    except InputError as e:  # each budget of the list is said as the field `budget`
+        raise e.renamed({"budget": "--budgets"}) from None
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task("solving budgets", total=len(points_in))
         points = run_sweep(graph, points_in, method=method, time_limit_s=time_limit, jobs=jobs,
                            on_done=lambda _b: progress.advance(task))
-    rows: list[dict[str, Any]] = [
-        {
-            "fraction": p.fraction,
-            "budget_bytes": p.budget_bytes,
-            "status": p.status,
-            "peak_bytes": p.peak_bytes,
-            "overhead_percent": None if p.overhead is None else 100 * p.overhead,
-            "bound_overhead_percent": None if p.lower_bound_overhead is None
-            else 100 * p.lower_bound_overhead,
-            "gap_percent": None if p.gap is None else 100 * p.gap,
-            "plan_from_budget_bytes": p.source_budget_bytes,
-            "wall_seconds": round(p.wall_seconds, 3),
-        }
-        for p in points
-    ]
+    rows = _sweep_rows(points)
     if csv_path is not None:
         import csv
 
@@ -191,6 +181,25 @@ def sweep_cmd(
             _pct(r["gap_percent"], signed=False), f"{r['wall_seconds']:.1f}",
         )
     console.print(table)
+
+
+def _sweep_rows(points: list[Any]) -> list[dict[str, Any]]:
+    """The sweep's table: one row per budget (planner.engine.sweep.SweepPoint)."""
+    return [
+        {
+            "fraction": p.fraction,
+            "budget_bytes": p.budget_bytes,
+            "status": p.status,
+            "peak_bytes": p.peak_bytes,
+            "overhead_percent": None if p.overhead is None else 100 * p.overhead,
+            "bound_overhead_percent": None if p.lower_bound_overhead is None
+            else 100 * p.lower_bound_overhead,
+            "gap_percent": None if p.gap is None else 100 * p.gap,
+            "plan_from_budget_bytes": p.source_budget_bytes,
+            "wall_seconds": round(p.wall_seconds, 3),
+        }
+        for p in points
+    ]
 
 
 def _pct(value: object, signed: bool = True) -> str:

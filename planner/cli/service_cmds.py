@@ -156,7 +156,7 @@ def _budget_value(text: str) -> str:
     typo is one line before anything is sent."""
     from planner.core.budget import parse_budget_spec
 
-    parse_budget_spec(text, "--budget")
+    parse_budget_spec(text, "budget")
     return text.strip()
 
 

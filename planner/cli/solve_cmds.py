@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from planner.cli.options import BUDGET_HELP, ResourcesOpt, TimeLimitOpt, resolve_resources
+from planner.cli.options import BUDGET_HELP, ResourcesOpt, TimeLimitOpt, resources_input
 from planner.cli.output import console, key_value_table, print_json
-from planner.core.budget import format_bytes, parse_budget
+from planner.core.budget import format_bytes
 from planner.core.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
     from planner.core.graph import Graph
     from planner.core.plan import Plan
     from planner.core.resources import Resources
+    from planner.engine.request import ResolvedRequest
     from planner.engine.transfer_report import TransferFigures
 
 EXIT_SOLVER_ERROR = 1  # the README's exit codes: 0 ok, 1 solver error, 2 bad input, 3 no plan
@@ -37,71 +38,31 @@ def register(app: typer.Typer) -> None:
 
 
 def run_solve(
-    graph_path: Path | None,
-    graph: Graph,
-    budget: str | None,
-    method: str,
-    output: Path | None,
-    time_limit: float,
-    threads: int,
-    seed: int,
-    as_json: bool,
-    options: dict[str, object] | None = None,
-    resources: Resources | None = None,
+    request: ResolvedRequest, where: str, output: Path | None = None, as_json: bool = False
 ) -> None:
+    """Solve a resolved request (planner.engine.request), print its summary (or --json), write
+    the plan, and exit as the README says: 1 solver error, 3 no plan fits."""
+    from planner.cli.progress_view import solve_progress
     from planner.core.io import write_json
     from planner.core.plan import PlanStatus
     from planner.engine.reports import plan_summary
-    from planner.engine.solve import solve
-    from planner.solvers.baselines import store_all_peak_bytes
 
-    if budget is not None:
-        budget_bytes = parse_budget(budget, store_all_peak_bytes(graph), "--budget")
-    elif resources is not None:
-        budget_bytes = resources.require_device_memory_bytes("--resources")
-    else:
-        raise InputError("--budget: missing; give a budget (80%, 0.8, 11GiB) or --resources")
-    from planner.cli.progress_view import solve_progress
-    from planner.engine.offload_checks import check_offload_request
-    from planner.engine.transfer_report import transfer_figures
-
-    check_offload_request(graph, method, resources, graph_where=str(graph_path or "graph"))
+    graph, method = request.graph, request.method
     with solve_progress(graph.total_compute_ms, quiet=as_json, label=method) as progress:
-        plan = solve(graph, budget_bytes, method, time_limit_s=time_limit, threads=threads,
-                     seed=seed, options=options, resources=resources, progress=progress)
+        plan = request.solve(progress=progress)
     summary = plan_summary(plan, graph)  # transfer figures included (transfer_summary)
-    transfers = transfer_figures(plan, graph)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
     known = None if fits else _smallest_known(plan, method, _least_baseline(graph))
     if known is not None:
         summary["smallest_known_budget_bytes"], summary["smallest_known_budget_by"] = known
-    if fits and output is not None:
-        write_json(output, plan)
-        summary["output"] = str(output)
+    written = output if fits else None
+    if written is not None:
+        write_json(written, plan)
+        summary["output"] = str(written)
     if as_json:
         print_json(summary)
     else:
-        peak = plan.predicted.peak_bytes if plan.predicted else None
-        ratio = f" ({peak / budget_bytes:.3f})" if peak and budget_bytes else ""
-        overhead = plan.predicted.overhead if plan.predicted else None
-        rows = [
-            ("status", plan.status.value),
-            ("method / backend", f"{plan.method} / {plan.backend}"),
-            ("peak vs budget", f"{format_bytes(peak)} / {format_bytes(budget_bytes)}{ratio}"),
-            ("store-all peak", format_bytes(store_all_peak_bytes(graph))),
-            ("compute overhead", "-" if overhead is None else f"{100 * overhead:+.3f} %"),
-            ("gap to bound", "-" if plan.gap is None else f"{100 * plan.gap:.3f} %"),
-            ("time", f"{plan.wall_seconds:.2f} s"),
-        ]
-        if resources is not None:
-            rows.insert(3, ("resources", str(resources)))
-        if transfers is not None:
-            rows[-1:-1] = transfer_rows(transfers)
-        if fits and output is not None:
-            rows.append(("plan written to", str(output)))
-        console.print(key_value_table(str(graph_path or "graph"), rows))
-        for note in plan.notes:
-            console.print(f"note: {note}")
+        _print_plan(where, plan, request, written)
     if plan.status is PlanStatus.error:
         # The judge refused the method's answer (an invalid plan, or a bound that a known plan
         # contradicts): a solver fault, not "no plan fits".
@@ -109,9 +70,39 @@ def run_solve(
         print(f"error: solver error ({method}/{plan.backend}): {reason}", file=sys.stderr)
         raise typer.Exit(EXIT_SOLVER_ERROR)
     if not fits:
-        _check_host_budget(plan, method, resources)
+        _check_host_budget(plan, method, request.resources)
         assert known is not None
-        raise _no_plan_fits(str(graph_path or "graph"), plan, method, budget_bytes, known)
+        raise _no_plan_fits(where, plan, method, request.budget_bytes, known)
+
+
+def _print_plan(where: str, plan: Plan, request: ResolvedRequest, written: Path | None) -> None:
+    """The summary table and the plan's notes."""
+    from planner.engine.transfer_report import transfer_figures
+    from planner.solvers.baselines import store_all_peak_bytes
+
+    budget_bytes = request.budget_bytes
+    peak = plan.predicted.peak_bytes if plan.predicted else None
+    ratio = f" ({peak / budget_bytes:.3f})" if peak and budget_bytes else ""
+    overhead = plan.predicted.overhead if plan.predicted else None
+    rows = [
+        ("status", plan.status.value),
+        ("method / backend", f"{plan.method} / {plan.backend}"),
+        ("peak vs budget", f"{format_bytes(peak)} / {format_bytes(budget_bytes)}{ratio}"),
+        ("store-all peak", format_bytes(store_all_peak_bytes(request.graph))),
+        ("compute overhead", "-" if overhead is None else f"{100 * overhead:+.3f} %"),
+        ("gap to bound", "-" if plan.gap is None else f"{100 * plan.gap:.3f} %"),
+        ("time", f"{plan.wall_seconds:.2f} s"),
+    ]
+    if request.resources is not None:
+        rows.insert(3, ("resources", str(request.resources)))
+    transfers = transfer_figures(plan, request.graph)
+    if transfers is not None:
+        rows[-1:-1] = transfer_rows(transfers)
+    if written is not None:
+        rows.append(("plan written to", str(written)))
+    console.print(key_value_table(where, rows))
+    for note in plan.notes:
+        console.print(f"note: {note}")
 
 
 def transfer_rows(t: TransferFigures) -> list[tuple[str, str]]:
@@ -227,36 +218,15 @@ def solve_cmd(
 ) -> None:
     """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
     from planner.engine.inputs import load_graph
+    from planner.engine.request import resolve_request, resolve_resources
 
-    machine = with_host_memory(resolve_resources(resources), host_memory)
-    graph = load_graph(graph_path)
-    options: dict[str, object] | None = {"backend": backend} if backend else None
-    run_solve(
-        graph_path, graph, budget, method, output, time_limit, threads, seed, as_json, options,
-        machine,
+    machine = resolve_resources(resources_input(resources))  # said before the graph is read
+    request = resolve_request(
+        load_graph(graph_path), budget, resources=machine,
+        host_memory=host_memory, method=method, options={"backend": backend} if backend else None,
+        time_limit=time_limit, threads=threads, seed=seed, graph_where=str(graph_path),
     )
-
-
-def with_host_memory(resources: Resources | None, host_memory: str | None) -> Resources | None:
-    """`resources` with host_memory_bytes from --host-memory (bytes with a unit; > 0)."""
-    if host_memory is None:
-        return resources
-    from planner.core.budget import parse_budget_spec
-    from planner.core.resources import resources_from_dict
-
-    spec = parse_budget_spec(host_memory, "--host-memory")
-    if spec.bytes is None:
-        raise InputError(
-            f"--host-memory {host_memory!r}: give bytes with a unit (e.g. 256GiB), not a "
-            "fraction of the store-all peak"
-        )
-    if resources is None:
-        raise InputError(
-            "--host-memory: needs --resources naming the machine and its host links "
-            "(e.g. --resources h100-pcie-gen5)"
-        )
-    doc = {**resources.model_dump(mode="json"), "host_memory_bytes": spec.bytes}
-    return resources_from_dict(doc, where="--host-memory")
+    run_solve(request, str(graph_path), output, as_json)
 
 
 def bundled_example_path() -> Path:
@@ -272,17 +242,29 @@ def demo(
 ) -> None:
     """Solve the bundled example graph (a 24-layer residual network) and print the plan summary."""
     from planner.engine.inputs import load_graph
+    from planner.engine.request import resolve_request
 
     path = bundled_example_path()
-    run_solve(path, load_graph(path), budget, method, output, time_limit, 2, 0, as_json)
+    request = resolve_request(load_graph(path), budget, method=method, time_limit=time_limit,
+                              graph_where=str(path))
+    run_solve(request, str(path), output, as_json)
 
 
 def methods(as_json: JsonFlag = False) -> None:
-    """List the planning methods."""
-    from planner.engine.registry import method_names, method_target
+    """List the planning methods: what each does, the plans it returns, its options."""
+    from planner.engine.registry import describe_methods, method_names, method_spec, method_target
 
-    if as_json:
-        print_json({name: method_target(name) for name in method_names()})
-    else:
-        for name in method_names():
-            console.print(f"{name:16} {method_target(name)}")
+    if as_json:  # each built-in method's spec (what /v1/methods serves); plugins by target
+        print_json(describe_methods())
+        return
+    for name in method_names():
+        spec = method_spec(name)
+        if spec is None:
+            console.print(f"{name}  plugin {method_target(name)}", highlight=False, markup=False)
+            continue
+        needs = (", needs a host tier" if spec.needs_host_tier else "") + (
+            ", claims bounds" if spec.claims_bounds else "")
+        console.print(f"{name}  {spec.summary} (plans: {', '.join(spec.plan_kinds)}{needs})",
+                      highlight=False, markup=False)
+        for option_name, text in spec.option_help().items():
+            console.print(f"    {option_name}: {text}", highlight=False, markup=False)

@@ -191,29 +191,12 @@ def trace_cmd(
     from planner.tracing import trace
 
     model, inputs = resolve_model(target, input_spec or [])
-    loss_fn = resolve_loss(loss)
-    with console.status("tracing…", spinner="dots") as status:
-
-        def progress(stage: str, done: int, total: int) -> None:
-            status.update(f"{stage} {done}/{total}")
-
-        result = trace(
-            model,
-            inputs,
-            loss_fn=loss_fn,
-            level=level,
-            block_pattern=block_pattern,
-            costs=costs,
-            device_profile=device_profile,
-            optimizer=optimizer,
-            fuse=fuse,
-            dropout_masks=dropout_masks,
-            clock=clock,
-            repeats=repeats,
-            model_name=target.split(":")[-1],
-            progress=progress,
-            gradient_lifetime=gradient_lifetime,
-        )
+    result = _trace_with_status(
+        trace, model, inputs, loss_fn=resolve_loss(loss), level=level, block_pattern=block_pattern,
+        costs=costs, device_profile=device_profile, optimizer=optimizer, fuse=fuse,
+        dropout_masks=dropout_masks, clock=clock, repeats=repeats,
+        model_name=target.split(":")[-1], gradient_lifetime=gradient_lifetime,
+    )
     if output is not None:
         write_json(output, result.graph)
     if chain_out is not None:
@@ -223,7 +206,21 @@ def trace_cmd(
     summary = trace_summary(result)
     if as_json:
         print_json(summary)
-        return
+    else:
+        _print_trace(summary, result, target, output)
+
+
+def _trace_with_status(trace: Any, model: Any, inputs: Any, **options: Any) -> Any:
+    """`trace` (planner.tracing.trace) with its progress on a console spinner."""
+    with console.status("tracing…", spinner="dots") as status:
+
+        def progress(stage: str, done: int, total: int) -> None:
+            status.update(f"{stage} {done}/{total}")
+
+        return trace(model, inputs, progress=progress, **options)
+
+
+def _print_trace(summary: dict[str, Any], result: Any, target: str, output: Path | None) -> None:
     rows = [(k, v) for k, v in summary.items() if k != "largest_activations"]
     rows = [(k, format_bytes(v) if k.endswith("_bytes") else v) for k, v in rows]
     if output is not None:

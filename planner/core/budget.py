@@ -65,12 +65,13 @@ class BudgetSpec:
             return self.bytes
         assert self.fraction is not None
         if reference_peak_bytes is None:
-            raise InputError(f"{name} {self.text!r}: a fraction needs a graph to take it of")
+            raise InputError(f"{self.text!r}: a fraction needs a graph to take it of", field=name)
         value = math.ceil(self.fraction * reference_peak_bytes)
         if value > MAX_BUDGET_BYTES:
             raise InputError(
-                f"{name} {self.text!r}: {value} bytes, over the largest budget of "
-                f"{MAX_BUDGET_BYTES} bytes (1 EiB)"
+                f"{self.text!r}: {value} bytes, over the largest budget of "
+                f"{MAX_BUDGET_BYTES} bytes (1 EiB)",
+                field=name,
             )
         return max(value, 1)
 
@@ -81,23 +82,23 @@ class BudgetSpec:
 
 
 def parse_budget_spec(value: str | int | float, name: str = "budget") -> BudgetSpec:
-    """Parse a budget without a graph (see the module docstring); InputError naming `name`
-    (`--budget`, `budgets[2]`) with the fix for anything ambiguous or out of range."""
+    """Parse a budget without a graph (see the module docstring); InputError whose field is
+    `name` (`budget`, `host_memory`) with the fix for anything ambiguous or out of range."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise InputError(f"{name} {value!r}: expected a number or a string such as '80%'")
+        raise InputError(f"{value!r}: expected a number or a string such as '80%'", field=name)
     raw = value if isinstance(value, str) else repr(value)
     if isinstance(value, float) and not math.isfinite(value):
-        raise InputError(f"{name} {raw!r}: must be a finite number; use {BUDGET_GRAMMAR}")
+        raise InputError(f"{raw!r}: must be a finite number; use {BUDGET_GRAMMAR}", field=name)
     m = _PATTERN.match(raw)
     if not m:
-        raise InputError(f"{name} {raw!r}: cannot parse; use {BUDGET_GRAMMAR}")
+        raise InputError(f"{raw!r}: cannot parse; use {BUDGET_GRAMMAR}", field=name)
     try:
         number = Decimal(m.group(1))
     except InvalidOperation:  # pragma: no cover - the pattern only lets decimals through
-        raise InputError(f"{name} {raw!r}: cannot parse; use {BUDGET_GRAMMAR}") from None
+        raise InputError(f"{raw!r}: cannot parse; use {BUDGET_GRAMMAR}", field=name) from None
     unit = m.group(2).lower()
     if number <= 0:
-        raise InputError(f"{name} {raw!r}: must be more than 0")
+        raise InputError(f"{raw!r}: must be more than 0", field=name)
     if unit == "%":
         # float(text) / 100, as before: published budgets keep their exact byte counts.
         fraction = float(m.group(1)) / 100
@@ -105,12 +106,13 @@ def parse_budget_spec(value: str | int | float, name: str = "budget") -> BudgetS
     if unit:
         if unit not in _UNITS:
             raise InputError(
-                f"{name} {raw!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, "
-                "GiB or TiB"
+                f"{raw!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, "
+                "GiB or TiB",
+                field=name,
             )
         total = number * _UNITS[unit]
         if unit == "b" and total != total.to_integral_value():
-            raise InputError(f"{name} {raw!r}: a byte count must be a whole number")
+            raise InputError(f"{raw!r}: a byte count must be a whole number", field=name)
         return _checked(BudgetSpec(raw, bytes=_ceil(total)), total, name)
     if number <= 1:
         return BudgetSpec(raw, fraction=float(m.group(1)))
@@ -121,9 +123,10 @@ def parse_budget_spec(value: str | int | float, name: str = "budget") -> BudgetS
     times = format((number * 100).normalize(), "f")
     in_bytes = f", or {text}B" if whole else ""
     raise InputError(
-        f"{name} {raw!r}: ambiguous: a bare number is a fraction of the store-all peak up to 1 "
+        f"{raw!r}: ambiguous: a bare number is a fraction of the store-all peak up to 1 "
         f"and bytes from {MIN_PLAIN_BYTES} up; write {text}% (percent of the store-all peak), "
-        f"{times}% ({text} × it), {text}GB / {text}GiB{in_bytes}"
+        f"{times}% ({text} × it), {text}GB / {text}GiB{in_bytes}",
+        field=name,
     )
 
 
@@ -143,11 +146,14 @@ def _checked(spec: BudgetSpec, amount: Decimal, name: str) -> BudgetSpec:
     """Refuse budgets over 1 EiB (bytes) or over 2**20 × the store-all peak (fractions)."""
     if spec.bytes is not None and amount > MAX_BUDGET_BYTES:
         raise InputError(
-            f"{name} {spec.text!r}: too large; the largest budget is {MAX_BUDGET_BYTES} bytes "
-            "(1 EiB)"
+            f"{spec.text!r}: too large; the largest budget is {MAX_BUDGET_BYTES} bytes "
+            "(1 EiB)",
+            field=name,
         )
     if spec.fraction is not None and amount > 2**20:
-        raise InputError(f"{name} {spec.text!r}: too large; at most 2**20 × the store-all peak")
+        raise InputError(
+            f"{spec.text!r}: too large; at most 2**20 × the store-all peak", field=name
+        )
     return spec
 
 

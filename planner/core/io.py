@@ -10,23 +10,8 @@ from pydantic import ValidationError
 
 from planner.core.errors import InputError, describe_validation_error
 from planner.core.graph import Graph, graph_from_document
+from planner.core.json_files import read_json
 from planner.core.plan import Plan
-
-
-def read_json(path: str | Path) -> Any:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, expected a JSON file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
 
 
 def graph_from_dict(data: Any, where: str = "graph") -> Graph:

@@ -16,24 +16,26 @@ __all__ = ["MAX_TIME_LIMIT_S", "check_time_limit"]
 MAX_TIME_LIMIT_S = 86_400.0  # one day; a server may cap it lower (max_time_limit_s)
 
 
-def check_time_limit(value: object, name: str = "time limit") -> float:
-    """`value` as seconds, or InputError naming `name` (`--time-limit`, `time_limit`)."""
+def check_time_limit(value: object, name: str = "time_limit") -> float:
+    """`value` as seconds, or InputError whose field is `name` (`time_limit`; the CLI says
+    `--time-limit`)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise InputError(f"{name} {value!r}: expected a number of seconds")
+        raise InputError(f"{value!r}: expected a number of seconds", field=name)
     try:
         seconds = float(value)
     except (ValueError, OverflowError):
-        raise InputError(f"{name} {value!r}: expected a number of seconds, e.g. 30") from None
+        raise InputError(f"{value!r}: expected a number of seconds, e.g. 30", field=name) from None
     shown = value if isinstance(value, str) else f"{seconds:g}"
     if not math.isfinite(seconds):
         raise InputError(
-            f"{name} {shown}: must be a finite number of seconds (at most "
-            f"{MAX_TIME_LIMIT_S:g}, one day)"
+            f"{shown}: must be a finite number of seconds (at most {MAX_TIME_LIMIT_S:g}, one "
+            "day)", field=name,
         )
     if seconds <= 0:
-        raise InputError(f"{name} {shown}: must be more than 0 seconds")
+        raise InputError(f"{shown}: must be more than 0 seconds", field=name)
     if seconds > MAX_TIME_LIMIT_S:
         raise InputError(
-            f"{name} {shown}: over the largest time limit of {MAX_TIME_LIMIT_S:g} s (one day)"
+            f"{shown}: over the largest time limit of {MAX_TIME_LIMIT_S:g} s (one day)",
+            field=name,
         )
     return seconds

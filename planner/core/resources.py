@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError, describe_validation_error
+from planner.core.json_files import read_json
 
 RESOURCES_SCHEMA_VERSION: Literal["1"] = "1"
 GiB = 2**30
@@ -144,7 +145,10 @@ class Resources(BaseModel):
             name = data.pop("preset")
             if not isinstance(name, str):
                 raise ValueError(f"preset: expected a preset name, got {name!r}")
-            base = resources_preset(name).model_dump()
+            try:
+                base = resources_preset(name).model_dump()
+            except InputError as e:  # inside a document: its field is said by the caller
+                raise ValueError(e.detail) from None
             data = {**base, **data}
         for key in ("h2d", "d2h", "device_link"):
             if isinstance(data.get(key), str):
@@ -174,8 +178,8 @@ class Resources(BaseModel):
         """Device memory, or an InputError where a plan needs one and none was named."""
         if self.device_memory_bytes is None:
             raise InputError(
-                f"{where}: no device memory: set device_memory_bytes, a device preset "
-                f"({', '.join(_DEVICES)}) or a budget"
+                f"no device memory: set device_memory_bytes, a device preset "
+                f"({', '.join(_DEVICES)}) or a budget", field=where,
             )
         return self.device_memory_bytes
 
@@ -236,9 +240,9 @@ def resources_preset(name: str) -> Resources:
                 res = _device_resources(device, link)
                 return res.model_copy(update={"device_name": key})
     raise InputError(
-        f"resources preset {name!r}: unknown; use a device ({', '.join(_DEVICES)}), optionally "
+        f"preset {name!r}: unknown; use a device ({', '.join(_DEVICES)}), optionally "
         f"with a host link suffix ({', '.join(sorted(_LINK_ALIASES))} or a link preset "
-        f"{', '.join(LINK_PRESETS)}), e.g. h100-pcie-gen5"
+        f"{', '.join(LINK_PRESETS)}), e.g. h100-pcie-gen5", field="resources",
     )
 
 
@@ -260,22 +264,18 @@ def resources_from_dict(data: Any, where: str = "resources") -> Resources:
         try:
             return resources_preset(data)
         except InputError as e:
-            raise InputError(f"{where}: {e}") from None
+            raise InputError(e.detail, field=where) from None
     if not isinstance(data, dict):
-        raise InputError(f"{where}: expected a JSON object (resources.json) or a preset name")
+        raise InputError("expected a JSON object (resources.json) or a preset name", field=where)
     try:
         return Resources.model_validate(data)
     except ValidationError as e:  # an unknown preset inside the document lands here too
-        raise InputError(f"{where}: {describe_validation_error(e, data)}") from None
+        raise InputError(describe_validation_error(e, data), field=where) from None
 
 
 def load_resources(path: str | Path) -> Resources:
     """A resources.json file; it must name its device (a preset, device_memory_bytes or
     device_name): a file describing a machine without one is a mistake, not a bare budget."""
-    from planner.core.io import (
-        read_json,  # here: planner.core.io imports planner.core.plan, which imports us
-    )
-
     resources = resources_from_dict(read_json(path), where=str(path))
     if resources.device_memory_bytes is None and not resources.device_name:
         raise InputError(

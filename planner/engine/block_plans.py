@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.core.block_plan import BlockPlan
 from planner.core.graph import Graph
-from planner.core.plan import BlockPlan
 from planner.sim.simulator import PlanError, SimulationResult, simulate
 
 

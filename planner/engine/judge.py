@@ -10,8 +10,9 @@ graph (`PLAN_BOOK`: another method, backend or budget).
 Remat bounds (LP, MILP, the interval model) cover schedules in the graph's order, and the staged
 ones among them at least; a plan outside that space may legitimately be cheaper than such a
 bound. So only plans in Checkmate's staged form in the graph's schedule order, with compute and
-free actions, whose peak fits by the solvers' accounting (views charged their base's bytes: never
-less than the simulator's) are held against a bound.
+free actions, whose peak fits by the solvers' accounting (the memory ledger's
+`ViewRule.charge_base`: views charged their base's bytes, never less than the simulator's) are
+held against a bound.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from dataclasses import dataclass
 
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp
-from planner.sim.simulator import simulate
-from planner.solvers.remat.intervals import plan_peak_and_cost
-from planner.solvers.remat.problem import RematProblem, problem_from_graph
+from planner.sim.ledger import MemoryLedger, ViewRule
+from planner.solvers.order import schedule_order
 
 BOUND_TOLERANCE = 1e-6  # relative: solvers may round costs when scaling them to integers
 BASELINES_TIME_S = 0.5  # the baselines' share of the answer margin (milliseconds on small graphs)
@@ -53,17 +53,17 @@ def known_plan(
     (time.perf_counter()). Linear in the plan."""
     if any(a.op not in (ActionOp.compute, ActionOp.free) for a in actions):
         return None
-    problem = _problem(graph)
-    if not is_staged(_positions(graph, problem), actions):
+    if not is_staged(_positions(graph), actions):
         return None
+    ledger = MemoryLedger.of(graph)
     try:
-        sim = simulate(graph, list(actions), deadline=deadline)
+        sim = ledger.replay(actions, deadline=deadline)  # the simulator's checked replay
     except Exception:  # an invalid plan proves nothing (nor does one not replayed in time)
         return None
     if deadline is not None and time.perf_counter() > deadline:
         return None
-    peak, _ = plan_peak_and_cost(problem, list(actions))
-    return KnownPlan(source, sim.compute_cost, max(peak, sim.peak_bytes))
+    charged = ledger.replay(actions, views=ViewRule.charge_base, check=False)
+    return KnownPlan(source, sim.compute_cost, max(charged.peak_bytes, sim.peak_bytes))
 
 
 def is_staged(position: dict[int, int], actions: Sequence[Action]) -> bool:
@@ -89,19 +89,11 @@ def is_staged(position: dict[int, int], actions: Sequence[Action]) -> bool:
     return last < 0 and stage == len(position)
 
 
-def _problem(graph: Graph) -> RematProblem:
-    """The remat problem of the graph (budget 0: only its order and sizes are used), once."""
-    memo = graph.index.memo
-    if "judge_problem" not in memo:
-        memo["judge_problem"] = problem_from_graph(graph, 0)
-    problem: RematProblem = memo["judge_problem"]
-    return problem
-
-
-def _positions(graph: Graph, problem: RematProblem) -> dict[int, int]:
+def _positions(graph: Graph) -> dict[int, int]:
+    """Node -> its place in the solvers' schedule order (the remat problems' positions), once."""
     memo = graph.index.memo
     if "judge_positions" not in memo:
-        memo["judge_positions"] = {v: i for i, v in enumerate(problem.node_ids)}
+        memo["judge_positions"] = {v: i for i, v in enumerate(schedule_order(graph))}
     position: dict[int, int] = memo["judge_positions"]
     return position
 

@@ -1,8 +1,8 @@
 """Bad offload requests, refused before any solver runs: one line naming the input and what to do
 (InputError: exit 2 in the CLI, HTTP 422 in the service).
 
-- an offload method (one of solvers/offload) asked for on a machine with no host tier (no
-  resources, `host_memory_bytes` 0 or unset, or no links);
+- an offload method (its spec says `needs_host_tier`) asked for on a machine with no host tier
+  (no resources, `host_memory_bytes` 0 or unset, or no links);
 - a graph on which nothing may be offloaded (every node `offloadable: false`, or only views),
   asked for with an offload method.
 Links of zero or negative bandwidth, and resources files that name no device, are refused when
@@ -19,16 +19,14 @@ from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.resources import Resources
 
-OFFLOAD_MODULE_PREFIX = "planner.solvers.offload."
-
 
 def is_offload_method(method: str) -> bool:
-    """Whether `method` is one of the offload planners (registered from solvers/offload)."""
-    from planner.engine.registry import method_names, method_target
+    """Whether `method` offloads to host memory: its spec needs a host tier (plugins have no
+    spec: they are not checked)."""
+    from planner.engine.registry import method_spec
 
-    if method not in method_names():
-        return False
-    return method_target(method).startswith(OFFLOAD_MODULE_PREFIX)
+    spec = method_spec(method)
+    return spec is not None and spec.needs_host_tier
 
 
 def offloadable_nodes(graph: Graph) -> list[int]:
@@ -45,25 +43,26 @@ def check_offload_request(
     resources: Resources | None,
     *,
     graph_where: str = "graph",
-    resources_where: str = "--resources",
+    resources_where: str = "resources",
 ) -> None:
-    """Raise InputError when `method` offloads and the graph or the machine leaves it nothing to
-    do; a no-op for every other method."""
+    """Raise InputError (its field `resources_where` or `graph_where`) when `method` offloads
+    and the graph or the machine leaves it nothing to do; a no-op for every other method."""
     if not is_offload_method(method):
         return
     if resources is None:
         raise InputError(
-            f"{resources_where}: missing; method {method} offloads to host memory: give a "
-            "machine with a host tier, e.g. --resources h100-pcie-gen5 with host_memory_bytes "
-            "in a resources.json"
+            f"missing; method {method} offloads to host memory: give a machine with a host "
+            "tier, e.g. the preset h100-pcie-gen5 with host_memory_bytes in a resources.json",
+            field=resources_where,
         )
     if not resources.has_host_tier:
         got = resources.host_memory_bytes
         what = "unset" if got is None else f"{got}"
         raise InputError(
-            f"{resources_where}: host_memory_bytes is {what}: method {method} offloads to host "
-            "memory and needs a host budget > 0 (e.g. {\"preset\": \"h100-pcie-gen5\", "
-            "\"host_memory_bytes\": 68719476736})"
+            f"host_memory_bytes is {what}: method {method} offloads to host memory and needs a "
+            "host budget > 0 (e.g. {\"preset\": \"h100-pcie-gen5\", \"host_memory_bytes\": "
+            "68719476736})",
+            field=resources_where,
         )
     if not offloadable_nodes(graph):
         marked = sum(1 for n in graph.nodes if not n.offloadable)
@@ -72,6 +71,7 @@ def check_offload_request(
             if marked else "no node has an output of its own (only views)"
         )
         raise InputError(
-            f"{graph_where}: nothing can be offloaded ({why}): method {method} cannot help; "
-            "use a remat method (e.g. auto) or mark nodes offloadable"
+            f"nothing can be offloaded ({why}): method {method} cannot help; use a remat "
+            "method (e.g. auto) or mark nodes offloadable",
+            field=graph_where,
         )

@@ -1,10 +1,13 @@
-"""Pipeline partitioning for the CLI and the service: validate, solve, simulate, report.
+"""Pipeline partitioning for the CLI, the service and `solve()`: validate, solve, simulate,
+report.
 
-`partition_plan` checks the request (one line per mistake: 0 devices, more stages than layers,
-micro-batches an interleaved schedule cannot divide, a device memory below one layer's model
-state, a split naming a module the model does not have), runs a partitioner
-(planner.solvers.pipeline: dp, ilp, or a baseline), builds the plan (kind pipeline: partition +
-per-rank action lists with SEND/RECV) and judges it with planner.sim.simulator. A plan whose
+`partition_plan` checks the request (one line per mistake, naming its field: 0 devices, more
+stages than layers, micro-batches an interleaved schedule cannot divide, a device memory below
+one layer's model state, a split naming a module the model does not have), runs a pipeline
+method from the registry (planner.solvers.pipeline.methods: pipeline-dp, pipeline-ilp or a
+baseline; "dp", "ilp" and the baseline names say the same), builds the plan (kind pipeline:
+partition + per-rank action lists with SEND/RECV) and judges it with planner.sim.simulator.
+`solve_pipeline` is what `planner.engine.solve.solve` runs for a pipeline method. A plan whose
 ranks do not fit is never reported as feasible: dp and ilp raise NoPlanFits naming the rank
 that overflows, by how much, and the least memory any contiguous split needs (proven with one
 stage a rank, by the memory DP); baselines come back with `fits` False so they can be compared.
@@ -13,6 +16,7 @@ stage a rank, by the memory DP); baselines come back with `fits` False so they c
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.core.budget import format_bytes, parse_budget_spec
@@ -20,16 +24,19 @@ from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.plan import Plan, PlanKind, PlanStatus, relative_gap
 from planner.core.resources import Resources
+from planner.engine.registry import method_spec, method_specs
 from planner.sim.simulator import simulate
 from planner.sim.step_memory import with_sharding
-from planner.solvers.pipeline.baselines import BASELINES, baseline_partition
-from planner.solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split
-from planner.solvers.pipeline.ilp import ilp_partition
-from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
+from planner.solvers.pipeline.dp import least_memory_split
+from planner.solvers.pipeline.methods import PREFIX, partitioner_name
+from planner.solvers.pipeline.problem import Candidate, PartitionOutcome, PipelineProblem, Split
 from planner.solvers.pipeline.schedules import SCHEDULES, check_schedule, stages_per_rank
 from planner.solvers.pipeline.units import UnitChain
+from planner.solvers.request import SolveRequest
+from planner.solvers.spec import MethodSpec
 
-METHODS = ("dp", "ilp", *BASELINES)
+# The partitioners' short names (dp, ilp, the baselines): the pipeline methods less "pipeline-".
+METHODS = tuple(partitioner_name(spec.name) for spec in method_specs() if spec.pipeline)
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,15 @@ class PartitionReport:
         return p.makespan_ms or 0.0 if p is not None else 0.0
 
 
-def parse_device_memory(value: str | int | None, name: str = "--device-memory") -> int | None:
-    """'80GiB', '40GB' or a byte count; None stays None (unbounded)."""
+def parse_device_memory(value: str | int | None, name: str = "device_memory") -> int | None:
+    """'80GiB', '40GB' or a byte count; None stays None (unbounded). `name` is how the entry
+    point calls the field (the budget grammar says it in its messages)."""
     if value is None:
         return None
     spec = parse_budget_spec(value, name)
     if spec.needs_reference:
-        raise InputError(f"{name} {value!r}: give bytes with a unit (80GiB, 40GB), not a fraction")
+        raise InputError(f"{value!r}: give bytes with a unit (80GiB, 40GB), not a fraction",
+                         field=name)
     assert spec.bytes is not None
     return spec.bytes
 
@@ -80,37 +89,37 @@ def machine(
     microbatches: int | None,
     schedule: str | None,
 ) -> tuple[int, int | None, int, str, Resources]:
-    """Flags over resources.json: (devices, memory, micro-batches, schedule, resources)."""
+    """The request's fields over resources.json: (devices, memory, micro-batches, schedule,
+    resources)."""
     base = resources or Resources()
     p = devices if devices is not None else (base.device_count if resources else None)
     if p is None:
-        raise InputError("--devices: how many devices (pipeline ranks)? e.g. --devices 4")
+        raise InputError("how many devices (pipeline ranks)? e.g. 4", field="devices")
     if p < 1:
-        raise InputError(f"--devices {p}: a pipeline needs at least 1 device")
+        raise InputError(f"a pipeline needs at least 1 device (got {p})", field="devices")
     memory = device_memory_bytes if device_memory_bytes is not None else base.device_memory_bytes
     m = microbatches if microbatches is not None else base.microbatches
     if microbatches is None and (resources is None or resources.microbatches == 1):
-        raise InputError("--microbatches: how many micro-batches a step? e.g. --microbatches 8 "
-                         "(or microbatches in resources.json)")
+        raise InputError("how many micro-batches a step? e.g. 8 (or microbatches in "
+                         "resources.json)", field="microbatches")
     sched = schedule or base.pipeline_schedule or "1f1b"
     if m < 1:
-        raise InputError(f"--microbatches {m}: at least 1")
+        raise InputError(f"at least 1 (got {m})", field="microbatches")
     res = base.model_copy(update={"device_count": p, "device_memory_bytes": memory,
                                   "microbatches": m, "pipeline_schedule": _schedule_field(sched)})
     return p, memory, m, sched, res
 
 
 def _schedule_field(schedule: str) -> str | None:
-    return schedule if schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2") \
-        else None
+    return schedule if schedule in SCHEDULES else None
 
 
 def sharded(graph: Graph, zero_stage: int | None, dp: int | None) -> Graph:
     if zero_stage is None and dp is None:
         return graph
     if graph.model_state is None:
-        raise InputError("the graph has no model_state: --zero/--dp need per-parameter bytes "
-                         "(trace the model again)")
+        raise InputError("no model_state: ZeRO sharding (zero, dp) needs per-parameter bytes "
+                         "(trace the model again)", field="graph")
     return graph.model_copy(update={"model_state": with_sharding(graph.model_state, zero_stage,
                                                                  dp)})
 
@@ -133,15 +142,18 @@ def make_problem(
         raise InputError(
             f"{stages} stages ({devices} devices x {v} a device) but the model has "
             f"{chain.length} layers ({', '.join(u.name for u in chain.units[:4])}"
-            f"{', ...' if chain.length > 4 else ''}): use at most {chain.length // v} devices"
+            f"{', ...' if chain.length > 4 else ''}): use at most {chain.length // v} devices",
+            field="devices",
         )
     if memory_bytes is not None:
         heavy = max(chain.units, key=lambda u: u.model_state_bytes)
         if memory_bytes < heavy.model_state_bytes:
             raise InputError(
-                f"device memory {format_bytes(memory_bytes)} is below the model state of layer "
+                f"{format_bytes(memory_bytes)} is below the model state of layer "
                 f"{heavy.name!r} alone ({format_bytes(heavy.model_state_bytes)}: weights, "
-                "gradients, optimizer state): no split can fit; use larger devices or --zero/--dp"
+                "gradients, optimizer state): no split can fit; use larger devices or ZeRO "
+                "sharding (zero, dp)",
+                field="device_memory",
             )
     return PipelineProblem(graph, chain, devices, microbatches, schedule, memory_bytes,
                            chunks=chunks, resources=resources)
@@ -154,33 +166,44 @@ def given_split(problem: PipelineProblem, starts: list[str]) -> Split:
     for name in starts:
         if name not in names:
             known = ", ".join(list(names)[:6])
-            raise InputError(f"--split {name!r}: the model has no such layer (layers: {known}, "
-                             "...)")
+            raise InputError(f"{name!r}: the model has no such layer (layers: {known}, ...)",
+                             field="split")
         cuts.append(names[name])
     if len(cuts) != problem.stage_count - 1:
-        raise InputError(f"--split: {len(cuts)} split points for {problem.stage_count} stages "
-                         f"(give {problem.stage_count - 1})")
+        raise InputError(f"{len(cuts)} split points for {problem.stage_count} stages "
+                         f"(give {problem.stage_count - 1})", field="split")
     if cuts != sorted(set(cuts)) or cuts[0] == 0:
-        raise InputError("--split: split points must be distinct layers in forward order, after "
-                         "the first layer")
+        raise InputError("split points must be distinct layers in forward order, after the "
+                         "first layer", field="split")
     edges = [0, *cuts, problem.length]
     return Split(tuple((edges[s], edges[s + 1]) for s in range(problem.stage_count)))
 
 
+def pipeline_method(method: str) -> MethodSpec:
+    """The spec of a pipeline method, by its name ("pipeline-dp") or its partitioner's ("dp")."""
+    spec = method_spec(PREFIX + partitioner_name(method))
+    if spec is None or not spec.pipeline:
+        raise InputError(f"no partitioner {method!r}; use one of {', '.join(METHODS)}",
+                         field="method")
+    return spec
+
+
 def run_method(problem: PipelineProblem, method: str, time_limit_s: float,
-               split: list[str] | None = None) -> PartitionOutcome:
+               split: list[str] | None = None, threads: int = 2) -> PartitionOutcome:
+    """The partition `method` (a pipeline method of the registry) finds, or `split` checked."""
     if split is not None:
         start = time.perf_counter()
         cand = problem.candidate(given_split(problem, split))
         return PartitionOutcome("given", cand, "feasible" if cand.fits else "infeasible",
                                 wall_seconds=time.perf_counter() - start)
-    if method == "dp":
-        return dp_partition(problem)
-    if method == "ilp":
-        return ilp_partition(problem, time_limit_s=time_limit_s)
-    if method in BASELINES:
-        return baseline_partition(problem, method)
-    raise InputError(f"--method {method}: use one of {', '.join(METHODS)}")
+    spec = pipeline_method(method)
+    # budget_bytes is not read by partitioners: the problem holds the device memory
+    request = SolveRequest(problem.graph, problem.memory_bytes or 0, time_limit_s=time_limit_s,
+                           threads=threads, pipeline=problem)
+    outcome = spec.run(request).partition
+    if outcome is None:
+        raise RuntimeError(f"pipeline method {spec.name} returned no partition")
+    return outcome
 
 
 def no_fit_message(problem: PipelineProblem, outcome: PartitionOutcome) -> tuple[str, int]:
@@ -217,23 +240,75 @@ def partition_plan(
     dp: int | None = None,
     time_limit_s: float = 10.0,
     split: list[str] | None = None,
+    threads: int = 2,
 ) -> PartitionReport:
-    """Partition `graph` for the machine; raise InputError / NoPlanFits (dp, ilp, a split)."""
-    if method not in METHODS:
-        raise InputError(f"--method {method}: use one of {', '.join(METHODS)}")
+    """Partition `graph` for the machine; raise InputError (naming its field) / NoPlanFits
+    (dp, ilp, a split)."""
+    pipeline_method(method)
     if schedule is not None and schedule not in SCHEDULES:
-        raise InputError(f"--schedule {schedule}: use one of {', '.join(SCHEDULES)}")
+        raise InputError(f"no schedule {schedule!r}; use one of {', '.join(SCHEDULES)}",
+                         field="schedule")
     p, memory, m, sched, res = machine(resources, devices, device_memory_bytes, microbatches,
                                        schedule)
     graph = sharded(graph, zero_stage, dp)
     problem = make_problem(graph, devices=p, memory_bytes=memory, microbatches=m,
                            schedule=sched, chunks=chunks, resources=res)
-    outcome = run_method(problem, method, time_limit_s, split)
+    outcome = run_method(problem, method, time_limit_s, split, threads)
     cand = outcome.best
     if cand is None or (not cand.fits and outcome.method in ("dp", "ilp", "given")):
         msg, least = no_fit_message(problem, outcome)
         raise NoPlanFits(msg, least)
     return _report(graph, problem, outcome, cand, res)
+
+
+def split_layers(text: str | None) -> list[str] | None:
+    """The `split` option ("h.2,h.4": the layers that start stages 2..) as a list."""
+    return None if text is None else [name.strip() for name in text.split(",") if name.strip()]
+
+
+def check_pipeline_request(graph: Graph, budget_bytes: int, method: str,
+                           options: Mapping[str, object] | None,
+                           resources: Resources | None) -> None:
+    """At submission, what `solve_pipeline` would refuse before searching: the machine (devices,
+    micro-batches, schedule), the problem (more stages than layers, a device below one layer's
+    model state) and a given split; InputError naming the field."""
+    chosen = pipeline_method(method).parse_options(options or {})
+    p, memory, m, sched, res = machine(resources, None, budget_bytes, None, None)
+    problem = make_problem(graph, devices=p, memory_bytes=memory, microbatches=m,
+                           schedule=sched, chunks=chosen.chunks, resources=res)
+    split = split_layers(chosen.split)
+    if split is not None:
+        given_split(problem, split)
+
+
+def solve_pipeline(
+    graph: Graph,
+    budget_bytes: int,
+    method: str,
+    *,
+    time_limit_s: float = 10.0,
+    threads: int = 2,
+    options: Mapping[str, object] | None = None,
+    resources: Resources | None = None,
+) -> Plan:
+    """`solve()` for a pipeline method: `budget_bytes` is each device's memory; devices,
+    micro-batches and schedule come from `resources`, `chunks` from the options. The plan
+    `partition_plan` builds (kind pipeline, simulated); when no split fits, status infeasible
+    with the least device memory that works in `details["smallest_feasible_bytes"]`."""
+    spec = pipeline_method(method)
+    chosen = spec.parse_options(options or {})
+    started = time.perf_counter()
+    try:
+        return partition_plan(graph, device_memory_bytes=budget_bytes, method=spec.name,
+                              chunks=chosen.chunks, resources=resources,
+                              time_limit_s=time_limit_s, threads=threads,
+                              split=split_layers(chosen.split)).plan
+    except NoPlanFits as e:
+        _, _, _, _, machine_resources = machine(resources, None, budget_bytes, None, None)
+        return Plan(graph_hash=graph.content_hash(), budget_bytes=budget_bytes,
+                    resources=machine_resources, method=partitioner_name(spec.name),
+                    status=PlanStatus.infeasible, wall_seconds=time.perf_counter() - started,
+                    notes=[str(e)], details={"smallest_feasible_bytes": e.smallest_feasible_bytes})
 
 
 def _report(graph: Graph, problem: PipelineProblem, outcome: PartitionOutcome, cand: Candidate,

@@ -30,13 +30,15 @@ def with_training_setup(
         return graph
     ms = graph.model_state
     if ms is None:
-        raise InputError("the graph has no model_state: --optimizer/--precision/--zero/--dp need "
-                         "per-parameter bytes (trace the model again, or build the graph with "
-                         "model_state)")
+        raise InputError("no model_state: optimizer, precision, zero and dp need per-parameter "
+                         "bytes (trace the model again, or build the graph with model_state)",
+                         field="graph")
     if optimizer is not None and optimizer not in OPTIMIZER_STATES:
-        raise InputError(f"--optimizer {optimizer}: use one of {', '.join(OPTIMIZER_STATES)}")
+        raise InputError(f"no optimizer {optimizer!r}; use one of "
+                         f"{', '.join(OPTIMIZER_STATES)}", field="optimizer")
     if precision is not None and precision not in PRECISIONS:
-        raise InputError(f"--precision {precision}: use one of {', '.join(PRECISIONS)}")
+        raise InputError(f"no precision {precision!r}; use one of {', '.join(PRECISIONS)}",
+                         field="precision")
     update = {k: v for k, v in (("optimizer", optimizer), ("precision", precision)) if v}
     ms = ms.model_copy(update=update) if update else ms
     ms = with_sharding(ms, zero_stage, dp)
@@ -62,11 +64,11 @@ def rank_breakdown(graph: Graph, plan: Plan, check_hash: bool = True) -> list[Ra
     parameter on its stage. `check_hash` False: the graph's training setup was changed on
     purpose (another ZeRO stage, optimizer...), the plan's stages still apply."""
     if plan.kind is not PlanKind.pipeline or plan.partition is None:
-        raise InputError("--plan: not a pipeline plan (kind pipeline, with a partition)")
+        raise InputError("not a pipeline plan (kind pipeline, with a partition)", field="plan")
     try:
         sim = simulate(graph, plan, check_hash=check_hash)
     except PlanError as e:
-        raise InputError(f"--plan: {e}") from None
+        raise InputError(str(e), field="plan") from None
     stage = stage_of_nodes(graph, plan.partition)
     costs = stage_costs(graph, plan.partition)
     per_stage = model_state_per_stage(graph, stage, len(costs))
@@ -80,5 +82,3 @@ def rank_breakdown(graph: Graph, plan: Plan, check_hash: bool = True) -> list[Ra
         out.append(RankMemory(r.rank, stages, state, other, r.peak_bytes - r.model_state_bytes,
                               r.peak_bytes))
     return out
-
-

@@ -1,8 +1,11 @@
-"""The registry of planning methods: an explicit table of the solvers' entry points.
+"""The registry of planning methods, derived from the specs each method declares next to its
+function (planner.solvers.spec).
 
-Built-in methods are imported here by name, so the layer rule (engine imports solvers) is
-visible to import-linter. Plugins (the service's `extra_methods` setting) are given as
-"module:function" and resolved when first asked for; they sit outside the project's layers.
+Built-in methods are imported here by module, so the layer rule (engine imports solvers) is
+visible to import-linter; a new method is a function and its `MethodSpec` in one of these
+modules' `SPECS`. Plugins (the service's `extra_methods` setting) are given as
+"module:function" and resolved when first asked for; they sit outside the project's layers and
+have no spec (their options are not checked).
 """
 
 from __future__ import annotations
@@ -10,39 +13,40 @@ from __future__ import annotations
 import importlib
 
 from planner.core.errors import InputError
-from planner.solvers import baseline_methods
+from planner.solvers import auto_method, baseline_methods
 from planner.solvers.chain import methods as chain_methods
 from planner.solvers.offload import methods as offload_methods
+from planner.solvers.pipeline import methods as pipeline_methods
 from planner.solvers.remat import methods as remat_methods
 from planner.solvers.request import MethodFn, MethodResult, SolveRequest
+from planner.solvers.spec import MethodSpec
 
-__all__ = ["MethodFn", "MethodResult", "SolveRequest", "load_method", "method_names",
-           "register_method", "BUILTIN_METHODS"]
+__all__ = ["BUILTIN_METHODS", "MethodFn", "MethodResult", "SolveRequest", "describe_methods",
+           "load_method", "method_names", "method_spec", "method_specs", "method_target",
+           "register_method"]
+
+_SPECS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for module in (baseline_methods, auto_method, remat_methods, chain_methods,
+                   offload_methods, pipeline_methods)
+    for spec in module.SPECS
+}
 
 # name -> function taking a SolveRequest and returning a MethodResult.
-BUILTIN_METHODS: dict[str, MethodFn] = {
-    "store-all": baseline_methods.store_all,
-    "recompute-all": baseline_methods.recompute_all,
-    "chen-sqrt": baseline_methods.chen_sqrt,
-    "chen-greedy": baseline_methods.chen_greedy,
-    "best-baseline": baseline_methods.best_baseline,
-    "milp": remat_methods.milp,
-    "lp-rounding": remat_methods.lp_rounding,
-    "cpsat-intervals": remat_methods.cpsat_intervals,
-    "auto": remat_methods.auto,
-    "rotor": chain_methods.rotor,
-    "revolve": chain_methods.revolve,
-    "chain-chen-sqrt": chain_methods.chain_chen_sqrt,
-    "offload-all": offload_methods.offload_all,
-    "offload-greedy": offload_methods.offload_greedy,
-    "offload-beaumont": offload_methods.offload_beaumont,
-    "offload-remat": offload_methods.offload_remat,
-    "offload-milp": offload_methods.offload_milp,
-    "pofo": offload_methods.pofo,
-}
+BUILTIN_METHODS: dict[str, MethodFn] = {name: spec.run for name, spec in _SPECS.items()}
 
 # Plugins: name -> "module:function", registered at run time (e.g. from service settings).
 _PLUGINS: dict[str, str] = {}
+
+
+def method_specs() -> list[MethodSpec]:
+    """Every built-in method's spec, in declaration order."""
+    return list(_SPECS.values())
+
+
+def method_spec(name: str) -> MethodSpec | None:
+    """The spec of built-in method `name`; None for a plugin or an unknown name."""
+    return None if name in _PLUGINS else _SPECS.get(name)
 
 
 def register_method(name: str, target: str) -> None:
@@ -74,5 +78,13 @@ def method_target(name: str) -> str:
     """Where a method lives, as 'module:function' (for `planner-cli methods`)."""
     if name in _PLUGINS:
         return _PLUGINS[name]
-    fn = BUILTIN_METHODS[name]
-    return f"{fn.__module__}:{fn.__qualname__}"
+    return _SPECS[name].target
+
+
+def describe_methods() -> list[dict[str, object]]:
+    """Every method as JSON, by name: a built-in's spec (`MethodSpec.describe`), a plugin's
+    target ({"name", "plugin": "module:function"}); what `planner-cli methods --json` prints
+    and `/v1/methods` serves."""
+    return [spec.describe() if (spec := method_spec(name)) is not None
+            else {"name": name, "plugin": method_target(name)}
+            for name in method_names()]

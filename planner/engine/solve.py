@@ -1,5 +1,9 @@
 """solve(): run a method, check its plan with the simulator, and report honestly.
 
+Every plan kind: a pipeline method (its spec's plan kinds are ("pipeline",)) runs the
+partition path (planner.engine.partition.solve_pipeline: devices, micro-batches and schedule
+from `resources`, the budget per device) and returns its pipeline plan; the rest is below.
+
 Whatever a method claims, the returned Plan's peak and cost are the simulator's, a plan over
 budget is never reported as feasible, "optimal" means the gap to a proven bound is closed, and a
 claimed bound above the cost of any plan known to fit (`planner.engine.judge`) is an error.
@@ -38,7 +42,8 @@ from planner.engine.judge import (
     known_plan,
 )
 from planner.engine.progress import ProgressFn, monotone_progress
-from planner.engine.registry import MethodResult, SolveRequest, load_method
+from planner.engine.registry import MethodResult, SolveRequest, load_method, method_spec
+from planner.sim.ledger import MemoryLedger
 from planner.sim.simulator import (
     PlanError,
     SimulationAbandoned,
@@ -87,7 +92,10 @@ def solve(
     at smaller budgets) join the plans a claimed bound is checked against."""
     if budget_bytes < 0:
         raise InputError(f"budget {budget_bytes}: must be ≥ 0 bytes")
-    time_limit_s = check_time_limit(time_limit_s, "time limit")
+    time_limit_s = check_time_limit(time_limit_s, "time_limit")
+    if (spec := method_spec(method)) is not None and spec.pipeline:
+        return _pipeline_plan(graph, budget_bytes, method, time_limit_s, threads, options,
+                              resources)
     fn = load_method(method)
     started = time.perf_counter()
     floor_bytes = lower_bound_peak_bytes(graph)
@@ -183,6 +191,16 @@ def solve(
     return plan
 
 
+def _pipeline_plan(graph: Graph, budget_bytes: int, method: str, time_limit_s: float,
+                   threads: int, options: dict[str, Any] | None,
+                   resources: Resources | None) -> Plan:
+    """A pipeline method's plan (planner.engine.partition; imported here, when asked for)."""
+    from planner.engine.partition import solve_pipeline
+
+    return solve_pipeline(graph, budget_bytes, method, time_limit_s=time_limit_s,
+                          threads=threads, options=options, resources=resources)
+
+
 def _first_note(result: MethodResult) -> str:
     return f": {result.notes[0]}" if result.notes else ""
 
@@ -194,6 +212,7 @@ def _warm_caches(graph: Graph) -> None:
     for view in ("topological_order", "order_predecessors", "outputs", "storage_bytes",
                  "model_state_resident", "loss_nodes", "control_predecessors"):
         getattr(index, view)
+    MemoryLedger.of(graph)  # once here, not once per thread that asks for it
 
 
 def _better_fallback(known: Fallback | None, graph: Graph, budget_bytes: int,

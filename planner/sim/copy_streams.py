@@ -26,9 +26,8 @@ from collections.abc import Sequence
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp
 from planner.core.resources import Link, Resources
+from planner.sim.ledger import MemoryLedger, describe_missing, loss_rule_error
 from planner.sim.result import MemoryPoint, PlanError, SimulationResult, TimelinePoint
-from planner.sim.simulator import control_predecessors, describe_missing, loss_rule_error
-from planner.sim.step_memory import step_memory
 
 # event: (time_ms, action index, order within the action, device delta, host delta, primary)
 Event = tuple[float, int, int, int, int, bool]
@@ -41,11 +40,13 @@ class _Streams:
         self.graph = graph
         self.index = graph.index
         self.resources = resources
-        step = step_memory(graph)
-        self.fixed = step.start_bytes
-        self.held = step.held_from_node
-        self.control = control_predecessors(self.index)
-        self.root = self.index.storage_roots
+        # the memory facts and rules of the one-stream replay (fixed, held, views, control)
+        ledger = self.ledger = MemoryLedger.of(graph)
+        self.fixed = ledger.fixed_bytes
+        self.held = ledger.held_bytes
+        self.control = ledger.control
+        self.root = ledger.storage_root
+        self.own = ledger.storage_bytes
         self.events: list[Event] = []
         self.compute_free = self.d2h_free = self.h2d_free = 0.0
         self.exposed = self.transfer = self.compute_total = 0.0
@@ -92,7 +93,7 @@ class _Streams:
         self.resident.add(v)
         r = self.root[v]
         self.refcount[r] = self.refcount.get(r, 0) + 1
-        grow = self.index.storage_bytes[r] if self.refcount[r] == 1 else 0
+        grow = self.own[r] if self.refcount[r] == 1 else 0
         self.emit(t, i, k, grow, 0, primary)
 
     # -- actions -----------------------------------------------------------------------------
@@ -120,7 +121,7 @@ class _Streams:
         self.exposed += start - self.compute_free
         end = start + node.compute_ms
         self.take(v, start, i, 0, primary=False)
-        extra = node.workspace_bytes + (self.held.get(v, 0) if not times else 0)
+        extra = self.ledger.workspace_bytes[v] + (self.held.get(v, 0) if not times else 0)
         self.emit(start, i, 1, extra, 0, primary=True)  # the timeline's point: while it runs
         self.emit(end, i, 2, -node.workspace_bytes, 0)
         self.ready_at[v] = end
@@ -137,7 +138,7 @@ class _Streams:
         self.freed_at[v] = i
         r = self.root[v]
         self.refcount[r] -= 1
-        shrink = self.index.storage_bytes[r] if self.refcount[r] == 0 else 0
+        shrink = self.own[r] if self.refcount[r] == 0 else 0
         t = max(self.compute_free, self.copy_busy.get(v, 0.0))
         self.emit(t, i, 0, -shrink, 0, primary=True)
 

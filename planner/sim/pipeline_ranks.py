@@ -29,7 +29,7 @@ from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
 from planner.core.resources import Resources
 from planner.sim.result import PlanError, RankResult, SimulationResult
-from planner.sim.stage_costs import StageCosts, stage_costs
+from planner.sim.stage_costs import StageCosts, kept_bytes, rank_base_bytes, stage_costs
 
 F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input,
                PipelineOp.backward_weight)
@@ -200,7 +200,7 @@ class _Ranks:
             self.done[key] = (start, i)
             return
         again = mb in self.recomputed[s]
-        kept = c.input_bytes if again else c.saved_bytes
+        kept = kept_bytes(c, again)
         duration = {F: c.forward_ms, B: c.backward_ms, I_: c.backward_input_ms,
                     W: c.backward_weight_ms}[op]
         if again and op in (B, I_):
@@ -287,10 +287,10 @@ class _Ranks:
                 )
 
     def result(self, graph: Graph) -> SimulationResult:
+        stage_ranks = [self.partition.rank_of(s) for s in range(len(self.costs))]
         ranks = []
         for r in range(len(self.lists)):
-            base = sum(c.model_state_bytes for s, c in enumerate(self.costs)
-                       if self.partition.rank_of(s) == r)
+            base = rank_base_bytes(self.costs, stage_ranks, r)
             live = peak = base
             for _, _, _, delta in sorted(e for e in self.events if e[1] == r):
                 live += delta

@@ -7,7 +7,7 @@ gradient_node of its trainable parameters, when the graph has model_state), I th
 identifiable, half and half.
 
 A stage holds the nodes it names by id and every node of its modules (and their submodules);
-a node no stage names follows its inputs (see `_place_the_rest`), so a loss outside every module
+a node no stage names follows its inputs (see `place_the_rest`), so a loss outside every module
 lands on the last stage. Forward data must flow to the same or later stages, gradients to the
 same or earlier ones.
 
@@ -32,17 +32,22 @@ made at stages >= s and read by a backward node of an earlier stage.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from planner.core.graph import Graph, Phase
-from planner.core.model_state import StateBytes
-from planner.core.pipeline_actions import Partition
+from planner.core.model_state import ParameterState, StateBytes
+from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp
 from planner.sim.result import PlanError
 from planner.sim.step_memory import step_memory
 
 
 @dataclass(frozen=True)
 class StageCosts:
+    """One stage's times (per micro-batch) and sizes; the pipeline partitioners' range costs
+    (planner.solvers.pipeline.units.RangeCosts) are the same quantities."""
+
     forward_ms: float
     backward_ms: float
     backward_input_ms: float
@@ -54,10 +59,82 @@ class StageCosts:
     send_forward_bytes: int  # to stage + 1
     send_backward_bytes: int  # to stage - 1
 
+    @property
+    def compute_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+class StageSizes(Protocol):
+    """What a stage holds (StageCosts, and the partitioners' RangeCosts)."""
+
+    @property
+    def saved_bytes(self) -> int: ...
+    @property
+    def input_bytes(self) -> int: ...
+    @property
+    def transient_bytes(self) -> int: ...
+    @property
+    def model_state_bytes(self) -> int: ...
+
+
+# -- the memory rules of a pipeline rank (planner.sim.pipeline_ranks replays them in time) ------
+def kept_bytes(sizes: StageSizes, recomputed: bool) -> int:
+    """What a micro-batch keeps from its F to its backward: the saved activations, or only the
+    received input when the stage recomputes it."""
+    return sizes.input_bytes if recomputed else sizes.saved_bytes
+
+
+def rank_base_bytes(sizes: Sequence[StageSizes], stage_rank_of: Sequence[int], rank: int) -> int:
+    """A rank's model state: the sum over its stages."""
+    return sum(c.model_state_bytes for s, c in enumerate(sizes) if stage_rank_of[s] == rank)
+
+
+def one_stage_peak_bytes(sizes: StageSizes, inflight: int, stored: int | None = None) -> int:
+    """Peak of a rank running this stage alone with `inflight` micro-batches holding
+    activations, `stored` of them in full (None: all; the others recomputed): exact without
+    recomputation, else an upper bound counting the rematerialised bytes once on top."""
+    k = inflight
+    q = k if stored is None else min(stored, k)
+    extra = sizes.saved_bytes - kept_bytes(sizes, True) if q < k else 0
+    return (sizes.model_state_bytes + q * kept_bytes(sizes, False)
+            + (k - q) * kept_bytes(sizes, True) + extra + sizes.transient_bytes)
+
+
+def rank_peak_bytes(
+    lists: Sequence[Sequence[PipelineAction]],
+    stage_rank_of: Sequence[int],
+    sizes: Sequence[StageSizes],
+    recompute: Sequence[frozenset[int]],
+) -> list[int]:
+    """Each rank's peak as planner.sim.pipeline_ranks counts it, from list order alone (a rank's
+    memory changes only at its own actions): model state, `kept_bytes` per micro-batch from F,
+    the rest of saved from a recomputing B/I, a stage's transient while its compute runs, the
+    saved bytes released when B (or W) ends."""
+    peaks = []
+    for rank, row in enumerate(lists):
+        live = peak = rank_base_bytes(sizes, stage_rank_of, rank)
+        for a in row:
+            c = sizes[a.stage_index]
+            again = a.microbatch_index in recompute[a.stage_index]
+            if a.op is PipelineOp.forward:
+                live += kept_bytes(c, again)
+            elif a.op in _GRADIENT_OPS and again:
+                live += c.saved_bytes - kept_bytes(c, again)
+            if a.is_compute:
+                peak = max(peak, live + c.transient_bytes)
+            if a.op in _RELEASING_OPS:
+                live -= c.saved_bytes
+        peaks.append(peak)
+    return peaks
+
+
+_GRADIENT_OPS = frozenset({PipelineOp.backward, PipelineOp.backward_input})
+_RELEASING_OPS = frozenset({PipelineOp.backward, PipelineOp.backward_weight})
+
 
 def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
     """Node id -> stage index: the stage naming it (by id or module; two: PlanError naming the
-    node), else where its inputs are (`_place_the_rest`)."""
+    node), else where its inputs are (`place_the_rest`)."""
     out: dict[int, int] = {}
     for s in partition.stages:
         mods = tuple(s.modules)
@@ -73,11 +150,11 @@ def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
                 inside = any(p == m or p.startswith(m + ".") for m in mods)
                 if inside and out.get(n.id) != s.stage_index:
                     _assign(graph, out, n.id, s.stage_index)
-    _place_the_rest(graph, out, partition.stage_count - 1)
+    place_the_rest(graph, out, partition.stage_count - 1)
     return out
 
 
-def _place_the_rest(graph: Graph, out: dict[int, int], last: int) -> None:
+def place_the_rest(graph: Graph, out: dict[int, int], last: int) -> None:
     """Nodes no stage names (e.g. a loss outside every module) follow their inputs: a forward
     node goes to the latest stage among its inputs (0 without inputs), a backward node to the
     earliest stage among its backward inputs (else the latest among its inputs; the last stage
@@ -116,10 +193,10 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     send_f: list[set[int]] = [set() for _ in range(count)]
     send_b: list[set[int]] = [set() for _ in range(count)]
     backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
-    grad_nodes = _gradient_nodes(graph)
+    grad_nodes = gradient_nodes(graph)
     for n in graph.nodes:
         s = stage[n.id]
-        transient[s] = max(transient[s], index.storage_bytes[n.id] + n.workspace_bytes)
+        transient[s] = max(transient[s], node_transient_bytes(graph, n.id))
         if n.id in backward:
             bwd[s] += n.compute_ms
             if n.id in grad_nodes:
@@ -147,7 +224,7 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     size = index.storage_bytes
     out = []
     for s in range(count):
-        w_ms = weight[s] if has_weight[s] else bwd[s] / 2
+        w_ms = backward_weight_ms(bwd[s], weight[s], has_weight[s])
         out.append(
             StageCosts(
                 forward_ms=fwd[s],
@@ -173,7 +250,18 @@ def _backwards(graph: Graph, u: int, v: int, s: int, t: int, phase: str) -> Plan
     )
 
 
-def _gradient_nodes(graph: Graph) -> set[int]:
+def backward_weight_ms(backward_ms: float, weight_nodes_ms: float, has_weight: bool) -> float:
+    """W's share of a backward: its weight-gradient nodes' time; none identifiable: half."""
+    return weight_nodes_ms if has_weight else backward_ms / 2
+
+
+def node_transient_bytes(graph: Graph, node_id: int) -> int:
+    """What running one node adds while it runs: its output and its workspace."""
+    return graph.index.storage_bytes[node_id] + graph.index.node(node_id).workspace_bytes
+
+
+def gradient_nodes(graph: Graph) -> set[int]:
+    """The gradient nodes of the trainable parameters (their W work)."""
     ms = graph.model_state
     if ms is None:
         return set()
@@ -192,13 +280,15 @@ def _enclosing_stage(module_stage: dict[str, int], module_path: str) -> int | No
     return None
 
 
-def model_state_per_stage(graph: Graph, stage: dict[int, int], count: int) -> list[StateBytes]:
-    """Each stage's placed model state: a parameter goes to the stage of its gradient node, else
-    to that of its module (or the nearest enclosing module with nodes); unplaced ones nowhere."""
-    placed = [StateBytes() for _ in range(count)]
+def parameter_stages(
+    graph: Graph, stage: dict[int, int]
+) -> Iterator[tuple[ParameterState, StateBytes, int | None]]:
+    """Each parameter, its bytes and its stage (or any grouping of nodes, such as a chain's
+    units): that of its gradient node, else of its module (or the nearest enclosing module with
+    nodes); None: placed nowhere."""
     ms = graph.model_state
     if ms is None:
-        return placed
+        return
     module_stage: dict[str, int] = {}
     for n in graph.nodes:
         module_stage.setdefault(n.module_path, stage[n.id])
@@ -206,16 +296,31 @@ def model_state_per_stage(graph: Graph, stage: dict[int, int], count: int) -> li
         s = stage.get(p.gradient_node) if p.gradient_node is not None else None
         if s is None:
             s = _enclosing_stage(module_stage, p.module_path)
+        yield p, b, s
+
+
+def model_state_per_stage(graph: Graph, stage: dict[int, int], count: int) -> list[StateBytes]:
+    """Each stage's placed model state (`parameter_stages`); unplaced parameters nowhere."""
+    placed = [StateBytes() for _ in range(count)]
+    for _, b, s in parameter_stages(graph, stage):
         if s is not None:
             placed[s] = placed[s] + b
     return placed
 
 
-def _model_state_bytes(graph: Graph, stage: dict[int, int], count: int) -> list[int]:
+def unplaced_fixed_bytes(graph: Graph, placed_bytes: int) -> int:
+    """The step's fixed bytes that no stage owns (inputs, buffers, unplaced parameters; all of
+    them without model_state), given the model state placed on stages."""
     step = step_memory(graph)
-    total = step.start_bytes + sum(step.held_from_node.values())
-    placed = [b.total_bytes for b in model_state_per_stage(graph, stage, count)]
-    rest = max(0, total - sum(placed))
-    share = [rest // count + (1 if s < rest % count else 0) for s in range(count)]
-    return [placed[s] + share[s] for s in range(count)]
+    return max(0, step.start_bytes + sum(step.held_from_node.values()) - placed_bytes)
 
+
+def even_share_bytes(rest_bytes: int, stage_index: int, stage_count: int) -> int:
+    """Stage `stage_index`'s even share of `rest_bytes` (the first stages take the remainder)."""
+    return rest_bytes // stage_count + (1 if stage_index < rest_bytes % stage_count else 0)
+
+
+def _model_state_bytes(graph: Graph, stage: dict[int, int], count: int) -> list[int]:
+    placed = [b.total_bytes for b in model_state_per_stage(graph, stage, count)]
+    rest = unplaced_fixed_bytes(graph, sum(placed))
+    return [placed[s] + even_share_bytes(rest, s, count) for s in range(count)]

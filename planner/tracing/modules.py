@@ -274,8 +274,8 @@ def trace_modules(
     progress: Any = None,
     clock: str = "wall",
 ) -> Any:
-    from planner.tracing.api import TraceResult, _batch_size, _dtype, _fixed_memory
     from planner.tracing.profiles import load_profile
+    from planner.tracing.step_state import TraceResult, batch_size, dtype_name, fixed_memory
 
     profile = load_profile(device_profile) if costs == "estimate" else None
     names = select_units(model, block_pattern)
@@ -292,7 +292,7 @@ def trace_modules(
     stages = []
     for k, u in enumerate(units):
         if profile is not None:
-            dtype = _dtype(model) or "float32"
+            dtype = dtype_name(model) or "float32"
             fwd = (
                 profile.roofline_ms(u.fwd_flops, u.fwd_bytes_moved, dtype)
                 + (u.fwd_ops - 1) * profile.op_overhead_ms
@@ -329,9 +329,9 @@ def trace_modules(
         model_name,
         block_pattern,
         profile.name if profile else "measured",
-        _batch_size(inputs),
-        _dtype(model),
-        _fixed_memory,
+        batch_size(inputs),
+        dtype_name(model),
+        fixed_memory,
     )
     non_chain = [
         (units[j].name, u.name) for i, u in enumerate(units) for j in u.reads_from if j != i - 1
@@ -409,12 +409,12 @@ def _unit_graph(
                 pairs.add((bwd(i), bwd(j)))
     if n > 1:
         pairs.add((n - 1, bwd(n - 1)))
-    from planner.tracing.api import _model_state
+    from planner.tracing.step_state import model_state_of
 
     # Per-parameter model state (module paths) so that pipeline partitioners place each layer's
     # weights on its stage; no gradient nodes (a unit's backward outputs its input gradient, not
     # the weights'), so gradients are charged from the start, the totals as before.
-    model_state = _model_state(model, optimizer, {})
+    model_state = model_state_of(model, optimizer, {})
     fixed, extra = fixed_fn(model, inputs, None, optimizer, model_state)
     extra.update(
         level="module", block_pattern=block_pattern or "", costs=costs, optimizer=optimizer, units=n

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from planner.core.graph import Graph, Phase
 from planner.core.plan import Action, ActionOp
-from planner.sim.step_memory import step_memory
+from planner.sim.ledger import MemoryLedger, ViewRule
 from planner.solvers.baselines import joint_positions
 from planner.solvers.chain.layout import ChainLayout
 from planner.solvers.chain.model import Chain, Stage
@@ -190,22 +190,21 @@ def _assign(
 
 
 def _profile(graph: Graph, actions: list[Action]) -> tuple[int, int]:
-    """(peak, end) of live bytes relative to before the actions (values freed count negative)."""
-    index = graph.index
-    size = index.storage_bytes
-    live = peak = 0
+    """(peak, end) of live bytes relative to before the actions (values freed count negative):
+    the memory ledger's live set from 0 bytes, each value its own storage (ViewRule.own_storage)
+    and held bytes left out (the chain charges them for the whole step)."""
+    live = MemoryLedger.of(graph).live_set(ViewRule.own_storage, start_bytes=0, held=False)
     for a in actions:
         if a.op is ActionOp.compute:
-            live += size[a.node]
-            peak = max(peak, live + index.node(a.node).workspace_bytes)
+            live.compute(a.node)
         else:
-            live -= size[a.node]
-    return peak, live
+            live.free(a.node)
+    return live.peak_bytes, live.live_bytes
 
 
 def chain_of_layout(graph: Graph, layout: ChainLayout) -> Chain:
-    index = graph.index
-    size = index.storage_bytes
+    ledger = MemoryLedger.of(graph)
+    size = ledger.storage_bytes
     stages: list[Stage] = []
     for i in range(1, layout.length + 1):
         x = sum(size[v] for v in layout.joint[i])
@@ -216,8 +215,8 @@ def chain_of_layout(graph: Graph, layout: ChainLayout) -> Chain:
         b_peak, _ = _profile(graph, op_actions(graph, layout, Op(OpKind.backward, i)))
         stages.append(
             Stage(
-                forward_ms=sum(index.node(v).compute_ms for v in layout.forward[i]),
-                backward_ms=sum(index.node(v).compute_ms for v in layout.backward[i]),
+                forward_ms=sum(ledger.compute_ms[v] for v in layout.forward[i]),
+                backward_ms=sum(ledger.compute_ms[v] for v in layout.backward[i]),
                 output_bytes=x,
                 saved_bytes=xbar,
                 forward_tmp_bytes=max(0, ck_peak - x),
@@ -233,6 +232,6 @@ def chain_of_layout(graph: Graph, layout: ChainLayout) -> Chain:
     return Chain(
         stages=tuple(stages),
         input_bytes=sum(size[v] for v in layout.joint[0]),
-        fixed_bytes=step_memory(graph).end_bytes,
+        fixed_bytes=ledger.end_bytes,
         name=graph.metadata.model_name or "linearized",
     )

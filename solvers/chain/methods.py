@@ -1,4 +1,5 @@
-"""Planner methods on chains: `rotor`, `revolve`, `chain-chen-sqrt` (see planner.engine.registry).
+"""Planner methods on chains: `rotor`, `revolve`, `chain-chen-sqrt`, with their specs
+(planner.solvers.spec; the registry is planner.engine.registry).
 
 A graph built from a chain.json (`planner.solvers.chain.layout.chain_graph`) is solved on that exact
 chain; any other graph is linearised first (`planner.solvers.chain.linearize`). The operation
@@ -8,34 +9,45 @@ model's own prediction and the operation sequence travel in `details`, the block
 `MethodResult.block_plan` (typed; its JSON also stays in `details` for version-1 readers), and
 `block_plan_actions` gives the actions the simulator judges it by.
 
-Options (`SolveRequest.options`): `slots` (rotor's memory discretisation, default 500),
-`refine` (extra DP runs that win back rounding loss, default 2), `segments` (a linearised
-chain's most segments, default `linearize.MAX_SEGMENTS`; the DP is cubic in them) and `saving`
-(rotor on a linearised graph: let each F_all keep less and its backward recompute the rest,
-choosing per segment among `planner.solvers.chain.saving`'s levels, `saving_levels` of them, default
-10; default false, plain Rotor; auto uses it).
+Rotor's options are `RotorOptions` (slots, refine, segments, saving, saving_levels).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from planner.core.block_plan import BlockPlan
 from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.plan import Action, PlanStatus
-from planner.core.plan import BlockPlan as TypedBlockPlan
 from planner.sim.simulator import PlanError, simulate
-from planner.solvers.chain.blocks import BlockPlan
+from planner.solvers.chain.blocks import block_plan_from_ops, one_level_ops
 from planner.solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
+from planner.solvers.chain.linearize import MAX_SEGMENTS
 from planner.solvers.chain.model import Chain
 from planner.solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
 from planner.solvers.request import MethodResult, SolveRequest
+from planner.solvers.spec import MethodSpec, option, read_options
 
 if TYPE_CHECKING:
     from planner.solvers.chain.saving import SavingOption
+
+
+@dataclass(frozen=True)
+class RotorOptions:
+    # 500 is planner.solvers.chain.rotor.DEFAULT_SLOTS (tests/test_method_spec.py holds them
+    # equal); importing rotor here would load numpy with the registry.
+    slots: int = option(500, "memory discretisation", minimum=1)
+    refine: int = option(2, "extra DP runs that win back rounding loss", minimum=0)
+    segments: int = option(MAX_SEGMENTS, "a linearised chain's most segments (the DP is cubic "
+                           "in them)", minimum=2)
+    saving: bool = option(False, "on a linearised graph, let each segment's full-saving forward "
+                          "keep less and its backward recompute the rest, chosen per segment "
+                          "(false: plain Rotor; auto uses it)")
+    saving_levels: int = option(10, "levels of saving per segment (with saving)", minimum=1,
+                                maximum=100)
 
 
 @dataclass(frozen=True)
@@ -52,8 +64,6 @@ def chain_problem(graph: Graph, max_segments: int | None = None) -> ChainProblem
     """The graph's chain: its own (chain.json) or a linearisation of at most `max_segments`
     segments (default `linearize.MAX_SEGMENTS`); built once per graph and length (auto asks
     for it up to four times: its length, then the coarse, plain and finer DPs)."""
-    from planner.solvers.chain.linearize import MAX_SEGMENTS
-
     length = max_segments or MAX_SEGMENTS
     memo: dict[int, ChainProblem] = graph.index.memo.setdefault("chain_problem", {})
     if length not in memo:
@@ -85,7 +95,7 @@ def _chain_problem(graph: Graph, max_segments: int) -> ChainProblem:
 
 
 def _forward_runs(ops: tuple[Op, ...] | list[Op], length: int) -> list[int]:
-    return list(BlockPlan.from_ops(length, ops).forward_runs)
+    return block_plan_from_ops(length, ops).forward_runs
 
 
 def plan_result(
@@ -110,12 +120,12 @@ def plan_result(
             + [f"segments {twice} hold nodes that are not recomputable but would run twice"],
         )
     run = run_sequence(chain, ops)
-    blocks = BlockPlan.from_ops(chain.length, ops)
-    one_level = run_sequence(chain, blocks.one_level_ops())
+    blocks = block_plan_from_ops(chain.length, ops)
+    one_level = run_sequence(chain, one_level_ops(blocks))
     details: dict[str, Any] = {
         "chain": {"source": problem.source, "stages": chain.length},
         "chain_ops": ops_text(ops),
-        "block_plan": blocks.to_json(),
+        "block_plan": blocks.model_dump(),
         "block_plan_text": blocks.text(),
         # what applying the block plan with one level of checkpointing costs (chain model)
         "block_plan_one_level": {
@@ -133,24 +143,23 @@ def plan_result(
         lower_bound=request.graph.total_compute_ms,
         notes=list(problem.notes),
         details=details,
-        block_plan=TypedBlockPlan.model_validate(blocks.to_json()),
+        block_plan=blocks,
     )
 
 
-def block_plan_actions(graph: Graph, block_plan: TypedBlockPlan) -> list[Action]:
+def block_plan_actions(graph: Graph, block_plan: BlockPlan) -> list[Action]:
     """The actions of applying `block_plan` with one level of checkpointing, on the chain of
     `graph` (its chain.json layout, or its linearisation): what the simulator judges before a
     block plan is reported or run. Raises ValueError when the plan does not fit the chain."""
     from planner.solvers.chain.translate import translate
 
     problem = chain_problem(graph)
-    blocks = BlockPlan.from_json(block_plan.model_dump())
-    if len(blocks.modes) != problem.chain.length:
+    if len(block_plan.modes) != problem.chain.length:
         raise ValueError(
-            f"the block plan has {len(blocks.modes)} blocks, the graph's chain "
+            f"the block plan has {len(block_plan.modes)} blocks, the graph's chain "
             f"{problem.chain.length} stages"
         )
-    return translate(graph, problem.layout, blocks.one_level_ops())
+    return translate(graph, problem.layout, one_level_ops(block_plan))
 
 
 def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str) -> MethodResult:
@@ -166,15 +175,15 @@ def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str
 def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> MethodResult:
     """`refine_within_s`: refinements only within this many seconds (the first DP may use the
     whole time limit)."""
-    from planner.solvers.chain.linearize import MAX_SEGMENTS
-    from planner.solvers.chain.rotor import DEFAULT_SLOTS, RotorTimeout, solve_rotor
+    from planner.solvers.chain.rotor import RotorTimeout, solve_rotor
 
     started = time.perf_counter()
+    options = read_options(RotorOptions, request.options)
     try:
-        slots = int(request.options.get("slots", DEFAULT_SLOTS))
-        refine = int(request.options.get("refine", 2))
-        segments = int(request.options.get("segments", MAX_SEGMENTS))
-        n_levels = int(request.options.get("saving_levels", 10))
+        slots = int(options.slots)
+        refine = int(options.refine)
+        segments = int(options.segments)
+        n_levels = int(options.saving_levels)
     except (TypeError, ValueError):
         raise InputError("options: 'slots', 'refine', 'segments' and 'saving_levels' must be "
                          "integers") from None
@@ -182,7 +191,7 @@ def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> Met
         raise InputError(f"options: slots {slots} must be ≥ 1, refine {refine} ≥ 0, segments "
                          f"{segments} ≥ 2 and saving_levels {n_levels} within 1..100")
     problem = chain_problem(request.graph, segments)
-    saving = request.options.get("saving", False)
+    saving = options.saving
     if not isinstance(saving, bool):
         raise InputError(f"options: 'saving' must be true or false, not {saving!r}")
     variants: list[SavingOption] = []
@@ -273,8 +282,12 @@ def chain_chen_sqrt(request: SolveRequest) -> MethodResult:
     return plan_result(request, problem, ops, "chain-chen-sqrt")
 
 
-METHOD_FUNCTIONS: dict[str, Callable[[SolveRequest], MethodResult]] = {
-    "rotor": rotor,
-    "revolve": revolve,
-    "chain-chen-sqrt": chain_chen_sqrt,
-}
+SPECS: tuple[MethodSpec, ...] = (
+    MethodSpec(name="rotor", run=rotor, options=RotorOptions,
+               summary="Rotor's dynamic programme on the graph's chain (its chain.json, or a "
+               "linearisation)"),
+    MethodSpec(name="revolve", run=revolve,
+               summary="Griewank's binomial checkpointing (Revolve) on the graph's chain"),
+    MethodSpec(name="chain-chen-sqrt", run=chain_chen_sqrt,
+               summary="Chen's sqrt(n) checkpoints on the graph's chain"),
+)

@@ -12,10 +12,10 @@ Operations (stage i is 1-based; text form in brackets):
   and δ^i. Peak: resident + δ_{i-1} + backward_tmp_i. a^{i-1} stays resident.
 - D i [`D3`]: discard the checkpoint a^i (not part of a kept ā^i).
 
-`run_sequence` replays a sequence with these rules (the same ones the graph mapping in
-`planner.solvers.chain.layout` gives the simulator), rejecting an invalid operation with its index,
-and
-returns the exact peak (fixed memory included) and compute cost.
+`ChainLiveBytes` holds these memory rules once (the chain model's ledger: the same rules the
+graph mapping in `planner.solvers.chain.layout` gives the simulator's ledger); `run_sequence`
+replays a sequence with them, rejecting an invalid operation with its index, and returns the
+exact peak (fixed memory included) and compute cost; POFO's replay adds its host copies to them.
 """
 
 from __future__ import annotations
@@ -79,14 +79,61 @@ class SequenceResult:
         return self.forward_count - length
 
 
+class ChainLiveBytes:
+    """Live bytes of a sequence on a chain, operation by operation (unchecked: the caller keeps
+    the sequence valid). Peaks are taken while an operation runs, before its result settles."""
+
+    __slots__ = ("chain", "live_bytes", "peak_bytes")
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.live_bytes = chain.input_bytes  # a^0 resident; fixed memory excluded
+        self.peak_bytes = self.live_bytes
+
+    def forward(self, kind: OpKind, i: int) -> None:
+        """F_all / F_ck / F_∅ of stage i: its transient, then what it keeps (F_∅ frees its
+        input)."""
+        st = self.chain.stage(i)
+        if kind is OpKind.f_all:
+            during, kept = st.all_forward_peak_bytes, st.saved_bytes
+        else:
+            during, kept = st.output_bytes + st.forward_tmp_bytes, st.output_bytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes + during)
+        self.live_bytes += kept
+        if kind is OpKind.f_none:
+            self.live_bytes -= self.chain.x(i - 1)
+
+    def backward(self, i: int) -> None:
+        """B i: δ^{i-1} and the transient while it runs, then ā^i and δ^i are freed."""
+        st = self.chain.stage(i)
+        self.peak_bytes = max(self.peak_bytes,
+                              self.live_bytes + st.grad_input_bytes + st.backward_tmp_bytes)
+        self.live_bytes += st.grad_input_bytes - st.saved_bytes - self.chain.delta(i)
+
+    def discard(self, i: int) -> None:
+        self.live_bytes -= self.chain.x(i)
+
+    def add(self, nbytes: int) -> None:
+        """Bytes that become resident outside an operation (a copy back from the host)."""
+        self.live_bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        """Bytes freed outside an operation (a device copy whose host copy is done)."""
+        self.live_bytes -= nbytes
+
+    @property
+    def step_peak_bytes(self) -> int:
+        """The peak so far with the chain's fixed memory."""
+        return self.peak_bytes + self.chain.fixed_bytes
+
+
 def run_sequence(chain: Chain, ops: Sequence[Op]) -> SequenceResult:
     length = chain.length
     acts: set[int] = {0}  # i: a^i resident
     saved: set[int] = set()  # i: ā^i resident (its a^i is in `acts` too)
     grads: set[int] = set()  # i: δ^i resident
     done: set[int] = set()
-    mem = chain.input_bytes
-    peak = mem
+    live = ChainLiveBytes(chain)
     costs: list[float] = []
     forwards = 0
     for k, op in enumerate(ops):
@@ -101,20 +148,12 @@ def run_sequence(chain: Chain, ops: Sequence[Op]) -> SequenceResult:
                 raise SequenceError(f"op {k} ({op}): a^{i} is already resident")
             if op.kind is OpKind.f_none and i - 1 in saved:
                 raise SequenceError(f"op {k} ({op}): a^{i - 1} is part of ā^{i - 1}, kept")
-            kept = st.saved_bytes if op.kind is OpKind.f_all else st.output_bytes
-            during = (
-                st.all_forward_peak_bytes
-                if op.kind is OpKind.f_all
-                else st.output_bytes + st.forward_tmp_bytes
-            )
-            peak = max(peak, mem + during)
-            mem += kept
+            live.forward(op.kind, i)
             acts.add(i)
             if op.kind is OpKind.f_all:
                 saved.add(i)
             if op.kind is OpKind.f_none:
                 acts.discard(i - 1)
-                mem -= chain.x(i - 1)
             costs.append(st.forward_ms)
             forwards += 1
         elif op.kind is OpKind.backward:
@@ -127,8 +166,7 @@ def run_sequence(chain: Chain, ops: Sequence[Op]) -> SequenceResult:
                 raise SequenceError(f"op {k} ({op}): δ^{i} is not resident")
             if i in done:
                 raise SequenceError(f"op {k} ({op}): stage {i}'s backward already ran")
-            peak = max(peak, mem + st.grad_input_bytes + st.backward_tmp_bytes)
-            mem += st.grad_input_bytes - st.saved_bytes - chain.delta(i)
+            live.backward(i)
             saved.discard(i)
             acts.discard(i)
             grads.discard(i)
@@ -139,9 +177,9 @@ def run_sequence(chain: Chain, ops: Sequence[Op]) -> SequenceResult:
             if i not in acts or i in saved:
                 raise SequenceError(f"op {k} ({op}): a^{i} is not a resident checkpoint")
             acts.discard(i)
-            mem -= chain.x(i)
+            live.discard(i)
     return SequenceResult(
-        peak_bytes=peak + chain.fixed_bytes,
+        peak_bytes=live.step_peak_bytes,
         cost=math.fsum(costs),
         forward_count=forwards,
         complete=len(done) == length and 0 in grads,

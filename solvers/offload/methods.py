@@ -1,4 +1,4 @@
-"""Planning methods with host offloading (planner.engine.registry entries).
+"""Planning methods with host offloading, with their specs (planner.solvers.spec).
 
 Every method needs resources with a host tier (host_memory_bytes > 0, h2d/d2h links): without
 one it raises one InputError line (use a recomputation method instead). The device budget is
@@ -7,7 +7,7 @@ by the event simulator (planner.sim.copy_streams): a plan returned fits both; wh
 result is infeasible with a note naming the peaks of the closest plan (the least host memory it
 needs when the host is what overflows).
 
-- `offload-all`: torchtune / save_on_cpu; option `min_bytes` (default 1024).
+- `offload-all`: torchtune / save_on_cpu; option `min_bytes`.
 - `offload-greedy`: offload all, bring back the largest that fit, reloads just in time.
 - `offload-beaumont`: Beaumont et al. 2020-style heuristics (planner.solvers.offload.heuristics).
 - `offload-remat`: remat plans at larger budgets + offloading, never slower than the pure-remat
@@ -19,60 +19,18 @@ needs when the host is what overflows).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from planner.core.errors import InputError
-from planner.core.plan import PlanStatus
 from planner.solvers.baselines import store_all
-from planner.solvers.offload.heuristics import DEFAULT_MIN_BYTES, HeuristicResult
-from planner.solvers.offload.search import Judge, Judged, require_host_tier
+from planner.solvers.offload.heuristics import HeuristicResult
+from planner.solvers.offload.options import OffloadAllOptions, OffloadMilpOptions, PofoOptions
+from planner.solvers.offload.search import Judge, judged_result, require_host_tier
 from planner.solvers.request import MethodResult, SolveRequest
+from planner.solvers.spec import MethodSpec, read_options
 
 
 def _deadline(request: SolveRequest, share: float = 0.9) -> float:
     return time.perf_counter() + max(0.05, request.time_limit_s * share)
-
-
-def judged_details(j: Judged) -> dict[str, Any]:
-    """The simulator's figures of a plan, for MethodResult.details."""
-    return {
-        "makespan_ms": j.makespan_ms,
-        "compute_ms": j.compute_ms,
-        "transfer_ms": j.transfer_ms,
-        "exposed_transfer_ms": j.exposed_ms,
-        "peak_bytes": j.peak_bytes,
-        "host_peak_bytes": j.host_peak_bytes,
-    }
-
-
-def judged_result(request: SolveRequest, judge: Judge, best: Judged | None, backend: str,
-                  notes: list[str] | None = None,
-                  details: dict[str, Any] | None = None) -> MethodResult:
-    """A fitting plan as feasible; otherwise infeasible, naming what the closest plan needs."""
-    notes = list(notes or [])
-    details = dict(details or {})
-    details["simulations"] = judge.simulations
-    if best is not None and best.fits:
-        details.update(judged_details(best))
-        return MethodResult(actions=best.actions, status=PlanStatus.feasible, backend=backend,
-                            objective=best.compute_ms, notes=notes, details=details)
-    if best is None:
-        notes.append("no plan with host copies could be built for this graph")
-        return MethodResult(actions=None, status=PlanStatus.infeasible, backend=backend,
-                            notes=notes, details=details)
-    details.update(judged_details(best))
-    smallest = None
-    if not best.device_fits:
-        smallest = best.peak_bytes
-        notes.append(f"the best plan found peaks at {best.peak_bytes} bytes of device memory, "
-                     f"over the budget of {request.budget_bytes}")
-    if not best.host_fits:
-        details["least_host_memory_bytes"] = best.host_peak_bytes
-        notes.append(f"host memory too small: the plan parks {best.host_peak_bytes} bytes on the "
-                     f"host at once, host_memory_bytes is {judge.capacity}; give at least "
-                     f"{best.host_peak_bytes}")
-    return MethodResult(actions=None, status=PlanStatus.infeasible, backend=backend,
-                        smallest_feasible_bytes=smallest, notes=notes, details=details)
 
 
 def _heuristic(request: SolveRequest, name: str) -> tuple[Judge, HeuristicResult]:
@@ -82,7 +40,7 @@ def _heuristic(request: SolveRequest, name: str) -> tuple[Judge, HeuristicResult
     judge = Judge(request.graph, request.budget_bytes, resources)
     base = store_all(request.graph)
     if name == "offload-all":
-        min_bytes = request.options.get("min_bytes", DEFAULT_MIN_BYTES)
+        min_bytes = read_options(OffloadAllOptions, request.options).min_bytes
         if not isinstance(min_bytes, int) or isinstance(min_bytes, bool) or min_bytes < 0:
             raise InputError(f"option min_bytes {min_bytes!r}: must be an integer ≥ 0")
         return judge, heuristics.offload_all(judge, base, min_bytes)
@@ -142,3 +100,27 @@ def pofo(request: SolveRequest) -> MethodResult:
     from planner.solvers.offload.pofo_method import pofo_method
 
     return pofo_method(request)
+
+
+SPECS: tuple[MethodSpec, ...] = (
+    MethodSpec(name="offload-all", run=offload_all, options=OffloadAllOptions,
+               plan_kinds=("offload",), needs_host_tier=True,
+               summary="offload every saved activation of at least min_bytes (torchtune, "
+               "save_on_cpu)"),
+    MethodSpec(name="offload-greedy", run=offload_greedy, plan_kinds=("offload",),
+               needs_host_tier=True,
+               summary="offload all, bring back the largest that fit, prefetch just in time"),
+    MethodSpec(name="offload-beaumont", run=offload_beaumont, plan_kinds=("offload",),
+               needs_host_tier=True, summary="Beaumont et al. 2020-style offloading heuristics"),
+    MethodSpec(name="offload-remat", run=offload_remat, plan_kinds=("remat", "remat+offload"),
+               needs_host_tier=True,
+               summary="remat plans at larger budgets brought down by offloading; never slower "
+               "than auto's pure-remat plan"),
+    MethodSpec(name="offload-milp", run=offload_milp, options=OffloadMilpOptions,
+               plan_kinds=("offload", "remat+offload"), needs_host_tier=True,
+               summary="the exact offloading model on Checkmate's stage grid (bound only in "
+               "its space)"),
+    MethodSpec(name="pofo", run=pofo, options=PofoOptions, plan_kinds=("remat", "remat+offload"),
+               needs_host_tier=True,
+               summary="the chain DP combining recomputation and offloading (POFO)"),
+)

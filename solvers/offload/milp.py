@@ -39,7 +39,7 @@ from planner.core.plan import Action, ActionOp, compute, free
 from planner.solvers.baselines import store_all
 from planner.solvers.offload.heuristics import beaumont
 from planner.solvers.offload.integral import integral_model, original_values
-from planner.solvers.offload.methods import judged_result
+from planner.solvers.offload.options import MILP_BACKENDS, MILP_MAX_NODES, OffloadMilpOptions
 from planner.solvers.offload.schedule import (
     MAX_WINDOWS_PER_INTERVAL,
     Window,
@@ -48,14 +48,20 @@ from planner.solvers.offload.schedule import (
     find_windows,
     with_offloads,
 )
-from planner.solvers.offload.search import Judge, Judged, better, require_host_tier
+from planner.solvers.offload.search import (
+    Judge,
+    Judged,
+    better,
+    judged_result,
+    require_host_tier,
+)
 from planner.solvers.remat.backends import solve_linear
 from planner.solvers.remat.linear import INF, LinearModel
 from planner.solvers.request import MethodResult, SolveRequest
 
 PREFETCH_CHOICES = 6
-MAX_NODES = 400
-BACKENDS = ("scip", "highs", "cbc", "cpsat")
+MAX_NODES = MILP_MAX_NODES
+BACKENDS = MILP_BACKENDS
 TIME_GRID, MOVE_GRID = 1000, 100  # CP-SAT: stage times in µs, reload fractions in 1/100
 BYTE_WEIGHT = 1e-12  # ms per byte moved: breaks ties toward fewer copies
 
@@ -245,10 +251,11 @@ def milp_plan(judge: Judge, base: list[Action], hint: Judged | None, time_limit_
 
 def milp_method(request: SolveRequest) -> MethodResult:
     resources = require_host_tier(request.resources, "offload-milp")
-    backend = str(request.options.get("backend") or "scip")
+    defaults = OffloadMilpOptions()  # the spec's options: one place for their defaults
+    backend = str(request.options.get("backend") or defaults.backend)
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    max_nodes = request.options.get("max_nodes", MAX_NODES)
+    max_nodes = request.options.get("max_nodes", defaults.max_nodes)
     if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
         raise InputError(f"option max_nodes {max_nodes!r}: must be an integer ≥ 1")
     started = time.perf_counter()

@@ -41,7 +41,7 @@ import numpy as np
 
 from planner.solvers.chain.model import Chain
 from planner.solvers.chain.rotor import discretise
-from planner.solvers.chain.sequence import Op, OpKind
+from planner.solvers.chain.sequence import ChainLiveBytes, Op, OpKind
 
 # choice codes: F_all with bits (1: offload e_s, 2: offload the input a^{s-1}), or _SPLIT + s'
 # for the F_ck branch with split point s'
@@ -85,24 +85,22 @@ class Replay:
 
 
 def replay(problem: OffloadChain, items: Sequence[Item]) -> Replay:
-    """Exact peak and cost of a sequence in the model (no validity checks beyond Rotor's)."""
+    """Exact peak and cost of a sequence in the model (no validity checks beyond Rotor's): the
+    chain's live bytes (`ChainLiveBytes`, run_sequence's rules) plus the host copies' marks."""
     from planner.solvers.chain.sequence import run_sequence
 
     chain = problem.chain
-    mem = chain.input_bytes
-    peak = mem
+    live = ChainLiveBytes(chain)
     cost = 0.0
     moved = 0
     pending = 0.0  # reload time issued before the next operation
-    acts: set[int] = {0}
-    saved: set[int] = set()
     for it in items:
         if isinstance(it, Mark):
             nbytes = problem.e(it.stage) if it.kind in ("O", "F", "P") else chain.x(it.stage)
             if it.kind in ("F", "Fi"):
-                mem -= nbytes
+                live.release(nbytes)
             elif it.kind in ("P", "Pi"):
-                mem += nbytes
+                live.add(nbytes)
                 pending += (problem.reload_ms[it.stage - 1] if it.kind == "P"
                             else problem.input_reload_ms[it.stage - 1])
             else:
@@ -113,29 +111,14 @@ def replay(problem: OffloadChain, items: Sequence[Item]) -> Replay:
             cost += max(0.0, pending - chain.stage(i).backward_ms)  # the reloads overlap B i
             pending = 0.0
         if it.kind in (OpKind.f_all, OpKind.f_ck, OpKind.f_none):
-            st = chain.stage(i)
-            during = (st.all_forward_peak_bytes if it.kind is OpKind.f_all
-                      else st.output_bytes + st.forward_tmp_bytes)
-            peak = max(peak, mem + during)
-            mem += st.saved_bytes if it.kind is OpKind.f_all else st.output_bytes
-            acts.add(i)
-            if it.kind is OpKind.f_all:
-                saved.add(i)
-            if it.kind is OpKind.f_none:
-                acts.discard(i - 1)
-                mem -= chain.x(i - 1)
+            live.forward(it.kind, i)
         elif it.kind is OpKind.backward:
-            st = chain.stage(i)
-            peak = max(peak, mem + st.grad_input_bytes + st.backward_tmp_bytes)
-            mem += st.grad_input_bytes - st.saved_bytes - chain.delta(i)
-            saved.discard(i)
-            acts.discard(i)
+            live.backward(i)
         else:
-            acts.discard(i)
-            mem -= chain.x(i)
+            live.discard(i)
     ops = [it for it in items if isinstance(it, Op)]
     cost += run_sequence(chain, ops).cost
-    return Replay(peak + chain.fixed_bytes, cost, moved)
+    return Replay(live.step_peak_bytes, cost, moved)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ peaks over the budget (a copy out outlasting the next operation, views), the DP 
 budget lowered by the overshoot (up to 4 times). Rotor's own plan (no copies) is judged too and
 the faster fitting plan is returned: the DP's space contains Rotor's.
 
-Options: `slots` (memory discretisation, default 200).
+Options: `PofoOptions` (planner.solvers.offload.methods): `slots`, the memory discretisation.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from planner.core.plan import Action, drop, free, offload, prefetch
 from planner.solvers.chain.layout import ChainLayout
 from planner.solvers.chain.methods import chain_problem
 from planner.solvers.chain.translate import op_actions
-from planner.solvers.offload.methods import judged_result
+from planner.solvers.offload.options import PofoOptions
 from planner.solvers.offload.pofo import (
     Item,
     Mark,
@@ -33,8 +33,15 @@ from planner.solvers.offload.pofo import (
     slots_for_time,
     solve_pofo,
 )
-from planner.solvers.offload.search import Judge, Judged, better, require_host_tier
+from planner.solvers.offload.search import (
+    Judge,
+    Judged,
+    better,
+    judged_result,
+    require_host_tier,
+)
 from planner.solvers.request import MethodResult, SolveRequest
+from planner.solvers.spec import read_options
 
 RETRIES = 4
 
@@ -153,7 +160,7 @@ def pofo_plan(graph: Graph, judge: Judge, slots: int = 200, time_limit_s: float 
 def pofo_method(request: SolveRequest) -> MethodResult:
     resources = require_host_tier(request.resources, "pofo")
     try:
-        slots = int(request.options.get("slots", 200))
+        slots = int(read_options(PofoOptions, request.options).slots)
     except (TypeError, ValueError):
         raise InputError("option slots: must be an integer ≥ 1") from None
     if slots < 1:

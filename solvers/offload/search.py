@@ -19,7 +19,7 @@ from typing import Any
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph
-from planner.core.plan import Action
+from planner.core.plan import Action, PlanStatus
 from planner.core.resources import Link, Resources
 from planner.sim.simulator import PlanError, simulate
 from planner.solvers.offload.schedule import (
@@ -29,6 +29,7 @@ from planner.solvers.offload.schedule import (
     jit_positions,
     with_offloads,
 )
+from planner.solvers.request import MethodResult, SolveRequest
 
 UNLIMITED_HOST_BYTES = 2**62
 PREFETCH_SLACKS = (1.0, 1.3, 2.0, 3.0)  # prefetch lead stretch factors tried at the end
@@ -259,3 +260,45 @@ def tune_leads(judge: Judge, base: Sequence[Action], chosen: Sequence[Window],
         if got is not None and got.fits:
             best = better(best, got)
     return best
+
+
+def judged_details(j: Judged) -> dict[str, Any]:
+    """The simulator's figures of a plan, for MethodResult.details."""
+    return {
+        "makespan_ms": j.makespan_ms,
+        "compute_ms": j.compute_ms,
+        "transfer_ms": j.transfer_ms,
+        "exposed_transfer_ms": j.exposed_ms,
+        "peak_bytes": j.peak_bytes,
+        "host_peak_bytes": j.host_peak_bytes,
+    }
+
+
+def judged_result(request: SolveRequest, judge: Judge, best: Judged | None, backend: str,
+                  notes: list[str] | None = None,
+                  details: dict[str, Any] | None = None) -> MethodResult:
+    """A fitting plan as feasible; otherwise infeasible, naming what the closest plan needs."""
+    notes = list(notes or [])
+    details = dict(details or {})
+    details["simulations"] = judge.simulations
+    if best is not None and best.fits:
+        details.update(judged_details(best))
+        return MethodResult(actions=best.actions, status=PlanStatus.feasible, backend=backend,
+                            objective=best.compute_ms, notes=notes, details=details)
+    if best is None:
+        notes.append("no plan with host copies could be built for this graph")
+        return MethodResult(actions=None, status=PlanStatus.infeasible, backend=backend,
+                            notes=notes, details=details)
+    details.update(judged_details(best))
+    smallest = None
+    if not best.device_fits:
+        smallest = best.peak_bytes
+        notes.append(f"the best plan found peaks at {best.peak_bytes} bytes of device memory, "
+                     f"over the budget of {request.budget_bytes}")
+    if not best.host_fits:
+        details["least_host_memory_bytes"] = best.host_peak_bytes
+        notes.append(f"host memory too small: the plan parks {best.host_peak_bytes} bytes on the "
+                     f"host at once, host_memory_bytes is {judge.capacity}; give at least "
+                     f"{best.host_peak_bytes}")
+    return MethodResult(actions=None, status=PlanStatus.infeasible, backend=backend,
+                        smallest_feasible_bytes=smallest, notes=notes, details=details)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import time
 
 from planner.solvers.pipeline.chain_dp import minmax_dp
-from planner.solvers.pipeline.dp import PartitionOutcome
-from planner.solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem, Split
 
 BASELINES = ("param-balanced", "layer-balanced", "compute-balanced")
 

@@ -20,27 +20,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 from planner.solvers.pipeline.chain_dp import Cost, minmax_dp, minsum_dp
-from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
+from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem, Split
 
 THRESHOLDS = 8
 INTERLEAVED_SHARES = 6
-
-
-@dataclass(frozen=True)
-class PartitionOutcome:
-    """What a partitioner hands back (the engine builds the plan and judges it)."""
-
-    method: str
-    best: Candidate | None
-    status: str  # optimal / feasible / infeasible / timeout
-    objective: float | None = None  # the method's own objective (the proxy for ILP)
-    lower_bound: float | None = None
-    wall_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    backend: str = "none"
 
 
 def memory_caps(problem: PipelineProblem) -> list[float]:

@@ -19,8 +19,8 @@ import time
 
 from ortools.sat.python import cp_model
 
-from planner.solvers.pipeline.dp import PartitionOutcome, dp_partition, least_memory_split
-from planner.solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.dp import dp_partition, least_memory_split
+from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem, Split
 from planner.solvers.pipeline.units import RangeCosts
 
 TIME_SCALE_TARGET = 1_000_000  # integer time units for the whole proxy range

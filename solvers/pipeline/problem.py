@@ -19,16 +19,12 @@ from planner.core.pipeline_actions import Partition, PipelineAction, PipelineSta
 from planner.core.resources import Resources
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.result import SimulationResult
+from planner.sim.stage_costs import one_stage_peak_bytes, rank_peak_bytes
 from planner.solvers.pipeline.schedules import (
-    SPLIT_BACKWARD,
+    Schedule,
     StageTimes,
-    compute_lists,
-    inflight_counts,
-    inflight_limit,
-    rank_peak_bytes,
+    schedule_class,
     stage_rank,
-    stages_per_rank,
-    with_communication,
 )
 from planner.solvers.pipeline.units import RangeCosts, UnitChain
 
@@ -68,7 +64,12 @@ class PipelineProblem:
 
     @property
     def stage_count(self) -> int:
-        return self.ranks * stages_per_rank(self.schedule, self.chunks)
+        return self.ranks * schedule_class(self.schedule).stages_per_rank(self.chunks)
+
+    @cached_property
+    def plan_schedule(self) -> Schedule:
+        """The schedule these numbers run (checked: InputError naming the field)."""
+        return schedule_class(self.schedule)(self.ranks, self.microbatches, self.chunks)
 
     @property
     def length(self) -> int:
@@ -77,11 +78,7 @@ class PipelineProblem:
     @cached_property
     def inflight(self) -> list[int]:
         """Per stage, the micro-batches holding activations at most under the schedule."""
-        if self.schedule in SPLIT_BACKWARD:
-            return [inflight_limit(self.schedule, self.ranks, self.microbatches, s)
-                    for s in range(self.stage_count)]
-        lists = compute_lists(self.schedule, self.ranks, self.microbatches, self.chunks)
-        return inflight_counts(lists, self.stage_count)
+        return self.plan_schedule.inflight_per_stage()
 
     # -- one stage ------------------------------------------------------------------------------
     def costs(self, first: int, end: int, stage_index: int) -> RangeCosts:
@@ -100,14 +97,12 @@ class PipelineProblem:
     def stage_memory(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> int:
         """Peak of a rank running this stage alone (exact with one stage a rank; an upper
         bound with recomputation, whose rematerialised bytes are counted once on top)."""
-        k = self.inflight[stage_index]
-        q = k if stored is None else min(stored, k)
-        extra = c.saved_bytes - c.input_bytes if q < k else 0
-        return (c.model_state_bytes + q * c.saved_bytes + (k - q) * c.input_bytes + extra
-                + c.transient_bytes)
+        return one_stage_peak_bytes(c, self.inflight[stage_index], stored)
 
     def stage_time(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> float:
-        """Average busy time per micro-batch, plus the transfers of its boundaries."""
+        """Average busy time per micro-batch, plus the transfers of its boundaries: the
+        partitioners' proxy (recomputed forwards averaged over the micro-batches), not a
+        simulator rule; the simulator times each action on its own."""
         again = len(self.recomputed(stage_index, stored)) / self.microbatches
         return (c.compute_ms + again * c.forward_ms + self.transfer_ms(c.send_forward_bytes)
                 + self.transfer_ms(c.send_backward_bytes))
@@ -124,32 +119,28 @@ class PipelineProblem:
 
     def action_lists(self, split: Split) -> list[list[PipelineAction]]:
         times = None
-        if self.schedule in SPLIT_BACKWARD:
+        if self.plan_schedule.split_backward:  # list-scheduled on the split's own stage times
             times = []
             for s, (i, j) in enumerate(split.bounds):
                 c = self.costs(i, j, s)
+                # the recomputed forwards averaged over the micro-batches, as in stage_time
                 again = len(self.recomputed(s, split.stored_of(s))) / self.microbatches
                 times.append(StageTimes(
                     forward_ms=c.forward_ms,
-                    backward_input_ms=c.backward_ms - c.backward_weight_ms + again * c.forward_ms,
+                    backward_input_ms=c.backward_input_ms + again * c.forward_ms,
                     backward_weight_ms=c.backward_weight_ms,
                     send_forward_ms=self.transfer_ms(c.send_forward_bytes),
                     send_backward_ms=self.transfer_ms(c.send_backward_bytes),
                 ))
         recompute = [self.recomputed(s, split.stored_of(s)) for s in range(self.stage_count)]
-        lists = compute_lists(self.schedule, self.ranks, self.microbatches, self.chunks, times,
-                              recompute)
-        return with_communication(lists, self.ranks)
+        return self.plan_schedule.rank_actions(times, recompute)
 
     def peaks(self, split: Split, lists: Sequence[Sequence[PipelineAction]]) -> list[int]:
-        costs = [self.costs(i, j, s) for s, (i, j) in enumerate(split.bounds)]
+        """Each rank's exact peak, by the simulator's memory rules (list order alone)."""
         return rank_peak_bytes(
             lists,
             [stage_rank(s, self.ranks) for s in range(self.stage_count)],
-            [c.model_state_bytes for c in costs],
-            [c.saved_bytes for c in costs],
-            [c.input_bytes for c in costs],
-            [c.transient_bytes for c in costs],
+            [self.costs(i, j, s) for s, (i, j) in enumerate(split.bounds)],
             [self.recomputed(s, split.stored_of(s)) for s in range(self.stage_count)],
         )
 
@@ -184,3 +175,17 @@ class PipelineProblem:
 def _key(c: Candidate) -> tuple[float, int]:
     assert c.simulation is not None
     return (round(c.simulation.makespan_ms, 9), max(c.peaks))
+
+
+@dataclass(frozen=True)
+class PartitionOutcome:
+    """What a partitioner hands back (the engine builds the plan and judges it)."""
+
+    method: str
+    best: Candidate | None
+    status: str  # optimal / feasible / infeasible / timeout
+    objective: float | None = None  # the method's own objective (the proxy for ILP)
+    lower_bound: float | None = None
+    wall_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    backend: str = "none"

@@ -22,7 +22,16 @@ from functools import cached_property
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
-from planner.sim.step_memory import step_memory
+from planner.sim.stage_costs import (
+    StageCosts,
+    backward_weight_ms,
+    even_share_bytes,
+    gradient_nodes,
+    node_transient_bytes,
+    parameter_stages,
+    place_the_rest,
+    unplaced_fixed_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -36,24 +45,13 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class RangeCosts:
-    """Stage [first, end) of a chain: the quantities of planner.sim.stage_costs.StageCosts."""
+class RangeCosts(StageCosts):
+    """Stage [first, end) of a chain: planner.sim.stage_costs.StageCosts of the stage naming
+    those units' modules (model state: its parameters plus its share of the rest; boundary
+    sends: the cuts at `end` and at `first`), read in O(1) from per-unit tables."""
 
     first: int
     end: int
-    forward_ms: float
-    backward_ms: float
-    backward_weight_ms: float
-    saved_bytes: int
-    input_bytes: int
-    transient_bytes: int
-    model_state_bytes: int  # its parameters plus its share of the rest
-    send_forward_bytes: int  # to the next stage (cut at `end`)
-    send_backward_bytes: int  # to the previous stage (cut at `first`)
-
-    @property
-    def compute_ms(self) -> float:
-        return self.forward_ms + self.backward_ms
 
 
 def unit_key(module_path: str) -> str:
@@ -106,21 +104,12 @@ class UnitChain:
     def _place(
         self, keys: dict[str, str], unit_of_key: dict[str, int], count: int
     ) -> dict[int, int]:
-        index = self.graph.index
         out: dict[int, int] = {}
         for n in self.graph.nodes:
             k = keys.get(unit_key(n.module_path), "")
             if k:
                 out[n.id] = unit_of_key[k]
-        for v in index.topological_order:  # planner.sim.stage_costs._place_the_rest, per unit
-            if v in out:
-                continue
-            preds = index.predecessors[v]
-            if index.node(v).phase != Phase.backward:
-                out[v] = max((out[u] for u in preds), default=0)
-                continue
-            grads = [out[u] for u in preds if index.node(u).phase == Phase.backward]
-            out[v] = min(grads) if grads else max((out[u] for u in preds), default=count - 1)
+        place_the_rest(self.graph, out, count - 1)  # as the simulator places them, per unit
         return out
 
     def _backward_flow(self, unit: dict[int, int]) -> tuple[int, int] | None:
@@ -139,6 +128,9 @@ class UnitChain:
 
     # -- per-unit tables -------------------------------------------------------------------------
     def _tables(self) -> None:
+        """Per unit what planner.sim.stage_costs sums per stage (same node rules, shared
+        helpers), kept apart so that any range's costs come from prefix sums and an incremental
+        saved-bytes table: the DPs query O(L^2) ranges, the simulator one partition."""
         g = self.graph
         index = g.index
         count = len(self.groups)
@@ -149,7 +141,7 @@ class UnitChain:
         has_weight = [False] * count
         transient = [0] * count
         nodes = [0] * count
-        grad_nodes = _gradient_nodes(g)
+        grad_nodes = gradient_nodes(g)
         backward = {n.id for n in g.nodes if n.phase == Phase.backward}
         # storage root -> units whose backward reads it (forward storages)
         self.read_back: list[set[int]] = [set() for _ in range(count)]
@@ -160,7 +152,7 @@ class UnitChain:
         for n in g.nodes:
             s = unit[n.id]
             nodes[s] += 1
-            transient[s] = max(transient[s], index.storage_bytes[n.id] + n.workspace_bytes)
+            transient[s] = max(transient[s], node_transient_bytes(g, n.id))
             if n.id in backward:
                 bwd[s] += n.compute_ms
                 if n.id in grad_nodes:
@@ -199,24 +191,15 @@ class UnitChain:
         ]
 
     def _model_state(self, count: int) -> tuple[list[int], list[int], int]:
-        g = self.graph
-        step = step_memory(g)
-        total = step.start_bytes + sum(step.held_from_node.values())
+        """Per unit its placed model state and weights (the simulator's placement, per unit),
+        and the fixed bytes no unit owns."""
         state = [0] * count
         params = [0] * count
-        ms = g.model_state
-        if ms is not None:
-            module_unit: dict[str, int] = {}
-            for n in g.nodes:
-                module_unit.setdefault(n.module_path, self.node_unit[n.id])
-            for p, b in ms.per_parameter():
-                u = self.node_unit.get(p.gradient_node) if p.gradient_node is not None else None
-                if u is None:
-                    u = _enclosing(module_unit, p.module_path)
-                if u is not None:
-                    state[u] += b.total_bytes
-                    params[u] += p.bytes
-        return state, params, max(0, total - sum(state))
+        for p, b, u in parameter_stages(self.graph, self.node_unit):
+            if u is not None:
+                state[u] += b.total_bytes
+                params[u] += p.bytes
+        return state, params, unplaced_fixed_bytes(self.graph, sum(state))
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -228,8 +211,7 @@ class UnitChain:
 
     def share_bytes(self, stage_index: int, stage_count: int) -> int:
         """Stage `stage_index`'s even share of what no unit owns (inputs, buffers)."""
-        rest = self.rest_bytes
-        return rest // stage_count + (1 if stage_index < rest % stage_count else 0)
+        return even_share_bytes(self.rest_bytes, stage_index, stage_count)
 
     @cached_property
     def _prefix(self) -> tuple[list[float], list[float], list[float], list[int]]:
@@ -246,7 +228,9 @@ class UnitChain:
 
     @cached_property
     def _saved(self) -> dict[tuple[int, int], tuple[int, int]]:
-        """(first, end) -> (saved bytes, received input bytes), every range."""
+        """(first, end) -> (saved bytes, received input bytes), every range: stage_costs' rule
+        (storages its backward reads, plus those it receives from earlier stages) grown one
+        unit at a time."""
         out: dict[tuple[int, int], tuple[int, int]] = {}
         size = self.size
         for i in range(self.length):
@@ -272,13 +256,14 @@ class UnitChain:
     def range_costs(self, first: int, end: int, stage_index: int, stage_count: int) -> RangeCosts:
         f, b, w, h = self._prefix
         bwd = b[end] - b[first]
-        weight = w[end] - w[first] if h[end] > h[first] else bwd / 2
+        weight = backward_weight_ms(bwd, w[end] - w[first], h[end] > h[first])
         saved, received = self._saved[(first, end)]
         return RangeCosts(
             first=first,
             end=end,
             forward_ms=f[end] - f[first],
             backward_ms=bwd,
+            backward_input_ms=bwd - weight,
             backward_weight_ms=weight,
             saved_bytes=saved,
             input_bytes=received,
@@ -302,21 +287,3 @@ def _resolve_ancestors(keys: set[str]) -> dict[str, str]:
             path = path.rpartition(".")[0]
         out[k] = best
     return out
-
-
-def _enclosing(module_unit: dict[str, int], module_path: str) -> int | None:
-    if module_path in module_unit:
-        return module_unit[module_path]
-    path = module_path.rpartition(".")[0]
-    while path:
-        if path in module_unit:
-            return module_unit[path]
-        path = path.rpartition(".")[0]
-    return None
-
-
-def _gradient_nodes(graph: Graph) -> set[int]:
-    ms = graph.model_state
-    if ms is None:
-        return set()
-    return {p.gradient_node for p in ms.parameters if p.trainable and p.gradient_node is not None}

@@ -5,7 +5,8 @@ A checkpoint set K defines a plan through Checkmate's frontier scheduler (as
 order) after recomputing, in ascending order, whichever of its ancestors are not resident; a
 value stays resident after its stage while it is in K (until its last consumer has run), the
 target of stage t is carried into stage t+1, anything else is freed as soon as the stage no
-longer needs it. Memory is accounted as the simulator does (`intervals.plan_peak_and_cost`).
+longer needs it. Memory is accounted as the simulator does (the problem's memory ledger,
+`RematProblem.replay`; stage floors from `RematProblem.stage_floor_bytes`).
 
 Each stage's cost and peak depend on K only through which earlier values are resident, so
 toggling one node v changes stages v+2 .. last_use(v) alone: `CheckpointPlan` keeps per-stage
@@ -64,8 +65,7 @@ class CheckpointPlan:
         for v in range(n):
             if self.forced[v]:
                 self.keep[v] = True
-        held_before = p.held_before()
-        self.start = [p.fixed_bytes + held_before[t] for t in range(n)]
+        self.start = p.stage_floor_bytes()
         self.held = [p.held(t) for t in range(n)]
         # base[t]: bytes of the values resident when stage t begins
         diff = [0] * (n + 1)

@@ -5,7 +5,8 @@ ascending order; when memory would exceed the budget, evict the unpinned residen
 lowest cost / (bytes × distance to its next use). Values no later node reads are freed at once.
 Several scoring variants are tried and the cheapest plan within budget is kept. Bytes held from a
 node's first computation on (gradient buffers) are tracked as the simulator does; they are never
-evictable.
+evictable. Live bytes are the memory ledger's live set (`problem.ledger`, views charged their
+base's bytes as the problem does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from itertools import product
 
 from planner.core.plan import Action, compute, free
+from planner.sim.ledger import ViewRule
 from planner.solvers.remat.problem import RematProblem
 
 Score = Callable[[float, int, int], float]  # (cost, bytes, distance to next use) -> keep value
@@ -35,14 +37,13 @@ class _Stuck(Exception):
 def dtr_plan(problem: RematProblem, score: Score, deadline: float = math.inf
              ) -> list[Action] | None:
     n, deps, users = problem.n, problem.deps, problem.users
-    mem, ws, cost = problem.mem_bytes, problem.workspace_bytes, problem.cost
+    mem, cost = problem.mem_bytes, problem.cost
     budget = problem.budget_bytes
     ids = problem.node_ids
     actions: list[Action] = []
-    resident: set[int] = set()
-    live = problem.fixed_bytes
+    resident: set[int] = set()  # positions
+    live = problem.ledger.live_set(ViewRule.charge_base)  # bytes (the ledger's ids: node ids)
     frontier = 0  # nodes with position < frontier have run at least once
-    held = [problem.held(v) for v in range(n)]
 
     def next_use(u: int) -> int | None:
         for j in users[u]:
@@ -50,11 +51,10 @@ def dtr_plan(problem: RematProblem, score: Score, deadline: float = math.inf
                 return j
         return None
 
-    def evict(needed: int, pinned: set[int], soft: set[int]) -> None:
-        """Free values until `needed` more bytes fit; never `pinned` (inputs of the node about
+    def evict(x: int, pinned: set[int], soft: set[int]) -> None:
+        """Free values until computing x fits; never `pinned` (inputs of the node about
         to run), `soft` (inputs its callers still need) only when nothing else is left."""
-        nonlocal live
-        while live + needed > budget:
+        while live.peak_if_computed(ids[x]) > budget:
             candidates = [u for u in resident if u not in pinned and mem[u] > 0
                           and (problem.recomputable[u] or next_use(u) is None)]
             preferred = [u for u in candidates if u not in soft] or candidates
@@ -65,13 +65,12 @@ def dtr_plan(problem: RematProblem, score: Score, deadline: float = math.inf
                 key=lambda u: score(cost[u] + 1e-12, mem[u], (next_use(u) or n) - frontier + 1),
             )
             resident.discard(best)
-            live -= mem[best]
+            live.free(ids[best])
             actions.append(free(ids[best]))
 
     def run(v: int) -> None:
         """Make v resident: recompute its missing ancestors in ascending order (as the frontier
         scheduler does), pinning only what the rest of this batch still reads; evict others."""
-        nonlocal live
         needed: set[int] = set()
         stack = [v]
         while stack:
@@ -90,11 +89,10 @@ def dtr_plan(problem: RematProblem, score: Score, deadline: float = math.inf
             raise _Stuck("out of time")
         for x in sorted(needed):
             pinned = {u for u, k in uses_left.items() if k > 0 and u in resident}
-            first = held[x] if x >= frontier else 0  # only v is new; its ancestors ran before
-            evict(mem[x] + ws[x] + first, pinned, set())
+            evict(x, pinned, set())
             actions.append(compute(ids[x]))
             resident.add(x)
-            live += mem[x] + first
+            live.compute(ids[x])  # held bytes at v's first computation (its ancestors ran)
             for u in deps[x]:
                 uses_left[u] -= 1
 
@@ -106,7 +104,7 @@ def dtr_plan(problem: RematProblem, score: Score, deadline: float = math.inf
             for u in sorted(resident):
                 if next_use(u) is None:
                     resident.discard(u)
-                    live -= mem[u]
+                    live.free(ids[u])
                     actions.append(free(ids[u]))
     except _Stuck:
         return None
@@ -119,16 +117,15 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
     inputs of the nodes on the current recomputation path are pinned, not a whole batch of
     ancestors, so deep recomputation cascades fit far smaller budgets."""
     n, deps, users = problem.n, problem.deps, problem.users
-    mem, ws, cost = problem.mem_bytes, problem.workspace_bytes, problem.cost
+    mem, cost = problem.mem_bytes, problem.cost
     budget, ids = problem.budget_bytes, problem.node_ids
     actions: list[Action] = []
-    resident: set[int] = set()
+    resident: set[int] = set()  # positions
     pins = [0] * n  # how many nodes on the recomputation path hold this value as an input
     wanted = [0] * n  # how many nodes on the path still have to read it
-    live = problem.fixed_bytes
+    live = problem.ledger.live_set(ViewRule.charge_base)  # bytes (the ledger's ids: node ids)
     frontier = 0
     computed = [0]
-    held = [problem.held(v) for v in range(n)]
     max_computations = 20 * n + 1000
 
     def distance(u: int) -> int:
@@ -140,13 +137,12 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
         return n + 1
 
     def release(u: int) -> None:
-        nonlocal live
         resident.discard(u)
-        live -= mem[u]
+        live.free(ids[u])
         actions.append(free(ids[u]))
 
-    def make_room(needed: int) -> None:
-        while live + needed > budget:
+    def make_room(x: int) -> None:
+        while live.peak_if_computed(ids[x]) > budget:
             candidates = [u for u in resident if not pins[u] and mem[u] > 0
                           and (problem.recomputable[u] or distance(u) > n)]
             if not candidates:
@@ -159,7 +155,6 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
             release(min(candidates, key=lambda u: score(remat[u] + 1e-12, mem[u], distance(u))))
 
     def materialize(v: int) -> None:
-        nonlocal live
         path: list[tuple[int, int]] = [(v, 0)]  # (node, index of its next input to secure)
         for u in deps[v]:
             wanted[u] += 1
@@ -177,8 +172,7 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
                 for w in deps[u]:
                     wanted[w] += 1
                 continue
-            first = held[x] if x >= frontier else 0  # held bytes from the first computation
-            make_room(mem[x] + ws[x] + first)
+            make_room(x)  # held bytes from the first computation: the live set's
             actions.append(compute(ids[x]))
             computed[0] += 1
             if computed[0] > max_computations:  # thrashing: cascades that grow without end
@@ -186,7 +180,7 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
             if computed[0] % 64 == 0 and time.perf_counter() > deadline:
                 raise _Stuck("out of time")
             resident.add(x)
-            live += mem[x] + first
+            live.compute(ids[x])
             path.pop()
             for u in deps[x]:
                 pins[u] -= 1

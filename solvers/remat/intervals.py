@@ -16,7 +16,8 @@ from that computation's step to the horizon.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from planner.core.plan import Action, ActionOp, compute, free
 from planner.solvers.remat.backends import objective_scale, scaled_cost
@@ -32,27 +33,27 @@ class IntervalSolution:
 
 
 def plan_peak_and_cost(problem: RematProblem, actions: list[Action]) -> tuple[int, float]:
-    """Peak bytes (the simulator's accounting, views charged as in the problem) and cost."""
-    pos = {v: i for i, v in enumerate(problem.node_ids)}
-    live = peak = problem.fixed_bytes
-    cost = 0.0
-    seen: set[int] = set()
-    for a in actions:
-        p = pos[a.node]
-        if a.op is ActionOp.compute:
-            live += problem.mem_bytes[p]
-            if p not in seen:  # held bytes count from the first computation on
-                seen.add(p)
-                live += problem.held(p)
-            peak = max(peak, live + problem.workspace_bytes[p])
-            cost += problem.cost[p]
-        else:
-            live -= problem.mem_bytes[p]
-    return peak, cost
+    """Peak bytes (the simulator's accounting, views charged as in the problem) and cost:
+    the problem's memory ledger."""
+    figures = problem.replay(actions)
+    return figures.peak_bytes, figures.compute_cost
 
 
 def _peak(problem: RematProblem, actions: list[Action]) -> int:
     return plan_peak_and_cost(problem, actions)[0]
+
+
+@dataclass
+class _Model:
+    """The CP-SAT model: (v, c) -> computation c of node v is present (P) / runs at step S /
+    is freed after step E."""
+
+    m: Any
+    count: list[int]  # C_v: computations of each node the model allows
+    horizon: int
+    P: dict[tuple[int, int], Any] = field(default_factory=dict)
+    S: dict[tuple[int, int], Any] = field(default_factory=dict)
+    E: dict[tuple[int, int], Any] = field(default_factory=dict)
 
 
 def solve_intervals(
@@ -75,13 +76,38 @@ def solve_intervals(
     from ortools.sat.python import cp_model
 
     started = time.perf_counter()
-    n, unit = problem.n, problem.memory_unit
-    mem = [b // unit for b in problem.mem_bytes]
-    ws = [b // unit for b in problem.workspace_bytes]
-    capacity = problem.budget_units - problem.fixed_bytes // unit
+    capacity = problem.budget_units - problem.fixed_bytes // problem.memory_unit
     if capacity < 0:
         return RematResult("infeasible", "cpsat-intervals", bound=None,
                            wall_seconds=time.perf_counter() - started)
+    model = _build_model(problem, _computation_counts(problem, max_computations, hint),
+                         capacity, free_order)
+    if hint is not None:
+        _add_hint(model.m, problem, hint, model.count, model.P, model.S, model.E)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - started))
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    report = progress
+    if progress is not None and max_computations is not None:
+        report = lambda objective, _bound: progress(objective, None)  # noqa: E731 (no proof)
+    if report is not None and hint is not None:
+        hint_peak, hint_cost = plan_peak_and_cost(problem, hint)
+        if hint_peak <= problem.budget_bytes:
+            report(hint_cost, None)
+    terms = [(model.P[k], problem.cost[k[0]]) for k in model.P]
+
+    def objective(cb) -> float:  # the true cost of the solution (CP-SAT's is rounded)
+        return sum(c * cb.value(p) for p, c in terms)
+    code = solve_unless_stopped(solver, model.m, stop, report, objective, _scale(problem))
+    return _result(problem, model, solver, code, hint, started)
+
+
+def _computation_counts(
+    problem: RematProblem, max_computations: int | None, hint: list[Action] | None
+) -> list[int]:
+    """C_v: every stage a node could appear in (capped), and room for the hint's computations."""
+    n = problem.n
     count = [
         1 if not problem.recomputable[v] or not problem.users[v]
         else min(n - v, max_computations or n) for v in range(n)
@@ -93,15 +119,25 @@ def solve_intervals(
             if a.op is ActionOp.compute:
                 made[pos[a.node]] += 1
         count = [max(c, k) for c, k in zip(count, made, strict=True)]
-    horizon = sum(count)
+    return count
+
+
+def _build_model(
+    problem: RematProblem, count: list[int], capacity: int, free_order: bool
+) -> _Model:
+    """Variables, the one-computation-per-step and memory constraints, the order of first
+    computations, input coverage and the objective (in this order: CP-SAT's search depends
+    on it)."""
+    from ortools.sat.python import cp_model
+
+    n, unit = problem.n, problem.memory_unit
+    mem = [b // unit for b in problem.mem_bytes]
+    ws = [b // unit for b in problem.workspace_bytes]
+    model = _Model(cp_model.CpModel(), count, sum(count))
+    m, P, S, E, horizon = model.m, model.P, model.S, model.E, model.horizon
     # Earliest step of a node's first computation: its position, or with free_order the
     # number of its ancestors (each computed before it at least once).
     first = list(range(n)) if not free_order else _ancestor_counts(problem)
-    m = cp_model.CpModel()
-    # (v, c): computation c of node v is present / runs at step s / is freed after step e.
-    P: dict[tuple[int, int], cp_model.IntVar] = {}
-    S: dict[tuple[int, int], cp_model.IntVar] = {}
-    E: dict[tuple[int, int], cp_model.IntVar] = {}
     run_intervals, keep_intervals, keep_demands, ws_intervals, ws_demands = [], [], [], [], []
     for v in range(n):
         for c in range(count[v]):
@@ -141,8 +177,16 @@ def solve_intervals(
     # coverage below orders them).
     for v in range(1, n if not free_order else 0):
         m.add(S[(v, 0)] > S[(v - 1, 0)])
-    # Inputs: each computation of v is covered by a retention interval of every producer u.
-    for v in range(n):
+    _add_coverage(problem, model)
+    m.minimize(sum(scaled_cost(problem.cost[v], _scale(problem)) * P[(v, c)]
+                   for v in range(n) for c in range(count[v])))
+    return model
+
+
+def _add_coverage(problem: RematProblem, model: _Model) -> None:
+    """Inputs: each computation of v is covered by a retention interval of every producer u."""
+    m, P, S, E, count = model.m, model.P, model.S, model.E, model.count
+    for v in range(problem.n):
         for c in range(count[v]):
             for u in problem.deps[v]:
                 covers = []
@@ -153,26 +197,15 @@ def solve_intervals(
                     m.add(E[(u, d)] >= S[(v, c)]).only_enforce_if(z)
                     covers.append(z)
                 m.add_bool_or(covers).only_enforce_if(P[(v, c)])
-    m.minimize(sum(scaled_cost(problem.cost[v], _scale(problem)) * P[(v, c)]
-                   for v in range(n) for c in range(count[v])))
-    if hint is not None:
-        _add_hint(m, problem, hint, count, P, S, E)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - started))
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
-    report = progress
-    if progress is not None and max_computations is not None:
-        report = lambda objective, _bound: progress(objective, None)  # noqa: E731 (no proof)
-    if report is not None and hint is not None:
-        hint_peak, hint_cost = plan_peak_and_cost(problem, hint)
-        if hint_peak <= problem.budget_bytes:
-            report(hint_cost, None)
-    terms = [(P[k], problem.cost[k[0]]) for k in P]
 
-    def objective(cb) -> float:  # the true cost of the solution (CP-SAT's is rounded)
-        return sum(c * cb.value(p) for p, c in terms)
-    code = solve_unless_stopped(solver, m, stop, report, objective, _scale(problem))
+
+def _result(
+    problem: RematProblem, model: _Model, solver: Any, code: int | None,
+    hint: list[Action] | None, started: float,
+) -> RematResult:
+    """The solver's answer as a result: its plan, or the hint when that is better or all."""
+    from ortools.sat.python import cp_model
+
     if code is None:
         return _hint_result(problem, hint, None, time.perf_counter() - started) or RematResult(
             "unknown", "cpsat-intervals", wall_seconds=time.perf_counter() - started)
@@ -187,9 +220,26 @@ def solve_intervals(
         return fallback or RematResult("unknown", "cpsat-intervals", bound=bound,
                                        wall_seconds=wall)
     present = sorted(
-        (solver.value(S[k]), k[0], solver.value(E[k]))
-        for k in P if solver.value(P[k])
+        (solver.value(model.S[k]), k[0], solver.value(model.E[k]))
+        for k in model.P if solver.value(model.P[k])
     )
+    actions = _solution_actions(problem, present, model.horizon)
+    cost = sum(problem.cost[v] for _, v, _ in present)
+    status = "optimal" if code == cp_model.OPTIMAL and _integral_costs(problem) else "feasible"
+    if bound is not None and bound >= cost - 1e-9 * max(1.0, cost):
+        status = "optimal"
+    fallback = _hint_result(problem, hint, bound, wall)
+    if fallback is not None and fallback.cost is not None and fallback.cost < cost:
+        return fallback
+    return RematResult(status, "cpsat-intervals", actions, None, cost, _peak(problem, actions),
+                       min(bound, cost) if bound is not None else None, wall)
+
+
+def _solution_actions(
+    problem: RematProblem, present: list[tuple[int, int, int]], horizon: int
+) -> list[Action]:
+    """Compute and free actions of the present computations (start step, position, end step),
+    sorted by start: each value freed before the first step after its end."""
     actions: list[Action] = []
     pending: list[tuple[int, int]] = []  # (end step, node position)
     for idx, (_, v, end) in enumerate(present):
@@ -200,15 +250,7 @@ def solve_intervals(
             if end_step < nxt:
                 actions.append(free(problem.node_ids[u]))
         pending = [(e, u) for e, u in pending if e >= nxt]
-    cost = sum(problem.cost[v] for _, v, _ in present)
-    status = "optimal" if code == cp_model.OPTIMAL and _integral_costs(problem) else "feasible"
-    if bound is not None and bound >= cost - 1e-9 * max(1.0, cost):
-        status = "optimal"
-    fallback = _hint_result(problem, hint, bound, wall)
-    if fallback is not None and fallback.cost is not None and fallback.cost < cost:
-        return fallback
-    return RematResult(status, "cpsat-intervals", actions, None, cost, _peak(problem, actions),
-                       min(bound, cost) if bound is not None else None, wall)
+    return actions
 
 
 def _hint_result(

@@ -1,22 +1,47 @@
-"""Planning methods (planner.engine.registry registry) backed by the remat solvers."""
+"""Planning methods backed by the remat solvers; each declares its spec (planner.solvers.spec)
+here, its options as a dataclass."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from planner.core.errors import InputError
-from planner.core.plan import Action, PlanStatus
+from planner.core.plan import PlanStatus
 from planner.solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
 from planner.solvers.remat.exact import RematResult, solve_milp
 from planner.solvers.remat.problem import problem_from_graph, staged_from_actions
 from planner.solvers.request import MethodResult, SolveRequest
+from planner.solvers.spec import MethodSpec, option, read_options
 
 _STATUS = {"optimal": PlanStatus.optimal, "feasible": PlanStatus.feasible,
            "infeasible": PlanStatus.infeasible, "unknown": PlanStatus.timeout}
 
 
-def _backend(request: SolveRequest, default: str, allowed: tuple[str, ...]) -> str:
-    backend = str(request.options.get("backend") or default)
+_HINT_HELP = "start from the best baseline's plan"
+
+
+@dataclass(frozen=True)
+class MilpOptions:
+    backend: str = option("cpsat", "MILP solver", choices=MIP_BACKENDS)
+    hint: bool = option(True, _HINT_HELP)
+
+
+@dataclass(frozen=True)
+class LpRoundingOptions:
+    backend: str = option("highs-lp", "LP solver", choices=LP_BACKENDS)
+
+
+@dataclass(frozen=True)
+class IntervalsOptions:
+    max_computations: int | None = option(
+        None, "cap on each node's computations (no bound is claimed then); null: no cap",
+        minimum=1)
+    hint: bool = option(True, _HINT_HELP)
+
+
+def _backend(given: object, default: str, allowed: tuple[str, ...]) -> str:
+    backend = str(given or default)
     if backend not in allowed:
         raise InputError(f"backend {backend!r}: choose one of {', '.join(allowed)}")
     return backend
@@ -37,7 +62,7 @@ def _left_s(request: SolveRequest, started: float) -> float:
     return limit - elapsed - margin
 
 
-def _smallest(request: SolveRequest, started: float, cap_s: float) -> int | None:
+def smallest_budget_bytes(request: SolveRequest, started: float, cap_s: float) -> int | None:
     """The least budget known to work, for an infeasible answer's message, within what is
     left of the limit (None when too little is: the engine then asks the baselines)."""
     from planner.solvers.remat.min_budget import min_budget
@@ -51,7 +76,7 @@ def _smallest(request: SolveRequest, started: float, cap_s: float) -> int | None
 def _result(request: SolveRequest, r: RematResult, started: float) -> MethodResult:
     smallest = None
     if r.actions is None and r.status == "infeasible":
-        smallest = _smallest(request, started, 30.0)
+        smallest = smallest_budget_bytes(request, started, 30.0)
     return MethodResult(
         actions=r.actions,
         status=_STATUS[r.status],
@@ -77,9 +102,10 @@ def _baseline_hint(request: SolveRequest, problem):
 def milp(request: SolveRequest) -> MethodResult:
     """Checkmate's MILP; options: backend (cpsat, scip, highs, cbc, pulp-cbc), hint (bool)."""
     started = time.perf_counter()
-    backend = _backend(request, "cpsat", MIP_BACKENDS)
+    options = read_options(MilpOptions, request.options)
+    backend = _backend(options.backend, MilpOptions.backend, MIP_BACKENDS)
     problem = problem_from_graph(request.graph, request.budget_bytes)
-    hint = _baseline_hint(request, problem) if request.options.get("hint", True) else None
+    hint = _baseline_hint(request, problem) if options.hint else None
     # the hint's time counts: at 289 nodes and 90 s the answer came 1.1 s late, and the engine
     # answered with its fallback, which fit nothing, beside the hint that fits
     r = solve_milp(problem, backend, time_limit_s=max(0.1, _left_s(request, started)),
@@ -96,7 +122,8 @@ def lp_rounding(request: SolveRequest) -> MethodResult:
     from planner.solvers.remat.lp_rounding import solve_lp_rounding
 
     started = time.perf_counter()
-    backend = _backend(request, "highs-lp", LP_BACKENDS)
+    backend = _backend(read_options(LpRoundingOptions, request.options).backend,
+                       LpRoundingOptions.backend, LP_BACKENDS)
     problem = problem_from_graph(request.graph, request.budget_bytes)
     base = best_baseline(request)
     base_sim = simulate(request.graph, base.actions) if base.actions is not None else None
@@ -116,73 +143,19 @@ def lp_rounding(request: SolveRequest) -> MethodResult:
     )
 
 
-OFFLOAD_SHARE = 0.3  # of auto's time limit, kept for offloading when the machine has a host tier
-
-
-def auto(request: SolveRequest) -> MethodResult:
-    """Pure recomputation (`solve_auto`); on a machine with a host tier, then offloading on top
-    of its best plan, kept only when the event simulator says it is faster (remat is a special
-    case: auto is never slower than its best pure-remat plan)."""
-    from planner.solvers.remat.auto import solve_auto
-
-    started = time.perf_counter()
-    offloading = request.resources is not None and request.resources.has_host_tier
-    remat_limit_s = request.time_limit_s * (1 - OFFLOAD_SHARE if offloading else 1.0)
-    r = solve_auto(request.graph, request.budget_bytes, time_limit_s=remat_limit_s,
-                   threads=request.threads, seed=request.seed, progress=request.progress)
-    details = {"source": r.source, "timings_s": {k: round(v, 3) for k, v in r.timings.items()}}
-    if offloading and not (r.actions is not None and r.cost is not None
-                           and r.cost <= request.graph.total_compute_ms * (1 + 1e-12)):
-        faster = _with_offload(request, r.actions, started)
-        if faster is not None:
-            return faster
-    if r.actions is None:
-        if not r.proven_infeasible:  # nothing found in time: the CLI reports what fits
-            return MethodResult(actions=None, status=PlanStatus.timeout, backend="auto",
-                                lower_bound=r.bound, notes=r.notes, details=details)
-        smallest = _smallest(request, started, 10.0)
-        return MethodResult(actions=None, status=PlanStatus.infeasible, backend="auto",
-                            lower_bound=r.bound, notes=r.notes, details=details,
-                            smallest_feasible_bytes=smallest, infeasibility_proven=True)
-    return MethodResult(
-        actions=r.actions, status=PlanStatus.optimal if r.proven_optimal else PlanStatus.feasible,
-        backend=f"auto:{r.source}", objective=r.cost, lower_bound=r.bound, notes=r.notes,
-        details=details,
-    )
-
-
-def _with_offload(request: SolveRequest, remat_actions: list[Action] | None,
-                  started: float) -> MethodResult | None:
-    """The best remat plan improved with host copies, when the simulator says it is faster;
-    judged by its makespan in the engine (a remat bound does not cover it)."""
-    from planner.solvers.offload.hybrid import improve_with_offload
-
-    # Leave the engine its margin to judge the plan (as solve_auto does for its own).
-    left_s = request.time_limit_s * 0.93 - (time.perf_counter() - started)
-    if left_s <= 0.2:
-        return None
-    better = improve_with_offload(request.graph, request.budget_bytes, request.resources,
-                                  remat_actions, left_s)
-    if better is None:
-        return None
-    note = ("offloading: faster than the best pure-remat plan found" if remat_actions is not None
-            else "offloading: no pure-remat plan found; this one parks tensors on the host")
-    return MethodResult(actions=better, status=PlanStatus.feasible, backend="auto:remat+offload",
-                        notes=[note], details={"source": "remat+offload"})
-
-
 def cpsat_intervals(request: SolveRequest) -> MethodResult:
     """Moccasin-style CP-SAT interval model; options: max_computations (int, caps each node's
     computations: then its bound is not claimed), hint (bool, from the best baseline)."""
     from planner.solvers.baseline_methods import best_baseline
     from planner.solvers.remat.intervals import solve_intervals
 
-    cap = request.options.get("max_computations")
+    options = read_options(IntervalsOptions, request.options)
+    cap = options.max_computations
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise InputError(f"option max_computations {cap!r}: must be an integer ≥ 1")
     started = time.perf_counter()
     hint = None
-    if request.options.get("hint", True):
+    if options.hint:
         base = best_baseline(request)
         hint = base.actions
     problem = problem_from_graph(request.graph, request.budget_bytes)
@@ -200,3 +173,16 @@ def cpsat_intervals(request: SolveRequest) -> MethodResult:
             details=result.details,
         )
     return result
+
+
+SPECS: tuple[MethodSpec, ...] = (
+    MethodSpec(name="milp", run=milp, options=MilpOptions, claims_bounds=True,
+               summary="Checkmate's MILP: optimal recomputation within the budget, with a "
+               "proven bound"),
+    MethodSpec(name="lp-rounding", run=lp_rounding, options=LpRoundingOptions,
+               claims_bounds=True,
+               summary="Checkmate's LP relaxation and two-phase rounding; never worse than "
+               "the baselines that fit"),
+    MethodSpec(name="cpsat-intervals", run=cpsat_intervals, options=IntervalsOptions,
+               claims_bounds=True, summary="Moccasin-style CP-SAT interval model"),
+)

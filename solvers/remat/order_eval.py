@@ -54,7 +54,7 @@ class OrderState:
         self.load = self.mem + np.array(problem.workspace_bytes, dtype=np.int64)
         self._mem = problem.mem_bytes
         self._load = self.load.tolist()
-        self._added = [problem.mem_bytes[i] + problem.held(i) for i in range(n)]
+        self._added = problem.first_computation_bytes()
         self.reset(seq)
 
     def reset(self, seq: list[int]) -> None:

@@ -12,13 +12,15 @@ every formulation built on it can be checked against `planner.sim.simulator`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp, compute, free
-from planner.sim.step_memory import step_memory
+from planner.sim.ledger import MemoryLedger, ReplayFigures, ViewRule
 from planner.solvers.order import schedule_order
 
 
@@ -70,34 +72,58 @@ class RematProblem:
             acc += self.held(t)
         return out
 
+    def stage_floor_bytes(self) -> list[int]:
+        """Stage t -> bytes resident all through stage t besides activations: the fixed bytes
+        and the gradient bytes held by nodes first computed before it (the ledger's rules in
+        stage form: node t's own held bytes enter at its computation)."""
+        return [self.fixed_bytes + b for b in self.held_before()]
+
+    def first_computation_bytes(self) -> list[int]:
+        """Position -> bytes its first computation adds: its output and its held bytes."""
+        return [self.mem_bytes[v] + self.held(v) for v in range(self.n)]
+
+    @cached_property
+    def ledger(self) -> MemoryLedger:
+        """The memory ledger of the problem's positions (node ids; views already charged their
+        base's bytes in `mem_bytes`), built once per problem."""
+        return MemoryLedger.from_columns(
+            self.node_ids, self.deps, self.mem_bytes, self.workspace_bytes, self.cost,
+            self.recomputable, self.fixed_bytes, self.held_bytes,
+        )
+
+    def replay(self, actions: Sequence[Action]) -> ReplayFigures:
+        """Peak (views charged as in `mem_bytes`), cost and where, of a plan valid by
+        construction: the ledger's unchecked replay."""
+        return self.ledger.replay(actions, views=ViewRule.charge_base, check=False)
+
     def with_budget(self, budget_bytes: int) -> RematProblem:
-        return RematProblem(**{**self.__dict__, "budget_bytes": budget_bytes})
+        other = dataclasses.replace(self, budget_bytes=budget_bytes)
+        if "ledger" in self.__dict__:  # the budget is no memory fact: share the ledger
+            other.__dict__["ledger"] = self.__dict__["ledger"]
+        return other
 
 
 def problem_from_graph(graph: Graph, budget_bytes: int) -> RematProblem:
-    """Views (alias_of) are charged their base's bytes: never less than the simulator counts
-    (a view keeps its base alive), so plans stay within budget; exact for alias-free graphs.
-
-    Fixed and held bytes are the memory model's (`planner.sim.step_memory.step_memory`): the start
-    bytes for the whole step, and gradient buffers from their node's first computation on."""
-    index = graph.index
-    step = step_memory(graph)
+    """The graph's memory ledger in position form. Views (alias_of) are charged their base's
+    bytes (`ViewRule.charge_base`): never less than the simulator counts (a view keeps its base
+    alive), so plans stay within budget; exact for alias-free graphs. Fixed and held bytes are
+    the ledger's: the start bytes for the whole step, and gradient buffers from their node's
+    first computation on."""
+    ledger = MemoryLedger.of(graph)
     order = schedule_order(graph)
     pos = {v: i for i, v in enumerate(order)}
-    mem = [index.storage_bytes[index.storage_root(v)] for v in order]
+    held = ledger.held_bytes
     return RematProblem(
         node_ids=tuple(order),
-        deps=tuple(tuple(sorted(pos[u] for u in index.predecessors[v])) for v in order),
-        users=tuple(tuple(sorted(pos[w] for w in index.successors[v])) for v in order),
-        cost=tuple(index.node(v).compute_ms for v in order),
-        mem_bytes=tuple(mem),
-        workspace_bytes=tuple(index.node(v).workspace_bytes for v in order),
-        recomputable=tuple(index.node(v).recomputable for v in order),
-        fixed_bytes=step.start_bytes,
+        deps=tuple(tuple(sorted(pos[u] for u in ledger.predecessors[v])) for v in order),
+        users=tuple(tuple(sorted(pos[w] for w in ledger.successors[v])) for v in order),
+        cost=tuple(ledger.compute_ms[v] for v in order),
+        mem_bytes=tuple(ledger.charged_bytes[v] for v in order),
+        workspace_bytes=tuple(ledger.workspace_bytes[v] for v in order),
+        recomputable=tuple(ledger.recomputable[v] for v in order),
+        fixed_bytes=ledger.fixed_bytes,
         budget_bytes=budget_bytes,
-        held_bytes=(
-            tuple(step.held_from_node.get(v, 0) for v in order) if step.held_from_node else ()
-        ),
+        held_bytes=tuple(held.get(v, 0) for v in order) if held else (),
     )
 
 
@@ -111,17 +137,16 @@ class StagedSchedule:
 
 
 def staged_actions(problem: RematProblem, sched: StagedSchedule) -> tuple[list[Action], int]:
-    """Actions of a staged schedule and its peak bytes by the simulator's accounting.
+    """Actions of a staged schedule and its peak bytes by the simulator's accounting (the
+    problem's ledger).
 
     Raises ValueError when the schedule is not valid (an input not resident, a value retained
     that was not available, a resident value computed again).
     """
     n = problem.n
-    ids, deps, users, mem = problem.node_ids, problem.deps, problem.users, problem.mem_bytes
+    ids, deps, users = problem.node_ids, problem.deps, problem.users
     actions: list[Action] = []
     resident: set[int] = set()
-    live = problem.fixed_bytes
-    peak = live
     for t in range(n):
         if resident != set(sched.retained[t]):
             raise ValueError(f"stage {t}: retained set differs from what is resident")
@@ -140,19 +165,15 @@ def staged_actions(problem: RematProblem, sched: StagedSchedule) -> tuple[list[A
                     raise ValueError(f"stage {t}: input {i} of {k} is not resident")
             actions.append(compute(ids[k]))
             resident.add(k)
-            live += mem[k] + (problem.held(k) if k == t else 0)  # t's first computation
-            peak = max(peak, live + problem.workspace_bytes[k])
             for i in (*deps[k], k):
                 later = any(k < j <= t and j in stage for j in users[i])
                 if i in resident and i not in keep_next and not later:
                     actions.append(free(ids[i]))
                     resident.discard(i)
-                    live -= mem[i]
         for i in sorted(resident - keep_next):
             actions.append(free(ids[i]))
             resident.discard(i)
-            live -= mem[i]
-    return actions, peak
+    return actions, problem.replay(actions).peak_bytes
 
 
 def staged_from_actions(problem: RematProblem, actions: Sequence[Action]) -> StagedSchedule | None:

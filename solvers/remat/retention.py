@@ -71,8 +71,7 @@ class RetentionPlan:
         n = p.n
         self.keep = [True] * n
         self.droppable = [p.recomputable[v] and p.mem_bytes[v] > 0 for v in range(n)]
-        held_before = p.held_before()
-        self.floor = [p.fixed_bytes + held_before[t] for t in range(n)]
+        self.floor = p.stage_floor_bytes()  # fixed and earlier held bytes (the ledger's)
         self.stages = [self._stage(t, [t]) for t in range(n)]
         self.read_in: list[set[int]] = [set(p.users[x]) for x in range(n)]  # stages reading x
         self.inside: list[set[int]] = [set() for _ in range(n)]  # other stages computing x

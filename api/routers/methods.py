@@ -1,0 +1,43 @@
+"""/v1/methods: the planning methods this server runs, each as its spec says (what it does, the
+plans it returns, its options with their types, defaults and help); plugins by target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from planner.service.deps import AUTH_ERRORS, error_responses
+
+router = APIRouter(prefix="/v1")
+
+
+class MethodOption(BaseModel):
+    name: str
+    type: str = Field(description="bool, int or choice")
+    default: Any = None
+    help: str = ""
+    choices: list[str] = Field(default_factory=list)
+    minimum: int | None = None
+    maximum: int | None = None
+    nullable: bool = Field(default=False, description="null is a value of its own")
+
+
+class MethodInfo(BaseModel):
+    name: str
+    summary: str = ""
+    plan_kinds: list[str] = Field(default_factory=list,
+                                  description="remat, offload, remat+offload, pipeline")
+    needs_host_tier: bool = False
+    claims_bounds: bool = Field(default=False, description="reports a proven lower bound")
+    options: list[MethodOption] = Field(default_factory=list)
+    plugin: str | None = Field(default=None, description="a plugin's module:function")
+
+
+@router.get("/methods", response_model=list[MethodInfo], responses=error_responses(*AUTH_ERRORS),
+            summary="The planning methods, each with its options")
+def list_methods() -> list[dict[str, object]]:
+    from planner.engine.registry import describe_methods
+
+    return describe_methods()

@@ -1,0 +1,130 @@
+"""POST /v1/partitions: a pipeline partition and schedule, as a plan job: a thin alias of
+POST /v1/plans.
+
+The body says the pipeline in its own words (devices, device_memory, microbatches, schedule,
+method dp / ilp / a balanced split, chunks, split, ZeRO sharding); the route translates it into
+a plan request (method `pipeline-<method>`, the machine as resources, the device memory as the
+budget, chunks and split as options; with `zero`/`dp` the graph's model state is sharded first,
+so the plan is for the sharded graph) and submits it as /v1/plans does: 202 with the job's url,
+or 200 with the plan (kind pipeline, simulated per rank) once it is done or solved before
+(`?wait=`). When nothing fits, the plan's status is infeasible and its
+`details.smallest_feasible_bytes` the least device memory that works. Bad input (0 devices, more
+stages than layers, micro-batches an interleaved schedule cannot divide, a device memory below
+one layer's model state, a split naming an unknown layer) is a 422 at submission naming this
+body's field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from planner.core.errors import InputError
+from planner.service.deps import Identity, Parts
+from planner.service.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
+from planner.service.schemas import JobAccepted, PlanRequest
+from planner.solvers.pipeline.schedules import SCHEDULES
+
+MAX_TIME_LIMIT_S = 30.0
+
+
+class PartitionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    graph: dict[str, Any] = Field(description="graph.json (module-level or op-level with "
+                                  "module paths).")
+    resources: dict[str, Any] | StrictStr | None = Field(
+        default=None, description="resources.json or a preset name; the fields below override it."
+    )
+    devices: StrictInt | None = Field(default=None, description="Pipeline ranks.")
+    device_memory: StrictStr | StrictInt | None = Field(
+        default=None, description="Memory per device: '80GiB', '40GB' or bytes."
+    )
+    microbatches: StrictInt | None = Field(default=None, description="Micro-batches per step.")
+    schedule: StrictStr | None = Field(
+        default=None, description=f"{', '.join(SCHEDULES)} (default 1f1b)."
+    )
+    method: StrictStr = Field(default="dp", description="dp, ilp, param-balanced, "
+                              "layer-balanced or compute-balanced (or the method's own name: "
+                              "pipeline-dp, ...).")
+    chunks: StrictInt = Field(default=2, ge=2, le=16, description="Stages per rank "
+                              "(interleaved).")
+    split: list[StrictStr] | None = Field(default=None, description="Your own split: the layers "
+                                          "that start stages 1.. (checked and simulated).")
+    zero: StrictInt | None = Field(default=None, description="ZeRO stage 0-3.")
+    dp: StrictInt | None = Field(default=None, description="Data-parallel degree ZeRO shards "
+                                 "over.")
+    time_limit: float = Field(default=10.0, gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False,
+                              description="Seconds for the ILP.")
+
+
+# Fields of the plan request this body becomes, as this body calls them.
+BODY_FIELDS = {"resources.device_count": "devices", "resources.microbatches": "microbatches",
+               "resources.pipeline_schedule": "schedule", "budget": "device_memory",
+               "options.split": "split", "options.chunks": "chunks", "method": "method"}
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post(
+    "/partitions",
+    status_code=202,
+    response_model=JobAccepted,
+    responses=SUBMIT_RESPONSES,
+    summary="Split a model into pipeline stages that fit each device, with a schedule",
+)
+async def submit_partition(
+    body: PartitionRequest,
+    parts: Parts,
+    who: Identity,
+    wait: float = Query(default=0, ge=0, le=MAX_WAIT_S,
+                        description="Seconds to hold the request for the plan (as /v1/plans)."),
+) -> Response:
+    try:
+        plan_body = plan_request(body)
+        return await submit_plan(plan_body, parts, who, wait)
+    except InputError as e:
+        raise in_body_words(e) from None
+
+
+def in_body_words(err: InputError) -> InputError:
+    """`err` naming this body's field: the resources' own validation says "resources:
+    device_count: ..." for what this body calls devices."""
+    field, detail = err.field or "", err.detail
+    key, sep, rest = detail.partition(": ")
+    if field == "resources" and sep and f"resources.{key}" in BODY_FIELDS:
+        field, detail = f"resources.{key}", rest
+    return InputError(detail, field=BODY_FIELDS.get(field, err.field))
+
+
+def plan_request(body: PartitionRequest) -> PlanRequest:
+    """The plan request this partition request is."""
+    from planner.engine.partition import pipeline_method
+
+    resources: dict[str, Any] = ({"preset": body.resources} if isinstance(body.resources, str)
+                 else dict(body.resources or {}))
+    for key, value in (("device_count", body.devices), ("microbatches", body.microbatches),
+                       ("pipeline_schedule", body.schedule)):
+        if value is not None:
+            resources[key] = value
+    if "device_count" not in resources and "preset" not in resources:
+        raise InputError("how many devices (pipeline ranks)? e.g. 4", field="devices")
+    options: dict[str, Any] = {"chunks": body.chunks}
+    if body.split is not None:
+        options["split"] = ",".join(body.split)
+    return PlanRequest(graph=_sharded(body), budget=body.device_memory, resources=resources,
+                       method=pipeline_method(body.method).name, time_limit=body.time_limit,
+                       options=options)
+
+
+def _sharded(body: PartitionRequest) -> dict[str, Any]:
+    if body.zero is None and body.dp is None:
+        return body.graph
+    from planner.core.io import graph_from_dict
+    from planner.engine.partition import sharded
+
+    return sharded(graph_from_dict(body.graph, "graph"), body.zero, body.dp).model_dump(
+        mode="json")

@@ -1,0 +1,136 @@
+"""/v1/plans: ask for a plan within a memory budget, follow it, cancel it, draw its timeline.
+
+A request is resolved once at submission (planner.engine.request, through PlanService.resolve):
+the job keeps the resolved values and its worker solves them as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from planner.service.deps import (
+    AUTH_ERRORS,
+    COMMON_ERRORS,
+    Identity,
+    Parts,
+    Service,
+    ServiceParts,
+    error_responses,
+)
+from planner.service.models import FINISHED, JOB_STATUSES, Job
+from planner.service.schemas import JobAccepted, JobList, JobSummary, JobView, PlanRequest
+
+router = APIRouter(prefix="/v1")
+MAX_WAIT_S = 60.0
+# What a submission answers (plans, and partitions: their alias).
+SUBMIT_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"model": JobView, "description": "Solved before (or within ?wait=)."},
+    202: {"model": JobAccepted, "description": "Queued; poll the url."},
+    **error_responses(*COMMON_ERRORS, 404, 429),
+}
+
+
+@router.post(
+    "/plans",
+    status_code=202,
+    response_model=JobAccepted,
+    responses=SUBMIT_RESPONSES,
+    summary="Ask for a plan within a memory budget",
+)
+async def submit_plan(
+    body: PlanRequest,
+    parts: Parts,
+    who: Identity,
+    wait: float = Query(
+        default=0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="Seconds to hold the request for the plan to finish (then 200 with "
+        "the plan, else 202 as usual): one curl gets an answer. The server may cap it "
+        "lower (max_wait_s).",
+    ),
+) -> Response:
+    parts.limiter.check(who)
+    service = parts.service
+    answer = service.cached_answer(body.graph_id, body.budget, body.method, body.options,
+                                   body.resources, body.time_limit, body.force)
+    if answer is not None:  # solved before and in memory: no thread, no database
+        return Response(answer, status_code=200, media_type="application/json")
+    job, cached = await run_in_threadpool(_submit_slow_path, parts, body)
+    deadline = time.monotonic() + min(wait, parts.settings.max_wait_s)
+    delay = 0.05
+    while not cached and job.status not in FINISHED and time.monotonic() < deadline:
+        await asyncio.sleep(delay)  # the event loop stays free while this request waits
+        delay = min(2 * delay, 0.5)
+        job = await run_in_threadpool(service.get, job.id)
+    if cached or job.status in FINISHED:
+        answer = await run_in_threadpool(service.render, job, cached=cached)
+        return Response(answer, status_code=200, media_type="application/json")
+    accepted = JobAccepted(id=job.id, status=job.status, url=f"/v1/plans/{job.id}")
+    return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": accepted.url})
+
+
+def _submit_slow_path(parts: ServiceParts, body: PlanRequest) -> tuple[Job, bool]:
+    request = parts.service.resolve_plan(body)
+    return parts.service.submit(request, force=body.force)
+
+
+@router.get(
+    "/plans",
+    response_model=JobList,
+    responses=error_responses(*AUTH_ERRORS, 422),
+    summary="The newest plan jobs (without plans), optionally of one status",
+)
+def list_plans(
+    service: Service,
+    limit: int = Query(default=50, ge=1, le=200),
+    status: Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
+    | None = Query(default=None, description="Only jobs with this status."),
+) -> JobList:
+    assert status is None or status in JOB_STATUSES
+    items = []
+    for job in service.store.list_jobs(limit, status):
+        view = service.view(job)
+        items.append(JobSummary(**view.model_dump(include=set(JobSummary.model_fields))))
+    return JobList(plans=items)
+
+
+@router.get(
+    "/plans/{plan_id}",
+    response_model=JobView,
+    responses=error_responses(*AUTH_ERRORS, 404, 422),
+    summary="Status, progress, and the plan with its report when done",
+)
+async def get_plan(service: Service, plan_id: str) -> Response:
+    answer = service.rendered_finished(plan_id)
+    if answer is None:
+        answer = await run_in_threadpool(lambda: service.render(service.get(plan_id)))
+    return Response(answer, media_type="application/json")
+
+
+@router.delete(
+    "/plans/{plan_id}",
+    response_model=JobView,
+    responses=error_responses(*AUTH_ERRORS, 404, 409, 422),
+    summary="Cancel a queued or running solve (its process is killed)",
+)
+def cancel_plan(service: Service, plan_id: str) -> JobView:
+    return service.view(service.cancel(plan_id))
+
+
+@router.get(
+    "/plans/{plan_id}/timeline.png",
+    response_class=Response,
+    responses={
+        200: {"content": {"image/png": {}}, "description": "Memory over the schedule."},
+        **error_responses(*AUTH_ERRORS, 404, 409, 422),
+    },
+)
+def plan_timeline(service: Service, plan_id: str) -> Response:
+    return Response(service.timeline_png(service.get(plan_id)), media_type="image/png")

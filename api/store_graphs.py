@@ -1,0 +1,80 @@
+"""The store's graphs (stored once, by content hash) and sweeps (a graph's jobs over budgets)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from planner.service.models import GraphRow, Job, JobRow, SweepRow
+from planner.service.store_db import StoreBase, new_id
+
+
+class GraphsAndSweeps(StoreBase):
+    """Graphs by content hash, and sweeps: one graph's jobs in budget order."""
+
+    def put_graph(self, graph_hash: str, document: str, nodes: int, edges: int) -> bool:
+        """Store a graph once; False when it was there already."""
+        try:
+            with self.write_session() as s:
+                if s.get(GraphRow, graph_hash) is not None:
+                    return False
+                s.add(
+                    GraphRow(
+                        hash=graph_hash,
+                        document=document,
+                        nodes=nodes,
+                        edges=edges,
+                        created_at=time.time(),
+                    )
+                )
+            return True
+        except IntegrityError:  # a concurrent upload of the same graph won
+            return False
+
+    def graph_exists(self, graph_hash: str) -> bool:
+        with self.session() as s:
+            found = s.scalar(select(GraphRow.hash).where(GraphRow.hash == graph_hash))
+            return found is not None
+
+    def get_graph_document(self, graph_hash: str) -> str | None:
+        with self.session() as s:
+            row = s.get(GraphRow, graph_hash)
+            return None if row is None else row.document
+
+    def list_sweeps(self, limit: int) -> list[dict[str, Any]]:
+        """The newest sweeps: id, graph hash, method, created_at, number of plans."""
+        with self.session() as s:
+            rows = s.scalars(
+                select(SweepRow).order_by(SweepRow.created_at.desc()).limit(limit)
+            ).all()
+            return [{"id": r.id, "graph_id": r.graph_hash, "method": r.method,
+                     "created_at": r.created_at, "plans": len(json.loads(r.job_ids))}
+                    for r in rows]
+
+    def create_sweep(self, graph_hash: str, method: str, job_ids: list[str]) -> str:
+        sweep_id = new_id()
+        with self.write_session() as s:
+            s.add(
+                SweepRow(
+                    id=sweep_id,
+                    graph_hash=graph_hash,
+                    method=method,
+                    job_ids=json.dumps(job_ids),
+                    created_at=time.time(),
+                )
+            )
+        return sweep_id
+
+    def sweep_jobs(self, sweep_id: str) -> list[Job] | None:
+        """The sweep's jobs in its budget order; None for an unknown sweep."""
+        with self.session() as s:
+            sweep = s.get(SweepRow, sweep_id)
+            if sweep is None:
+                return None
+            ids: list[str] = json.loads(sweep.job_ids)
+            rows = {r.id: r for r in s.scalars(select(JobRow).where(JobRow.id.in_(ids))).all()}
+            return [Job.from_row(rows[i]) for i in ids if i in rows]

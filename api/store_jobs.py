@@ -1,0 +1,267 @@
+"""The store's jobs: the queue and the finished plans.
+
+Transitions are conditional updates (`... WHERE status = 'running'`), so a cancel and a finish
+racing each other cannot both win; a running job names the instance that owns it, and an
+instance whose lease is gone claims and finishes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy import case, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from planner.service.models import (
+    ACTIVE,
+    CACHEABLE,
+    CANCELLED,
+    FINISHED,
+    JOB_STATUSES,
+    QUEUED,
+    RUNNING,
+    InstanceRow,
+    Job,
+    JobRow,
+)
+from planner.service.store_db import StoreBase, new_id
+
+
+class JobQueue(StoreBase):
+    """Jobs from submission to a finished status; methods return snapshots (`Job`)."""
+
+    def create_job(
+        self,
+        *,
+        request_key: str,
+        graph_hash: str,
+        budget_bytes: int,
+        method: str,
+        options: dict[str, Any],
+        time_limit_s: float,
+        resources: dict[str, Any] | None = None,
+    ) -> Job:
+        row = JobRow(
+            id=new_id(),
+            request_key=request_key,
+            graph_hash=graph_hash,
+            budget_bytes=budget_bytes,
+            method=method,
+            options=json.dumps(options, sort_keys=True),
+            resources=None if resources is None else json.dumps(resources, sort_keys=True),
+            time_limit_s=time_limit_s,
+            status=QUEUED,
+            attempts=0,
+            created_at=time.time(),
+        )
+        with self.write_session() as s:
+            s.add(row)
+        return Job.from_row(row)
+
+    def create_or_join_job(self, **fields: Any) -> tuple[Job, bool]:
+        """(the active job for this request key and time limit, True when made now): the
+        unique index on active jobs makes identical concurrent submissions share one job."""
+        for _ in range(5):
+            active = self.find_active(fields["request_key"], fields["time_limit_s"])
+            if active is not None:
+                return active, False
+            try:
+                return self.create_job(**fields), True
+            except IntegrityError:
+                continue  # another submission made it first: join that one
+        raise RuntimeError("could not create or find the active job")  # pragma: no cover
+
+    def find_active(self, request_key: str, time_limit_s: float) -> Job | None:
+        with self.session() as s:
+            row = s.scalars(
+                select(JobRow).where(
+                    JobRow.request_key == request_key,
+                    JobRow.time_limit_s == time_limit_s,
+                    JobRow.status.in_(ACTIVE),
+                ).limit(1)
+            ).first()
+            return None if row is None else Job.from_row(row)
+
+    def find_answer(self, request_key: str, time_limit_s: float) -> Job | None:
+        """The newest finished answer to this question that no more search could improve:
+        proven (optimal, or infeasible by proof), or solved with at least this time limit."""
+        with self.session() as s:
+            row = s.scalars(
+                select(JobRow)
+                .where(
+                    JobRow.request_key == request_key,
+                    JobRow.status.in_(CACHEABLE),
+                    or_(JobRow.proven.is_(True), JobRow.time_limit_s >= time_limit_s),
+                )
+                .order_by(JobRow.created_at.desc())
+                .limit(1)
+            ).first()
+            return None if row is None else Job.from_row(row)
+
+    def get_job(self, job_id: str) -> Job | None:
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            return None if row is None else Job.from_row(row)
+
+    def list_jobs(self, limit: int, status: str | None = None) -> list[Job]:
+        """The newest jobs (optionally of one status), without their plans and reports."""
+        columns = [c for c in JobRow.__table__.columns
+                   if c.name not in ("plan", "report")]
+        query = select(*columns).order_by(JobRow.created_at.desc()).limit(limit)
+        if status is not None:
+            query = query.where(JobRow.status == status)
+        with self.session() as s:
+            rows = s.execute(query).mappings().all()
+        return [Job.from_row(JobRow(**dict(row), plan=None, report=None)) for row in rows]
+
+    def statuses(self, job_ids: list[str]) -> dict[str, str]:
+        if not job_ids:
+            return {}
+        with self.session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.status).where(JobRow.id.in_(job_ids)))
+            return {job_id: status for job_id, status in rows}
+
+    def queued_ids(self, limit: int) -> list[str]:
+        with self.session() as s:
+            return list(
+                s.scalars(
+                    select(JobRow.id)
+                    .where(JobRow.status == QUEUED)
+                    .order_by(JobRow.created_at)
+                    .limit(limit)
+                )
+            )
+
+    def claim(self, job_id: str, instance_id: str | None = None) -> Job | None:
+        """queued -> running, owned by `instance_id` (which must hold a lease); None when
+        another claimer (or a cancel) got there first."""
+        conditions = [JobRow.id == job_id, JobRow.status == QUEUED]
+        if instance_id is not None:  # an instance that lost its lease claims nothing
+            conditions.append(
+                select(InstanceRow.id).where(InstanceRow.id == instance_id).exists()
+            )
+        with self.write_session() as s:
+            result = s.execute(
+                update(JobRow)
+                .where(*conditions)
+                .values(
+                    status=RUNNING,
+                    attempts=JobRow.attempts + 1,
+                    started_at=time.time(),
+                    progress_objective=None,
+                    progress_bound=None,
+                    owner_instance=instance_id,
+                )
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            row = s.get(JobRow, job_id)
+            return None if row is None else Job.from_row(row)
+
+    def set_worker(self, job_id: str, pid: int | None) -> None:
+        with self.write_session() as s:
+            s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == RUNNING)
+                .values(worker_pid=pid)
+            )
+
+    def set_progress(self, job_id: str, objective: float | None, bound: float | None) -> None:
+        with self.write_session() as s:
+            s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == RUNNING)
+                .values(progress_objective=objective, progress_bound=bound)
+            )
+
+    def finish(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        plan: str | None = None,
+        report: dict[str, Any] | None = None,
+        error: str | None = None,
+        solve_seconds: float | None = None,
+        instance_id: str | None = None,
+        proven: bool = False,
+    ) -> bool:
+        """running -> a finished status; False when the job was cancelled meanwhile, or (with
+        `instance_id`) is no longer that instance's (its lease expired and others took it)."""
+        conditions = [JobRow.id == job_id, JobRow.status == RUNNING]
+        if instance_id is not None:
+            conditions.append(JobRow.owner_instance == instance_id)
+        with self.write_session() as s:
+            result = s.execute(
+                update(JobRow)
+                .where(*conditions)
+                .values(
+                    status=status,
+                    plan=plan,
+                    report=None if report is None else json.dumps(report),
+                    error=error,
+                    solve_seconds=solve_seconds,
+                    finished_at=time.time(),
+                    worker_pid=None,
+                    proven=proven,
+                )
+            )
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def requeue(
+        self, job_id: str, reason: str, instance_id: str | None = None, *,
+        count_attempt: bool = True,
+    ) -> bool:
+        """running -> queued; the reason stays visible in `error`. A clean shutdown passes
+        count_attempt=False: the interrupted run is not held against the job."""
+        conditions = [JobRow.id == job_id, JobRow.status == RUNNING]
+        if instance_id is not None:
+            conditions.append(JobRow.owner_instance == instance_id)
+        attempts: Any = JobRow.attempts
+        if not count_attempt:  # claim() counted it: take it back
+            attempts = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
+        with self.write_session() as s:
+            result = s.execute(
+                update(JobRow)
+                .where(*conditions)
+                .values(status=QUEUED, error=reason, worker_pid=None, started_at=None,
+                        owner_instance=None, attempts=attempts)
+            )
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def cancel(self, job_id: str) -> str | None:
+        """queued/running -> cancelled; returns the status it had, None if it was finished."""
+        with self.write_session() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or row.status in FINISHED:
+                return None
+            before = row.status
+            result = s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == before)
+                .values(
+                    status=CANCELLED,
+                    error="cancelled by request",
+                    finished_at=time.time(),
+                    worker_pid=None,
+                )
+            )
+            return before if result.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    def owners(self, job_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        """job id -> (status, owning instance)."""
+        if not job_ids:
+            return {}
+        with self.session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.status, JobRow.owner_instance)
+                             .where(JobRow.id.in_(job_ids)))
+            return {job_id: (status, owner) for job_id, status, owner in rows}
+
+    def counts_by_status(self) -> dict[str, int]:
+        with self.session() as s:
+            rows = s.execute(select(JobRow.status, func.count()).group_by(JobRow.status)).all()
+        counts = dict.fromkeys(JOB_STATUSES, 0)
+        counts.update({status: int(n) for status, n in rows})
+        return counts

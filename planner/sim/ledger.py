@@ -1,0 +1,297 @@
+"""The memory ledger: the simulator's memory rules, once, for every accounting of a graph.
+
+In the spirit of Checkmate's ScheduleBuilder: a `MemoryLedger` holds the per-node facts every
+live-bytes accounting needs (storage roots and bytes with views resolved to their base, the
+bytes a view is charged under the solvers' relaxation, workspace, compute cost, fixed start
+bytes and gradient bytes held from a node's first computation, inputs and consumers), built
+once per graph (`MemoryLedger.of`, memoised on `graph.index.memo`). On top of them:
+
+- `replay`: peak bytes, compute cost and where the peak is for a compute/free action list,
+  checked (the simulator's one-stream replay, with its errors) or not (a solver's own plans);
+- `live_set`: an incremental live set (compute, free, the would-be peak of computing v now)
+  for solvers that build schedules step by step.
+
+The rules (planner.sim.simulator's docstring): while a node runs, memory holds the resident
+set plus its output plus its workspace; fixed memory throughout; held gradient bytes from the
+node's first computation to the end of the step; a view adds no bytes but keeps its base's
+storage alive (`ViewRule.share_base`). Solvers whose memory must be a sum over nodes (MILP
+rows, CP-SAT cumulatives, stage sums) charge a view its base's bytes instead
+(`ViewRule.charge_base`): never below the simulator's figure, exact without views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
+
+from planner.core.graph import Graph
+from planner.core.plan import Action, ActionOp
+from planner.sim.ledger_replay import (
+    NeedsStreams,
+    ReplayFigures,
+    ViewRule,
+    checked_replay,
+    control_predecessors,
+    describe_missing,
+    fast_replay,
+    loss_rule_error,
+)
+from planner.sim.step_memory import step_memory
+
+__all__ = [
+    "LiveSet", "MemoryLedger", "NeedsStreams", "ReplayFigures", "ViewRule", "resident_after",
+    "control_predecessors", "describe_missing", "loss_rule_error",
+]
+
+_MEMO_KEY = "memory_ledger"
+
+
+class MemoryLedger:
+    """The per-node memory facts of one graph (node id keyed), and replays over them."""
+
+    def __init__(
+        self,
+        node_ids: Sequence[int],
+        predecessors: Mapping[int, Sequence[int]],
+        successors: Mapping[int, Sequence[int]],
+        storage_root: Mapping[int, int],
+        storage_bytes: Mapping[int, int],
+        workspace_bytes: Mapping[int, int],
+        compute_ms: Mapping[int, float],
+        recomputable: Mapping[int, bool],
+        fixed_bytes: int,
+        held_bytes: Mapping[int, int],
+        graph: Graph | None = None,
+    ) -> None:
+        self.node_ids = tuple(node_ids)
+        self.predecessors = predecessors
+        self.successors = successors  # the consumers of each node
+        self.storage_root = storage_root  # the node owning the storage a node reads
+        self.storage_bytes = storage_bytes  # bytes a node adds when resident (views: 0)
+        # ViewRule.charge_base: each node charged its storage root's bytes
+        self.charged_bytes = {v: storage_bytes[storage_root[v]] for v in self.node_ids}
+        self.workspace_bytes = workspace_bytes
+        self.compute_ms = compute_ms
+        self.recomputable = recomputable
+        self.fixed_bytes = fixed_bytes  # resident the whole step (step_memory's start_bytes)
+        self.held_bytes = held_bytes  # node -> bytes held from its first computation (sparse)
+        self.graph = graph
+        self.control: dict[int, list[int]] = (
+            control_predecessors(graph.index) if graph is not None else {}
+        )
+        # the checked replay's per-node facts in one lookup: (inputs, root, workspace, recomputable)
+        self.node_facts = {
+            v: (predecessors[v], storage_root[v], workspace_bytes[v], recomputable[v])
+            for v in self.node_ids
+        }
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def of(cls, graph: Graph) -> MemoryLedger:
+        """The ledger of `graph`, built once (memoised on `graph.index.memo`)."""
+        memo = graph.index.memo
+        ledger: MemoryLedger | None = memo.get(_MEMO_KEY)
+        if ledger is None:
+            ledger = memo[_MEMO_KEY] = cls._build(graph)
+        return ledger
+
+    @classmethod
+    def _build(cls, graph: Graph) -> MemoryLedger:
+        index = graph.index
+        step = step_memory(graph)
+        nodes = graph.nodes
+        return cls(
+            node_ids=[n.id for n in nodes],
+            predecessors=index.predecessors,
+            successors=index.successors,
+            storage_root=index.storage_roots,
+            storage_bytes=index.storage_bytes,
+            workspace_bytes={n.id: n.workspace_bytes for n in nodes},
+            compute_ms={n.id: n.compute_ms for n in nodes},
+            recomputable={n.id: n.recomputable for n in nodes},
+            fixed_bytes=step.start_bytes,
+            held_bytes=step.held_from_node,
+            graph=graph,
+        )
+
+    @classmethod
+    def from_columns(
+        cls,
+        node_ids: Sequence[int],
+        inputs: Sequence[Iterable[int]],
+        output_bytes: Sequence[int],
+        workspace_bytes: Sequence[int],
+        compute_ms: Sequence[float],
+        recomputable: Sequence[bool],
+        fixed_bytes: int,
+        held_bytes: Sequence[int] = (),
+    ) -> MemoryLedger:
+        """A ledger over columns (one entry per node, inputs as column indices) without views:
+        e.g. a remat problem, whose bytes already charge views their base's."""
+        ids = list(node_ids)
+        preds = {v: [ids[k] for k in ins] for v, ins in zip(ids, inputs, strict=True)}
+        succs: dict[int, list[int]] = {v: [] for v in ids}
+        for v, us in preds.items():
+            for u in us:
+                succs[u].append(v)
+        return cls(
+            node_ids=ids,
+            predecessors=preds,
+            successors=succs,
+            storage_root={v: v for v in ids},
+            storage_bytes=dict(zip(ids, output_bytes, strict=True)),
+            workspace_bytes=dict(zip(ids, workspace_bytes, strict=True)),
+            compute_ms=dict(zip(ids, compute_ms, strict=True)),
+            recomputable=dict(zip(ids, recomputable, strict=True)),
+            fixed_bytes=fixed_bytes,
+            held_bytes={v: b for v, b in zip(ids, held_bytes, strict=False) if b},
+        )
+
+    # -- facts -------------------------------------------------------------------------------
+    def describe(self, v: int) -> str:
+        return self.graph.describe(v) if self.graph is not None else f"node {v}"
+
+    @property
+    def end_bytes(self) -> int:
+        """Fixed bytes plus every held byte: resident once every holding node has run."""
+        return self.fixed_bytes + sum(self.held_bytes.values())
+
+    def working_set_bytes(self, v: int) -> int:
+        """Bytes computing v needs at least: its inputs' and its own storage (each storage
+        once) and its workspace, fixed bytes excluded."""
+        root, own = self.storage_root, self.storage_bytes
+        storages = {root[u] for u in self.predecessors[v]}
+        storages.add(root[v])
+        return sum(own[s] for s in storages) + self.workspace_bytes[v]
+
+    def resident_bytes(self, resident: Iterable[int], computed: Iterable[int] = ()) -> int:
+        """Live bytes between actions with `resident` on the device: fixed bytes, each storage
+        once (a view keeps its base's), and the held bytes of every node in `computed` (those
+        computed so far)."""
+        root, own, held = self.storage_root, self.storage_bytes, self.held_bytes
+        storages = {root[v] for v in resident}
+        return (self.fixed_bytes + sum(own[r] for r in storages)
+                + (sum(held.get(v, 0) for v in set(computed)) if held else 0))
+
+    def cost_of(self, computed: Mapping[int, int]) -> float:
+        """math.fsum of compute_ms over `computed` (node -> times): exactly the sum of every
+        computation in any order (fsum is exactly rounded)."""
+        ms = self.compute_ms
+        terms = list(map(ms.__getitem__, computed))  # once each, then the recomputations
+        for v in [v for v, k in computed.items() if k > 1]:
+            terms.extend(repeat(ms[v], computed[v] - 1))
+        return math.fsum(terms)
+
+    # -- replays -----------------------------------------------------------------------------
+    def replay(
+        self,
+        actions: Sequence[Action],
+        *,
+        views: ViewRule = ViewRule.share_base,
+        check: bool = True,
+        timeline: bool = False,
+        deadline: float | None = None,
+    ) -> ReplayFigures:
+        """Peak bytes, compute cost and where the peak is for a compute/free action list.
+
+        check: the simulator's replay, raising PlanError at the first action that cannot run
+        (and at the end for nodes never computed), SimulationAbandoned past `deadline`
+        (time.perf_counter()); share_base views only. Unchecked (a solver's own plans, valid
+        by construction): any op but compute counts as a free. timeline: live bytes after each
+        action."""
+        if check:
+            if views is not ViewRule.share_base:
+                raise ValueError("a checked replay uses the simulator's view rule")
+            return checked_replay(self, actions, timeline, deadline)
+        return fast_replay(self, actions, views, timeline)
+
+    def live_set(
+        self, views: ViewRule = ViewRule.share_base, *, start_bytes: int | None = None,
+        held: bool = True,
+    ) -> LiveSet:
+        """An empty live set to build a schedule step by step: `start_bytes` resident (the
+        fixed bytes unless given), held gradient bytes counted unless `held` is False (a
+        profile relative to a start, as the chain linearization's)."""
+        return LiveSet(self, views, self.fixed_bytes if start_bytes is None else start_bytes,
+                       held)
+
+
+def resident_after(actions: Iterable[Action]) -> Iterator[frozenset[int]]:
+    """The nodes resident after each action of a compute/free list (a compute adds its node,
+    anything else removes it), built as they are iterated: the runtime's resident sets."""
+    resident: set[int] = set()
+    compute_op = ActionOp.compute
+    for a in actions:
+        if a.op is compute_op:
+            resident.add(a.node)
+        else:
+            resident.discard(a.node)
+        yield frozenset(resident)
+
+
+class LiveSet:
+    """The resident set of a schedule being built, with its live and peak bytes (unchecked:
+    the caller computes only nodes whose inputs are resident, and frees only resident ones)."""
+
+    __slots__ = ("_charge", "_held", "_own", "_refcount", "_root", "_ws", "computed",
+                 "ledger", "live_bytes", "peak_bytes", "peak_node", "resident")
+
+    def __init__(self, ledger: MemoryLedger, views: ViewRule, start_bytes: int, held: bool
+                 ) -> None:
+        self.ledger = ledger
+        # per-node bytes without storage sharing (charge_base, own_storage), else refcounts
+        self._charge = views is not ViewRule.share_base
+        self._root = ledger.storage_root
+        self._own = (ledger.charged_bytes if views is ViewRule.charge_base
+                     else ledger.storage_bytes)
+        self._ws = ledger.workspace_bytes
+        self._held: Mapping[int, int] = ledger.held_bytes if held else {}
+        self._refcount: dict[int, int] = {}
+        self.resident: set[int] = set()
+        self.computed: dict[int, int] = {}  # node -> times computed
+        self.live_bytes = start_bytes  # now, between actions
+        self.peak_bytes = start_bytes  # the largest during any compute so far
+        self.peak_node: int | None = None  # the node computing at that peak
+
+    @property
+    def compute_cost(self) -> float:
+        """The simulator's sum of every computation so far."""
+        return self.ledger.cost_of(self.computed)
+
+    def _adds(self, v: int) -> int:
+        """Bytes v's computation adds to the resident set (output, first-time held)."""
+        held = self._held.get(v, 0) if v not in self.computed else 0
+        if self._charge:
+            return self._own[v] + held
+        r = self._root[v]
+        return (self._own[r] if not self._refcount.get(r) else 0) + held
+
+    def peak_if_computed(self, v: int) -> int:
+        """The bytes while v runs if it were computed now (this set's peak is not changed)."""
+        return self.live_bytes + self._adds(v) + self._ws[v]
+
+    def compute(self, v: int) -> int:
+        """Compute v; the bytes while it runs."""
+        during = self.peak_if_computed(v)
+        self.live_bytes = during - self._ws[v]
+        self.resident.add(v)
+        if not self._charge:
+            r = self._root[v]
+            self._refcount[r] = self._refcount.get(r, 0) + 1
+        self.computed[v] = self.computed.get(v, 0) + 1
+        if during > self.peak_bytes:
+            self.peak_bytes, self.peak_node = during, v
+        return during
+
+    def free(self, v: int) -> int:
+        """Free v; the live bytes after."""
+        self.resident.discard(v)
+        if self._charge:
+            self.live_bytes -= self._own[v]
+        else:
+            r = self._root[v]
+            self._refcount[r] -= 1
+            if not self._refcount[r]:
+                self.live_bytes -= self._own[r]
+        return self.live_bytes

@@ -1,0 +1,261 @@
+"""The memory ledger's replays (planner.sim.ledger): the hot loops over an action list, the
+view rules they apply, and the simulator's replay errors.
+
+Kept apart from the ledger's facts so that each module stays small; `MemoryLedger.replay` is
+the entry point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from planner.core.graph import Graph, GraphIndex
+from planner.core.plan import Action, ActionOp
+from planner.sim.result import PlanError, SimulationAbandoned
+
+if TYPE_CHECKING:
+    from planner.sim.ledger import MemoryLedger
+
+CHECK_EVERY = 1 << 13  # actions between deadline checks
+
+
+class ViewRule(Enum):
+    """How a view (alias_of) is charged."""
+
+    share_base = "share-base"  # the simulator's: no bytes of its own, keeps its base alive
+    # Solvers' relaxation: a view costs its base's bytes, as a copy would. Their memory is a
+    # sum of per-node terms (MILP rows, cumulatives, stage sums), which storage sharing is not;
+    # never below the simulator's figure, equal to it on graphs without views.
+    charge_base = "charge-base"
+    # The chain linearization's segment profiles: each node its own storage bytes (a view
+    # none) and no keep-alive, so that a segment's bytes are a sum over its own actions,
+    # relative to what was resident before it (planner.solvers.chain.linearize).
+    own_storage = "own-storage"
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayFigures:
+    """What a replay measured."""
+
+    peak_bytes: int  # fixed bytes included
+    peak_action_index: int  # -1: the fixed bytes alone (no action raised the peak)
+    peak_node: int | None  # the node computing at the peak (None: no action)
+    compute_cost: float  # math.fsum of every computation's compute_ms (the simulator's sum)
+    computations: int
+    fixed_bytes: int
+    computed: Mapping[int, int]  # node -> how many times it was computed
+    live_bytes: list[int] | None = None  # after each action (during it, for a compute)
+
+
+def control_predecessors(index: GraphIndex) -> dict[int, list[int]]:
+    """Node -> the order predecessors that are not data predecessors (the loss, for backward
+    ops without a data path from it); empty for most graphs."""
+    order = index.order_predecessors
+    preds = index.predecessors
+    if order is preds:
+        return {}
+    out: dict[int, list[int]] = {}
+    for v, us in order.items():
+        if us is not preds[v] and len(us) != len(preds[v]):
+            data = set(preds[v])
+            out[v] = [u for u in us if u not in data]
+    return out
+
+
+def loss_rule_error(graph: Graph, i: int, a: object, v: int, before: int) -> PlanError:
+    return PlanError(
+        f"action {i} ({a}): {graph.describe(v)} is a backward op and may not run before the "
+        f"loss, {graph.describe(before)}, is computed",
+        i,
+        v,
+    )
+
+
+def describe_missing(graph: Graph, missing: list[int]) -> str:
+    listed = ", ".join(graph.describe(v) for v in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return f"the plan never computes {listed}{more}"
+
+
+def fast_replay(
+    ledger: MemoryLedger, actions: Sequence[Action], views: ViewRule, record: bool
+) -> ReplayFigures:
+    """The unchecked replay (the hot loop of solvers' own checks)."""
+    compute_op = ActionOp.compute
+    ws, held = ledger.workspace_bytes, ledger.held_bytes
+    charge = views is not ViewRule.share_base  # per-node bytes, no storage sharing
+    own = ledger.charged_bytes if views is ViewRule.charge_base else ledger.storage_bytes
+    root = ledger.storage_root
+    refcount: dict[int, int] = {}
+    computed: dict[int, int] = {}
+    live = peak = ledger.fixed_bytes
+    peak_index = -1
+    timeline: list[int] = []
+    for i, a in enumerate(actions):
+        v = a.node
+        if a.op is compute_op:
+            times = computed.get(v, 0)
+            computed[v] = times + 1
+            if not times and held:
+                live += held.get(v, 0)
+            if charge:
+                live += own[v]
+            else:
+                r = root[v]
+                k = refcount.get(r, 0)
+                refcount[r] = k + 1
+                if not k:
+                    live += own[r]
+            during = live + ws[v]
+            if during > peak:
+                peak, peak_index = during, i
+            if record:
+                timeline.append(during)
+        else:
+            if charge:
+                live -= own[v]
+            else:
+                r = root[v]
+                refcount[r] -= 1
+                if not refcount[r]:
+                    live -= own[r]
+            if record:
+                timeline.append(live)
+    return _figures(ledger, actions, peak, peak_index, computed, timeline if record else None)
+
+
+def _figures(
+    ledger: MemoryLedger,
+    actions: Sequence[Action],
+    peak: int,
+    peak_index: int,
+    computed: dict[int, int],
+    timeline: list[int] | None,
+) -> ReplayFigures:
+    return ReplayFigures(
+        peak_bytes=peak,
+        peak_action_index=peak_index,
+        peak_node=actions[peak_index].node if peak_index >= 0 else None,
+        compute_cost=ledger.cost_of(computed),
+        computations=sum(computed.values()),
+        fixed_bytes=ledger.fixed_bytes,
+        computed=computed,
+        live_bytes=timeline,
+    )
+
+
+def checked_replay(
+    ledger: MemoryLedger, actions: Sequence[Action], record: bool, deadline: float | None
+) -> ReplayFigures:
+    """The simulator's one-stream replay: the fast replay's share_base rules, each action
+    checked. A plan with host copies raises NeedsStreams."""
+    facts, own, held, control = (ledger.node_facts, ledger.storage_bytes, ledger.held_bytes,
+                                 ledger.control)
+    compute_op, free_op = ActionOp.compute, ActionOp.free
+    resident: set[int] = set()
+    refcount: dict[int, int] = {}  # storage root -> resident nodes sharing it
+    freed_at: dict[int, int] = {}  # node -> index of the action that last freed it
+    computed: dict[int, int] = {}
+    live = peak = ledger.fixed_bytes
+    peak_index = -1
+    timeline: list[int] = []
+    for i, a in enumerate(actions):
+        if deadline is not None and not i % CHECK_EVERY and time.perf_counter() > deadline:
+            raise SimulationAbandoned(f"replay stopped at action {i} of {len(actions)}")
+        v = a.node
+        op = a.op
+        f = facts.get(v)
+        if f is None:
+            raise PlanError(f"action {i} ({a}): node {v} is not in the graph", i, v)
+        if op is compute_op:
+            preds, r, ws, recomputable = f
+            times = computed.get(v, 0)
+            if v in resident or (times and not recomputable):
+                raise _compute_error(ledger, i, a, v in resident)
+            for u in preds:
+                if u not in resident:
+                    raise _input_error(ledger, i, a, u, freed_at)
+            if not times:
+                if control and v in control:
+                    for u in control[v]:
+                        if u not in computed:
+                            raise _loss_error(ledger, i, a, u)
+                if held:
+                    live += held.get(v, 0)
+            resident.add(v)
+            k = refcount.get(r, 0)
+            refcount[r] = k + 1
+            if not k:
+                live += own[r]
+            during = live + ws
+            computed[v] = times + 1
+            if during > peak:
+                peak, peak_index = during, i
+            if record:
+                timeline.append(during)
+        elif op is free_op:
+            if v not in resident:
+                raise _free_error(ledger, i, a, freed_at)
+            resident.discard(v)
+            freed_at[v] = i
+            r = f[1]
+            refcount[r] -= 1
+            if not refcount[r]:
+                live -= own[r]
+            if record:
+                timeline.append(live)
+        else:
+            raise NeedsStreams
+    if len(computed) < len(facts):
+        order = ledger.graph.index.topological_order if ledger.graph else ledger.node_ids
+        missing = [v for v in order if v not in computed]
+        raise PlanError(_missing_text(ledger, missing), len(actions), missing[0])
+    return _figures(ledger, actions, peak, peak_index, computed, timeline if record else None)
+
+
+class NeedsStreams(Exception):
+    """The plan moves memory to the host: the one-stream replay cannot measure it."""
+
+
+def _compute_error(ledger: MemoryLedger, i: int, a: Action, resident: bool) -> PlanError:
+    v = a.node
+    why = "is already resident" if resident else "is not recomputable but is computed again"
+    return PlanError(f"action {i} ({a}): {ledger.describe(v)} {why}", i, v)
+
+
+def _input_error(
+    ledger: MemoryLedger, i: int, a: Action, u: int, freed_at: Mapping[int, int]
+) -> PlanError:
+    why = f"it was freed at action {freed_at[u]}" if u in freed_at else "it was never computed"
+    return PlanError(
+        f"action {i} ({a}): input {ledger.describe(u)} of {ledger.describe(a.node)} is not "
+        f"resident: {why}",
+        i,
+        a.node,
+    )
+
+
+def _free_error(
+    ledger: MemoryLedger, i: int, a: Action, freed_at: Mapping[int, int]
+) -> PlanError:
+    v = a.node
+    why = (
+        f"it was already freed at action {freed_at[v]}" if v in freed_at
+        else "it was never computed"
+    )
+    return PlanError(f"action {i} ({a}): cannot free {ledger.describe(v)}: {why}", i, v)
+
+
+def _loss_error(ledger: MemoryLedger, i: int, a: Action, before: int) -> PlanError:
+    assert ledger.graph is not None  # control predecessors come from a graph
+    return loss_rule_error(ledger.graph, i, a, a.node, before)
+
+
+def _missing_text(ledger: MemoryLedger, missing: list[int]) -> str:
+    if ledger.graph is not None:
+        return describe_missing(ledger.graph, missing)
+    return f"the plan never computes node {missing[0]}"
