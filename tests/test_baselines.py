@@ -268,7 +268,7 @@ def test_solve_rejects_bad_arguments() -> None:
         solve(graph, 10, "nope")
     with pytest.raises(InputError, match="budget"):
         solve(graph, -1, "store-all")
-    with pytest.raises(InputError, match="time limit"):
+    with pytest.raises(InputError, match="time_limit"):
         solve(graph, 10, "store-all", time_limit_s=0)
 
 
