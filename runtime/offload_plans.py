@@ -11,11 +11,13 @@ tests and benchmarks/offload_runtime_gpu.py; the planners proper live in solvers
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp, Plan, PlanStatus, drop, free, offload, prefetch
 from planner.core.resources import Resources
+from planner.sim.ledger import MemoryLedger
 from planner.sim.simulator import simulate
 
 
@@ -33,42 +35,46 @@ def boundary_offload(
     graph: Graph, actions: Sequence[Action], *, lead: int = 1, min_bytes: int = 1
 ) -> list[Action]:
     """`actions` with every node of at least `min_bytes` kept across the boundary offloaded."""
-    index = graph.index
+    ledger = MemoryLedger.of(graph)  # storage roots and bytes: the simulator's view rule
     acts = list(actions)
     split = backward_start(graph, acts)
     resident: set[int] = set()
-    for a in acts[:split]:
+    made: dict[int, int] = {}  # node -> position of its last forward computation
+    for i, a in enumerate(acts[:split]):
         if a.op is ActionOp.compute:
             resident.add(a.node)
+            made[a.node] = i
         elif a.op is ActionOp.free:
             resident.discard(a.node)
-    viewed = {index.storage_root(v) for v in resident if index.node(v).alias_of is not None}
+    viewed = {ledger.storage_root[v] for v in resident if ledger.is_view(v)}
     reads: dict[int, list[int]] = {}  # node -> positions of the computations that read it
     for i, a in enumerate(acts):
         if a.op is ActionOp.compute:
-            for u in index.predecessors[a.node]:
+            for u in ledger.predecessors[a.node]:
                 reads.setdefault(u, []).append(i)
+    # one pass each instead of a scan per node (linear on 5,000-node plans)
+    touched: dict[int, int] = {}  # node -> its first action from the boundary on
+    for i in range(len(acts) - 1, split - 1, -1):
+        touched[acts[i].node] = i
+    computes = [i for i in range(split, len(acts)) if acts[i].op is ActionOp.compute]
     inserts: dict[int, list[Action]] = {}  # position -> actions inserted before it
     for v in sorted(resident):
-        node = index.node(v)
-        if node.phase != "forward" or node.alias_of is not None or v in viewed:
+        if graph.index.node(v).phase != "forward" or ledger.is_view(v) or v in viewed:
             continue
-        if index.storage_bytes[v] < min_bytes:
+        if ledger.storage_bytes[v] < min_bytes:
             continue
         after = [i for i in reads.get(v, []) if i >= split]
         if not after:
             continue
         first = min(after)
         # v must stay as computed in the forward up to its first backward read
-        if any(a.node == v for a in acts[split:first]):
+        if touched.get(v, first) < first:
             continue
         before = [i for i in reads.get(v, []) if i < split]
-        made = max(i for i, a in enumerate(acts[:split]) if a.node == v
-                   and a.op is ActionOp.compute)
-        last = max([made, *before]) + 1
+        last = max([made[v], *before]) + 1
         inserts.setdefault(last, []).extend([offload(v), free(v)])
-        computes = [i for i in range(split, first) if acts[i].op is ActionOp.compute]
-        at = computes[-lead] if lead and len(computes) >= lead else first
+        ahead = bisect_left(computes, first)  # the computations in [split, first)
+        at = computes[ahead - lead] if lead and ahead >= lead else first
         inserts.setdefault(at, []).extend([prefetch(v), drop(v)])
     out: list[Action] = []
     for i, a in enumerate(acts):

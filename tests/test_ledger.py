@@ -252,3 +252,70 @@ def test_own_storage_profiles_count_each_value_alone() -> None:
     live = MemoryLedger.of(graph).live_set(ViewRule.own_storage, start_bytes=0, held=False)
     assert [live.compute(0), live.compute(1), live.free(0), live.compute(2)] == [100, 100, 0, 15]
     assert (live.peak_bytes, live.live_bytes) == (100, 10)
+
+
+@FAST
+@given(graphs, st.integers(0, 10**6))
+def test_storage_facts_are_the_simulators(graph: Graph, seed: int) -> None:
+    """`is_view` is alias_of resolved; `storages_bytes` is `resident_bytes` without fixed and
+    held bytes; `transient_bytes` plus first-time held bytes is what a store-all computation
+    adds while it runs (the pipeline stages' transient)."""
+    ledger = MemoryLedger.of(graph)
+    rng = random.Random(seed)
+    for n in graph.nodes:
+        assert ledger.is_view(n.id) == (n.alias_of is not None)
+    some = [v for v in ledger.node_ids if rng.random() < 0.5]
+    assert ledger.storages_bytes(some) == ledger.resident_bytes(some) - ledger.fixed_bytes
+    assert ledger.storages_bytes([]) == 0
+    actions = store_all(graph)
+    before = ledger.fixed_bytes
+    for a, point in zip(actions, simulate(graph, actions).timeline, strict=True):
+        if a.op is ActionOp.compute:
+            added = ledger.transient_bytes(a.node) + ledger.held_bytes.get(a.node, 0)
+            assert point.live_bytes - before == added
+        before = point.live_bytes - (
+            ledger.workspace_bytes[a.node] if a.op is ActionOp.compute else 0)
+
+
+# -- the remat solvers' stage arithmetic (RematProblem.stage_bytes) is the ledger's -------------
+@FAST
+@given(graphs, st.integers(0, 10**6))
+def test_stage_bytes_are_the_problems_ledger(graph: Graph, seed: int) -> None:
+    from planner.solvers.remat.checkpoints import CheckpointPlan
+    from planner.solvers.remat.order_eval import OrderState
+    from planner.solvers.remat.retention import RetentionPlan
+
+    rng = random.Random(seed)
+    problem = problem_from_graph(graph, 10**12)
+    n = problem.n
+    # checkpoint sets (Checkmate's stages, a value kept until its last reader)
+    plan = CheckpointPlan(problem, [rng.random() < 0.5 for _ in range(n)])
+    figures = problem.replay(plan.actions())
+    assert (plan.peak_bytes, plan.total_cost) == (figures.peak_bytes, figures.compute_cost)
+    # retention (stages run ascending, depth-first or as a tree)
+    retention = RetentionPlan(problem)
+    for _ in range(6):
+        trial = retention.trial(rng.randrange(n))
+        if trial is not None:
+            retention.commit(trial)
+    assert retention.peak_bytes == problem.replay(retention.actions()).peak_bytes
+    # store-all in another topological order (each value freed after its last reader)
+    order: list[int] = []
+    indegree = [len(set(d)) for d in problem.deps]
+    ready = [v for v in range(n) if not indegree[v]]
+    while ready:
+        v = ready.pop(rng.randrange(len(ready)))
+        order.append(v)
+        for w in problem.users[v]:
+            indegree[w] -= 1
+            if not indegree[w]:
+                ready.append(w)
+    state = OrderState(problem, order, 0)
+    at = {v: k for k, v in enumerate(order)}
+    actions: list[Action] = []
+    for k, v in enumerate(order):
+        actions.append(compute(problem.node_ids[v]))
+        for u in sorted({*problem.deps[v], v}):
+            if max((at[w] for w in problem.users[u]), default=at[u]) == k:
+                actions.append(free(problem.node_ids[u]))
+    assert state.score[0] == problem.replay(actions).peak_bytes

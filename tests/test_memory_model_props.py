@@ -20,6 +20,7 @@ from planner.core.graph import Edge, FixedMemory, Graph, Node, Phase
 from planner.core.model_state import ModelState, ParameterState
 from planner.core.plan import ActionOp
 from planner.core.synthetic import training_graph
+from planner.sim.ledger import MemoryLedger
 from planner.sim.simulator import PlanError, simulate
 from planner.sim.step_memory import step_memory
 from planner.solvers.baselines import store_all
@@ -297,8 +298,7 @@ def test_runtime_resident_sets_are_the_simulators() -> None:
                           zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32)):
         result = trace(model, inputs, level="op", dropout_masks="graph")
         graph = result.graph
-        index = graph.index
-        step = step_memory(graph)
+        ledger = MemoryLedger.of(graph)
         for actions in (store_all(graph), chen_sqrt(graph), recompute_all(graph)):
             sim = simulate(graph, actions)
             program = JointProgram(result, actions)
@@ -307,9 +307,6 @@ def test_runtime_resident_sets_are_the_simulators() -> None:
             for a, resident, point in zip(actions, program.resident_after, sim.timeline,
                                           strict=True):
                 seen.add(a.node)
-                roots = {index.storage_root(v) for v in resident}
-                live = (step.start_bytes + sum(index.storage_bytes[r] for r in roots)
-                        + sum(step.held_from_node.get(v, 0) for v in seen))
-                if a.op is ActionOp.compute:
-                    live += index.node(a.node).workspace_bytes
+                live = ledger.resident_bytes(resident, seen) + (
+                    ledger.workspace_bytes[a.node] if a.op is ActionOp.compute else 0)
                 assert live == point.live_bytes, f"action {point.action_index} ({a})"

@@ -11,6 +11,7 @@ from typing import Any
 
 from planner.core.graph import Graph
 from planner.core.resources import Resources
+from planner.sim.ledger import MemoryLedger
 from planner.sim.simulator import SimulationResult
 
 STREAMS = ("compute", "d2h", "h2d")
@@ -36,6 +37,7 @@ def stream_intervals(
     for p in sim.memory_trace:
         first[p.action_index] = min(first.get(p.action_index, p.time_ms), p.time_ms)
         last[p.action_index] = max(last.get(p.action_index, p.time_ms), p.time_ms)
+    ledger = MemoryLedger.of(graph) if graph is not None else None  # compute_ms, copy bytes
     out: list[Interval] = []
     for t in sim.timeline:
         stream = _STREAM_OF.get(t.action[:1])
@@ -45,11 +47,11 @@ def stream_intervals(
         node = int(t.action[1:])
         end: float | None
         if stream == "compute":
-            end = start + graph.index.node(node).compute_ms if graph is not None else (
+            end = start + ledger.compute_ms[node] if ledger is not None else (
                 last[t.action_index])
-        elif graph is not None and resources is not None:
+        elif ledger is not None and resources is not None:
             link = resources.d2h if stream == "d2h" else resources.h2d
-            nbytes = graph.index.storage_bytes[node]
+            nbytes = ledger.storage_bytes[node]
             end = start + link.transfer_ms(nbytes) if link is not None else None
         else:
             end = None

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp, Plan, Predicted
+from planner.sim.ledger import MemoryLedger
 from planner.sim.result import SimulationResult
 
 
@@ -38,8 +39,9 @@ class TransferFigures:
 
 
 def moved_bytes(graph: Graph, actions: Sequence[Action]) -> tuple[int, int, int, int]:
-    """(d2h bytes, h2d bytes, offloads, prefetches) of a one-device plan."""
-    storage = graph.index.storage_bytes
+    """(d2h bytes, h2d bytes, offloads, prefetches) of a one-device plan: a copy moves the
+    node's own storage (the ledger's storage bytes, as the simulator's copy streams)."""
+    storage = MemoryLedger.of(graph).storage_bytes
     d2h = h2d = offloads = prefetches = 0
     for a in actions:
         if a.op is ActionOp.offload:

@@ -165,6 +165,21 @@ class MemoryLedger:
         storages.add(root[v])
         return sum(own[s] for s in storages) + self.workspace_bytes[v]
 
+    def is_view(self, v: int) -> bool:
+        """Whether v reads another node's storage (alias_of, resolved)."""
+        return self.storage_root[v] != v
+
+    def storages_bytes(self, nodes: Iterable[int]) -> int:
+        """Bytes of the storages `nodes` keep alive, each storage once (a view keeps its
+        base's): the activations alone, as a pipeline stage's saved or sent bytes."""
+        root, own = self.storage_root, self.storage_bytes
+        return sum(own[r] for r in {root[v] for v in nodes})
+
+    def transient_bytes(self, v: int) -> int:
+        """What computing v adds while it runs, its inputs resident: its own storage (a view's
+        base is its input, already resident: none) and its workspace; held bytes excluded."""
+        return self.storage_bytes[v] + self.workspace_bytes[v]
+
     def resident_bytes(self, resident: Iterable[int], computed: Iterable[int] = ()) -> int:
         """Live bytes between actions with `resident` on the device: fixed bytes, each storage
         once (a view keeps its base's), and the held bytes of every node in `computed` (those

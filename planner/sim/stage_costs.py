@@ -24,7 +24,8 @@ Memory of a stage (per rank, summed over its stages):
 - under recomputation (a micro-batch in the stage's recompute_microbatches) only the received
   input bytes are kept from F to B; the backward first reruns the forward (B and I take
   forward_ms longer) and holds the saved bytes again until the backward (with I/W: the W) ends;
-- transient while an F/B/I/W runs: the largest output + workspace of one node of the stage.
+- transient while an F/B/I/W runs: the largest output + workspace of one node of the stage
+  (`MemoryLedger.transient_bytes`; every per-node byte fact here is the ledger's).
 Boundary bytes: a send from stage s to s+1 carries every forward storage made at stages <= s and
 read by a forward node of a later stage; a gradient send from s to s-1 every backward storage
 made at stages >= s and read by a backward node of an earlier stage.
@@ -32,15 +33,16 @@ made at stages >= s and read by a backward node of an earlier stage.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Protocol
 
 from planner.core.graph import Graph, Phase
 from planner.core.model_state import ParameterState, StateBytes
 from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp
+from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
-from planner.sim.step_memory import step_memory
 
 
 @dataclass(frozen=True)
@@ -179,64 +181,102 @@ def _assign(graph: Graph, out: dict[int, int], v: int, stage: int) -> None:
     out[v] = stage
 
 
+class Flow(IntEnum):
+    """What an edge between two groups of nodes (stages, units) carries."""
+
+    saved = 0  # forward data a backward node reads (kept per micro-batch)
+    forward = 1  # forward data read by a forward node of another group
+    backward = 2  # a gradient read in another group
+
+
+@dataclass
+class StageSums:
+    """Per group (stage, or a chain's unit) what its nodes add up to, from the ledger's
+    per-node facts, and the data flows between groups: (flow, source group, target group,
+    storage root, source node, target node), in node order (the first wrong-way flow is the
+    one reported)."""
+
+    forward_ms: list[float]
+    backward_ms: list[float]
+    weight_ms: list[float]  # its weight-gradient nodes' time
+    has_weight: list[bool]
+    transient_bytes: list[int]  # the largest `MemoryLedger.transient_bytes` of one node
+    node_count: list[int]
+    flows: list[tuple[Flow, int, int, int, int, int]]
+
+
+def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
+    """The sums of `group` (node -> group index < count): the one node rule of stage_costs and
+    the partitioners' per-unit tables (planner.solvers.pipeline.units)."""
+    ledger = MemoryLedger.of(graph)
+    ms, root, succs = ledger.compute_ms, ledger.storage_root, ledger.successors
+    out = StageSums([0.0] * count, [0.0] * count, [0.0] * count, [False] * count, [0] * count,
+                    [0] * count, [])
+    flows = out.flows
+    backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
+    grad_nodes = gradient_nodes(graph)
+    for v in ledger.node_ids:
+        s = group[v]
+        out.node_count[s] += 1
+        out.transient_bytes[s] = max(out.transient_bytes[s], ledger.transient_bytes(v))
+        back = v in backward
+        if back:
+            out.backward_ms[s] += ms[v]
+            if v in grad_nodes:
+                out.weight_ms[s] += ms[v]
+                out.has_weight[s] = True
+        else:
+            out.forward_ms[s] += ms[v]
+        r = root[v]
+        for w in succs[v]:
+            t = group[w]
+            if not back and w in backward:
+                flows.append((Flow.saved, s, t, r, v, w))
+            elif t != s:
+                flows.append((Flow.backward if back else Flow.forward, s, t, r, v, w))
+    return out
+
+
 def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     stage = stage_of_nodes(graph, partition)
-    index = graph.index
     count = partition.stage_count
-    fwd = [0.0] * count
-    bwd = [0.0] * count
-    weight = [0.0] * count
-    has_weight = [False] * count
-    transient = [0] * count
+    sums = stage_sums(graph, stage, count)
     saved: list[set[int]] = [set() for _ in range(count)]
     received: list[set[int]] = [set() for _ in range(count)]
     send_f: list[set[int]] = [set() for _ in range(count)]
     send_b: list[set[int]] = [set() for _ in range(count)]
-    backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
-    grad_nodes = gradient_nodes(graph)
-    for n in graph.nodes:
-        s = stage[n.id]
-        transient[s] = max(transient[s], node_transient_bytes(graph, n.id))
-        if n.id in backward:
-            bwd[s] += n.compute_ms
-            if n.id in grad_nodes:
-                weight[s] += n.compute_ms
-                has_weight[s] = True
+    for flow, s, t, root, u, v in sums.flows:
+        if flow is Flow.saved:
+            saved[t].add(root)
+        elif flow is Flow.forward:
+            if t < s:
+                raise _backwards(graph, u, v, s, t, "forward")
+            received[t].add(root)
+            for cut in range(s, t):
+                send_f[cut].add(root)
         else:
-            fwd[s] += n.compute_ms
-        root = index.storage_root(n.id)
-        for w in index.successors[n.id]:
-            t = stage[w]
-            if n.id not in backward and w in backward:
-                saved[t].add(root)
-            elif n.id not in backward and t != s:
-                if t < s:
-                    raise _backwards(graph, n.id, w, s, t, "forward")
-                received[t].add(root)
-                for cut in range(s, t):
-                    send_f[cut].add(root)
-            elif n.id in backward and t != s:
-                if t > s:
-                    raise _backwards(graph, n.id, w, s, t, "backward")
-                for cut in range(t + 1, s + 1):
-                    send_b[cut].add(root)
+            if t > s:
+                raise _backwards(graph, u, v, s, t, "backward")
+            for cut in range(t + 1, s + 1):
+                send_b[cut].add(root)
     states = _model_state_bytes(graph, stage, count)
-    size = index.storage_bytes
+    size = MemoryLedger.of(graph).storages_bytes
     out = []
     for s in range(count):
-        w_ms = backward_weight_ms(bwd[s], weight[s], has_weight[s])
+        bwd = sums.backward_ms[s]
+        w_ms = backward_weight_ms(bwd, sums.weight_ms[s], sums.has_weight[s])
         out.append(
             StageCosts(
-                forward_ms=fwd[s],
-                backward_ms=bwd[s],
-                backward_input_ms=bwd[s] - w_ms,
+                forward_ms=sums.forward_ms[s],
+                backward_ms=bwd,
+                backward_input_ms=bwd - w_ms,
                 backward_weight_ms=w_ms,
-                saved_bytes=sum(size[r] for r in saved[s] | received[s]),
-                input_bytes=sum(size[r] for r in received[s]),
-                transient_bytes=transient[s],
+                saved_bytes=size(saved[s] | received[s]),
+                input_bytes=size(received[s]),
+                transient_bytes=sums.transient_bytes[s],
                 model_state_bytes=states[s],
-                send_forward_bytes=sum(size[r] for r in send_f[s]),
-                send_backward_bytes=sum(size[r] for r in send_b[s]),
+                send_forward_bytes=size(send_f[s]),
+                send_backward_bytes=size(send_b[s]),
             )
         )
     return out
@@ -253,11 +293,6 @@ def _backwards(graph: Graph, u: int, v: int, s: int, t: int, phase: str) -> Plan
 def backward_weight_ms(backward_ms: float, weight_nodes_ms: float, has_weight: bool) -> float:
     """W's share of a backward: its weight-gradient nodes' time; none identifiable: half."""
     return weight_nodes_ms if has_weight else backward_ms / 2
-
-
-def node_transient_bytes(graph: Graph, node_id: int) -> int:
-    """What running one node adds while it runs: its output and its workspace."""
-    return graph.index.storage_bytes[node_id] + graph.index.node(node_id).workspace_bytes
 
 
 def gradient_nodes(graph: Graph) -> set[int]:
@@ -311,8 +346,7 @@ def model_state_per_stage(graph: Graph, stage: dict[int, int], count: int) -> li
 def unplaced_fixed_bytes(graph: Graph, placed_bytes: int) -> int:
     """The step's fixed bytes that no stage owns (inputs, buffers, unplaced parameters; all of
     them without model_state), given the model state placed on stages."""
-    step = step_memory(graph)
-    return max(0, step.start_bytes + sum(step.held_from_node.values()) - placed_bytes)
+    return max(0, MemoryLedger.of(graph).end_bytes - placed_bytes)
 
 
 def even_share_bytes(rest_bytes: int, stage_index: int, stage_count: int) -> int:

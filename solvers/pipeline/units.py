@@ -22,14 +22,15 @@ from functools import cached_property
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
+from planner.sim.ledger import MemoryLedger
 from planner.sim.stage_costs import (
+    Flow,
     StageCosts,
     backward_weight_ms,
     even_share_bytes,
-    gradient_nodes,
-    node_transient_bytes,
     parameter_stages,
     place_the_rest,
+    stage_sums,
     unplaced_fixed_bytes,
 )
 
@@ -128,65 +129,43 @@ class UnitChain:
 
     # -- per-unit tables -------------------------------------------------------------------------
     def _tables(self) -> None:
-        """Per unit what planner.sim.stage_costs sums per stage (same node rules, shared
-        helpers), kept apart so that any range's costs come from prefix sums and an incremental
-        saved-bytes table: the DPs query O(L^2) ranges, the simulator one partition."""
-        g = self.graph
-        index = g.index
+        """Per unit what planner.sim.stage_costs sums per stage (`stage_sums`: the same node
+        rule over the ledger's facts), kept apart so that any range's costs come from prefix
+        sums and an incremental saved-bytes table: the DPs query O(L^2) ranges, the simulator
+        one partition."""
         count = len(self.groups)
-        unit = self.node_unit
-        fwd = [0.0] * count
-        bwd = [0.0] * count
-        weight = [0.0] * count
-        has_weight = [False] * count
-        transient = [0] * count
-        nodes = [0] * count
-        grad_nodes = gradient_nodes(g)
-        backward = {n.id for n in g.nodes if n.phase == Phase.backward}
+        sums = stage_sums(self.graph, self.node_unit, count)
         # storage root -> units whose backward reads it (forward storages)
         self.read_back: list[set[int]] = [set() for _ in range(count)]
         # unit -> (producer unit, storage root) of forward data it reads from earlier units
         self.read_forward: list[set[tuple[int, int]]] = [set() for _ in range(count)]
         cut_f: list[set[int]] = [set() for _ in range(count + 1)]
         cut_b: list[set[int]] = [set() for _ in range(count + 1)]
-        for n in g.nodes:
-            s = unit[n.id]
-            nodes[s] += 1
-            transient[s] = max(transient[s], node_transient_bytes(g, n.id))
-            if n.id in backward:
-                bwd[s] += n.compute_ms
-                if n.id in grad_nodes:
-                    weight[s] += n.compute_ms
-                    has_weight[s] = True
+        for flow, s, t, root, _, _ in sums.flows:
+            if flow is Flow.saved:
+                self.read_back[t].add(root)
+            elif flow is Flow.forward:
+                self.read_forward[t].add((s, root))
+                for c in range(s + 1, t + 1):
+                    cut_f[c].add(root)
             else:
-                fwd[s] += n.compute_ms
-            root = index.storage_root(n.id)
-            for w in index.successors[n.id]:
-                t = unit[w]
-                if n.id not in backward and w in backward:
-                    self.read_back[t].add(root)
-                elif n.id not in backward and t != s:
-                    self.read_forward[t].add((s, root))
-                    for c in range(s + 1, t + 1):
-                        cut_f[c].add(root)
-                elif n.id in backward and t != s:
-                    for c in range(t + 1, s + 1):
-                        cut_b[c].add(root)
-        size = index.storage_bytes
-        self.forward_ms = fwd
-        self.backward_ms = bwd
-        self.weight_ms = weight
-        self.has_weight = has_weight
-        self.transient = transient
-        self.size = size
-        self.cut_forward_bytes = [sum(size[r] for r in c) for c in cut_f]
-        self.cut_backward_bytes = [sum(size[r] for r in c) for c in cut_b]
+                for c in range(t + 1, s + 1):
+                    cut_b[c].add(root)
+        ledger = MemoryLedger.of(self.graph)
+        self.forward_ms = fwd = sums.forward_ms
+        self.backward_ms = bwd = sums.backward_ms
+        self.weight_ms = sums.weight_ms
+        self.has_weight = sums.has_weight
+        self.transient = sums.transient_bytes
+        self.size = ledger.storage_bytes  # of storage roots: the saved-bytes table's sizes
+        self.cut_forward_bytes = [ledger.storages_bytes(c) for c in cut_f]
+        self.cut_backward_bytes = [ledger.storages_bytes(c) for c in cut_b]
         state, params, rest = self._model_state(count)
         self.state_bytes = state
         self.rest_bytes = rest
         self.units = [
             Unit(".".join(self.groups[u][:1]) if len(self.groups[u]) == 1 else "+".join(
-                self.groups[u]), fwd[u], bwd[u], params[u], state[u], nodes[u])
+                self.groups[u]), fwd[u], bwd[u], params[u], state[u], sums.node_count[u])
             for u in range(count)
         ]
 

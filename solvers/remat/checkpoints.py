@@ -5,8 +5,8 @@ A checkpoint set K defines a plan through Checkmate's frontier scheduler (as
 order) after recomputing, in ascending order, whichever of its ancestors are not resident; a
 value stays resident after its stage while it is in K (until its last consumer has run), the
 target of stage t is carried into stage t+1, anything else is freed as soon as the stage no
-longer needs it. Memory is accounted as the simulator does (the problem's memory ledger,
-`RematProblem.replay`; stage floors from `RematProblem.stage_floor_bytes`).
+longer needs it. Memory is accounted as the simulator does (the problem's memory ledger in
+stage form, `RematProblem.stage_bytes`; whole plans by `RematProblem.replay`).
 
 Each stage's cost and peak depend on K only through which earlier values are resident, so
 toggling one node v changes stages v+2 .. last_use(v) alone: `CheckpointPlan` keeps per-stage
@@ -56,7 +56,6 @@ class CheckpointPlan:
         self.n = n
         self.deps = p.deps
         self.mem = p.mem_bytes
-        self.ws = p.workspace_bytes
         self.cost = p.cost
         self.last_use = [max(u) if u else -1 for u in p.users]
         # values that must stay: not recomputable yet read later
@@ -65,8 +64,8 @@ class CheckpointPlan:
         for v in range(n):
             if self.forced[v]:
                 self.keep[v] = True
-        self.start = p.stage_floor_bytes()
-        self.held = [p.held(t) for t in range(n)]
+        self.bytes = p.stage_bytes  # the stage arithmetic (the problem's ledger's rules)
+        self.start = self.bytes.floor  # fixed and earlier held bytes, through each stage
         # base[t]: bytes of the values resident when stage t begins
         diff = [0] * (n + 1)
         for v in range(n):
@@ -121,28 +120,32 @@ class CheckpointPlan:
     def _stage(self, t: int, base: int, cap: int | None = None) -> tuple[float, int, list[int]]:
         """(cost, peak bytes, nodes recomputed) of stage t when `base` bytes are resident as it
         begins (raises _Cascade when it recomputes more than `cap` nodes)."""
-        deps, mem, ws, last_use, keep = self.deps, self.mem, self.ws, self.last_use, self.keep
         order = self._closure(t, cap)
         if len(order) == 1:  # the common case: nothing recomputed
-            live = self.start[t] + base + mem[t] + self.held[t]
-            return self.cost[t], live + ws[t], []
+            return self.cost[t], self.start[t] + base + self.bytes.alone(t), []
+        peak = self.start[t] + base + self.bytes.work(t, self._steps(t, order))
+        return math.fsum(self.cost[k] for k in order), peak, order[:-1]
+
+    def _steps(self, t: int, order: list[int]) -> list[int]:
+        """Stage t's own steps (x: compute x, ~x: free x) for its nodes `order`: each value is
+        freed after its last use in the stage unless kept past it (or it is the target)."""
+        deps, last_use, keep = self.deps, self.last_use, self.keep
         uses: dict[int, int] = {}
         for k in order:
             for u in deps[k]:
                 uses[u] = uses.get(u, 0) + 1
-        live = self.start[t] + base
-        peak = 0
+        steps: list[int] = []
+        step = steps.append
         for k in order:
-            live += mem[k] + (self.held[t] if k == t else 0)
-            if live + ws[k] > peak:
-                peak = live + ws[k]
+            step(k)
             for u in deps[k]:
-                uses[u] -= 1
-                if uses[u] == 0 and not (last_use[u] > t and (keep[u] or u == t)):
-                    live -= mem[u]
+                left = uses[u] - 1
+                uses[u] = left
+                if not left and not (last_use[u] > t and (keep[u] or u == t)):
+                    step(~u)
             if k not in uses and not (last_use[k] > t and (keep[k] or k == t)):
-                live -= mem[k]
-        return math.fsum(self.cost[k] for k in order), peak, order[:-1]
+                step(~k)
+        return steps
 
     @property
     def total_cost(self) -> float:
@@ -246,7 +249,7 @@ class CheckpointPlan:
 
     def actions(self) -> list[Action]:
         """The plan as actions (node ids), as the frontier scheduler emits it."""
-        ids, deps, last_use, keep = self.problem.node_ids, self.deps, self.last_use, self.keep
+        ids, last_use, keep = self.problem.node_ids, self.last_use, self.keep
         out: list[Action] = []
         resident: set[int] = set()
         expiring: list[list[int]] = [[] for _ in range(self.n)]  # t -> values last read at t
@@ -259,21 +262,13 @@ class CheckpointPlan:
                 return last_use[u] > t and (keep[u] or u == t)
 
             order = self._closure(t)
-            uses: dict[int, int] = {}
-            for k in order:
-                for u in deps[k]:
-                    uses[u] = uses.get(u, 0) + 1
-            for k in order:
-                out.append(compute(ids[k]))
-                resident.add(k)
-                for u in deps[k]:
-                    uses[u] -= 1
-                    if uses[u] == 0 and not kept(u):
-                        out.append(free(ids[u]))
-                        resident.discard(u)
-                if k not in uses and not kept(k):
-                    out.append(free(ids[k]))
-                    resident.discard(k)
+            for k in self._steps(t, order):
+                if k >= 0:
+                    out.append(compute(ids[k]))
+                    resident.add(k)
+                else:
+                    out.append(free(ids[~k]))
+                    resident.discard(~k)
             ending = {u for u in (t - 1, *expiring[t], *order) if u in resident and not kept(u)}
             for u in sorted(ending):
                 out.append(free(ids[u]))

@@ -35,8 +35,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from planner.core.graph import Graph, GraphIndex, reachable
-from planner.sim.step_memory import step_memory
+from planner.core.graph import Graph, reachable
+from planner.sim.ledger import MemoryLedger
 from planner.solvers.order import order_successors, schedule_order
 from planner.solvers.remat.backends import solve_linear
 from planner.solvers.remat.checkpoints import CheckpointPlan
@@ -136,39 +136,35 @@ def _candidates(graph: Graph, budget_bytes: int, succ: dict[int, list[int]]) -> 
     return losses + [problem.node_ids[t] for t in steps]
 
 
-def _storage(index: GraphIndex, values: Iterable[int]) -> list[int]:
-    root = index.storage_roots
-    return [index.storage_bytes[k] for k in {root[v] for v in values}]
-
-
 def _cut(graph: Graph, c: int, budget_bytes: int, succ: dict[int, list[int]],
          pos: dict[int, int]) -> _Cut:
     index = graph.index
+    ledger = MemoryLedger.of(graph)
     anc = reachable(c, index.order_predecessors) - {c}
     desc = reachable(c, succ) - {c}
-    crossing = {v for v in anc if any(w in desc for w in index.successors[v])}
-    inputs = set(index.predecessors[c])
-    step = step_memory(graph)
-    held = sum(step.held_from_node.get(v, 0) for v in (*anc, c)) if step.held_from_node else 0
-    forced = {v for v in crossing - inputs if not index.node(v).recomputable}
-    must = (step.start_bytes + held + index.node(c).workspace_bytes
-            + sum(_storage(index, inputs | forced | {c})))
-    root = index.storage_roots
-    must_roots = {root[v] for v in inputs | forced | {c}}
-    crossing_bytes = sum(index.storage_bytes[k] for k in {root[v] for v in crossing}
+    crossing = {v for v in anc if any(w in desc for w in ledger.successors[v])}
+    inputs = set(ledger.predecessors[c])
+    forced = {v for v in crossing - inputs if not ledger.recomputable[v]}
+    # the ledger's bytes at c's first computation: fixed, held by c and its ancestors (all
+    # computed by then), each storage of c, its inputs and forced values once, c's workspace
+    must_values = inputs | forced | {c}
+    must = ledger.resident_bytes(must_values, (*anc, c)) + ledger.workspace_bytes[c]
+    root = ledger.storage_root
+    must_roots = {root[v] for v in must_values}
+    crossing_bytes = sum(ledger.storage_bytes[k] for k in {root[v] for v in crossing}
                          if k not in must_roots)
     return _Cut(c, sorted(anc, key=pos.__getitem__), crossing, must,
                 forced, must + crossing_bytes - budget_bytes)
 
 
 def _cut_model(graph: Graph, cut: _Cut, budget_bytes: int) -> LinearModel:
-    index = graph.index
-    root = index.storage_roots
+    ledger = MemoryLedger.of(graph)
+    root, size, preds = ledger.storage_root, ledger.storage_bytes, ledger.predecessors
     m = LinearModel()
-    inputs = set(index.predecessors[cut.node]) | cut.forced
+    inputs = set(preds[cut.node]) | cut.forced
     # z[v]: v resident at c's first computation; r[v]: v computed again after it
     z = {v: m.var(f"z{v}", 1.0 if v in inputs else 0.0, 1.0, False) for v in cut.ancestors}
-    r = {v: m.var(f"r{v}", 0.0, 1.0 if index.node(v).recomputable else 0.0, False)
+    r = {v: m.var(f"r{v}", 0.0, 1.0 if ledger.recomputable[v] else 0.0, False)
          for v in cut.ancestors}
     # s[k]: storage root k resident (c's storage, its inputs' and forced ones: in must_bytes)
     must_roots = {root[v] for v in inputs | {cut.node}}
@@ -179,9 +175,9 @@ def _cut_model(graph: Graph, cut: _Cut, budget_bytes: int) -> LinearModel:
         m.row([z[v], r[v]], [1.0, 1.0], 1.0, INF)
     # a value computed again after c needs each input then: resident at c or computed again
     for v in cut.ancestors:
-        for u in index.predecessors[v]:
+        for u in preds[v]:
             m.row([z[u], r[u], r[v]], [1.0, 1.0, -1.0], 0.0, INF)
-    # a resident value keeps its storage resident
+    # a resident value keeps its storage resident (the simulator's view rule: share_base)
     for v in cut.ancestors:
         if root[v] in s:
             m.row([s[root[v]], z[v]], [1.0, -1.0], 0.0, INF)
@@ -189,10 +185,9 @@ def _cut_model(graph: Graph, cut: _Cut, budget_bytes: int) -> LinearModel:
     room = budget_bytes - cut.must_bytes
     if s:
         keys = list(s)
-        m.row([s[k] for k in keys], [float(index.storage_bytes[k]) for k in keys], -INF,
-              float(room))
+        m.row([s[k] for k in keys], [float(size[k]) for k in keys], -INF, float(room))
     for v in cut.ancestors:
-        cost = index.node(v).compute_ms
+        cost = ledger.compute_ms[v]
         if cost > 0:
             m.objective[r[v]] = cost
     return m

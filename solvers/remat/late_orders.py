@@ -57,12 +57,9 @@ class OrderSearch:
             for u in self.before[i]:
                 after[u].append(i)
         self.after = [tuple(a) for a in after]  # position -> positions that must come after it
-        self.load = [problem.mem_bytes[i] + problem.workspace_bytes[i] for i in range(n)]
         self.max_moves = MAX_MOVES_PER_STEP  # candidate moves judged per step
+        self.bytes = problem.stage_bytes  # the stage arithmetic (the problem's ledger's rules)
         # arrays for `score`: the readers of each value with readers, flat (CSR)
-        self._mem = np.array(problem.mem_bytes, dtype=np.int64)
-        self._load = np.array(self.load, dtype=np.int64)
-        self._held = np.array([problem.held(i) for i in range(n)], dtype=np.int64)
         self._read = np.array([i for i in range(n) if problem.users[i]], dtype=np.int64)
         self._readers = np.array([w for i in range(n) for w in problem.users[i]], dtype=np.int64)
         starts = np.cumsum([0] + [len(problem.users[i]) for i in range(n) if problem.users[i]])
@@ -81,10 +78,9 @@ class OrderSearch:
         last = at.copy()
         if len(self._read):
             last[self._read] = np.maximum.reduceat(at[self._readers], self._starts)
-        freed = np.bincount(last, weights=self._mem, minlength=n).astype(np.int64)
-        change = self._mem[seq] - freed + self._held[seq]
-        before = np.concatenate(([0], np.cumsum(change)[:-1]))
-        return self.problem.fixed_bytes + before + self._load[seq], at, last
+        # step -> net bytes it adds: its first computation less the values it frees
+        change = self.bytes.first_np[seq] - self.bytes.freed_at(last)
+        return self.bytes.run(seq, change, 0)[0], at, last
 
     def score(self, seq: list[int], target: int) -> tuple[int, int]:
         stages = self._stages(np.array(seq, dtype=np.int64))[0]

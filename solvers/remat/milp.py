@@ -52,12 +52,11 @@ class CheckmateMilp:
         for (t, i), v in self.S.items():
             values[v] = 1.0 if i in sched.retained[t] else 0.0
         mem = [b // self.unit for b in p.mem_bytes]
-        held_before = [b // self.unit for b in p.held_before()]
+        floor = [b // self.unit for b in p.stage_floor_bytes()]
         for t in range(p.n):
             stage = sched.computed[t]
             keep_next = sched.retained[t + 1] if t + 1 < p.n else frozenset()
-            used = (self.problem.fixed_bytes // self.unit + held_before[t]
-                    + sum(mem[i] for i in sched.retained[t]))
+            used = floor[t] + sum(mem[i] for i in sched.retained[t])
             for k in range(t + 1):
                 if k in stage:
                     used += mem[k]
@@ -89,8 +88,8 @@ def build_checkmate(
     unit = problem.memory_unit
     mem = [b // unit for b in problem.mem_bytes]
     ws = [b // unit for b in problem.workspace_bytes]
-    fixed = problem.fixed_bytes // unit
-    held_before = [b // unit for b in problem.held_before()]
+    # stage -> fixed and earlier held bytes (the ledger's rules in stage form), constants
+    floor = [b // unit for b in problem.stage_floor_bytes()]
     budget = problem.budget_units
     m = LinearModel()
     integer = not relax
@@ -158,7 +157,7 @@ def build_checkmate(
             # Held bytes: nodes before t were first computed in earlier stages; t's start now.
             const = float(problem.held(t) // unit) if k == t else 0.0
             if k == 0:
-                const += float(fixed + held_before[t])
+                const += float(floor[t])
                 for i in range(t):
                     if mem[i]:
                         idx.append(S[(t, i)])

@@ -1,16 +1,16 @@
 """Store-all stage totals of an order, updated move by move: the core of peak-directed reordering.
 
 With every value kept, the bytes resident while step k runs are the fixed bytes, plus what the
-steps before k left resident, plus step k's output and workspace (the simulator's accounting):
-step k adds its node's output and held bytes and frees each value whose last reader it is (a
-value nobody reads is freed at its own step). Moving one node x from step `src` to step `dst`
-changes only the steps between the two: every other node keeps its relative order, so a value's
-last reader changes only when it is an input of x, and then both the old and the new last reader
-lie between `src` and `dst`; what is resident before the first step of that range and after its
-last one is unchanged. `OrderState.try_move` re-evaluates that range alone (numpy on the slice)
-and scores the move against prefix and suffix aggregates of the other steps, so a move costs
-O(|dst − src|) instead of O(n + e); `commit` applies it and refreshes the aggregates (O(n) in
-numpy, once per accepted move).
+steps before k left resident, plus step k's output and workspace (the simulator's accounting,
+`RematProblem.stage_bytes`): step k adds its node's output and held bytes and frees each value
+whose last reader it is (a value nobody reads is freed at its own step). Moving one node x from
+step `src` to step `dst` changes only the steps between the two: every other node keeps its
+relative order, so a value's last reader changes only when it is an input of x, and then both
+the old and the new last reader lie between `src` and `dst`; what is resident before the first
+step of that range and after its last one is unchanged. `OrderState.try_move` re-evaluates that
+range alone (numpy on the slice) and scores the move against prefix and suffix aggregates of the
+other steps, so a move costs O(|dst − src|) instead of O(n + e); `commit` applies it and
+refreshes the aggregates (O(n) in numpy, once per accepted move).
 """
 
 from __future__ import annotations
@@ -50,11 +50,8 @@ class OrderState:
         self.target = target
         self.users = problem.users
         self.deps = [tuple(set(d)) for d in problem.deps]
-        self.mem = np.array(problem.mem_bytes, dtype=np.int64)
-        self.load = self.mem + np.array(problem.workspace_bytes, dtype=np.int64)
+        self.bytes = problem.stage_bytes  # the stage arithmetic (the problem's ledger's rules)
         self._mem = problem.mem_bytes
-        self._load = self.load.tolist()
-        self._added = problem.first_computation_bytes()
         self.reset(seq)
 
     def reset(self, seq: list[int]) -> None:
@@ -67,16 +64,13 @@ class OrderState:
         # value -> its last reader (itself when nobody reads it)
         self.last_reader = [max(us, key=at.__getitem__) if us else v
                             for v, us in enumerate(self.users)]
-        frees = [0] * n
-        for v, w in enumerate(self.last_reader):
-            frees[w] += self._mem[v]
-        self.gain = np.array([self._added[v] - frees[v] for v in range(n)], dtype=np.int64)
-        change = self.gain[self.seq]
+        # position -> net bytes its step adds: first computation less the values it frees
+        self.gain = self.bytes.first_np - self.bytes.freed_at(
+            np.array(self.last_reader, dtype=np.int64))
         # list mirrors of seq, at and gain: short spans are judged in plain Python (numpy's
         # per-call cost dominates below SHORT_SPAN steps; half of the moves are within 26)
         self._seq, self._at, self._gain = self.seq.tolist(), at, self.gain.tolist()
-        self.resident = np.concatenate(([0], np.cumsum(change)[:-1])).astype(np.int64)
-        self.stages = self.problem.fixed_bytes + self.resident + self.load[self.seq]
+        self.stages, self.resident = self.bytes.run(self.seq, self.gain[self.seq], 0)
         self._aggregate()
 
     def _aggregate(self) -> None:
@@ -145,11 +139,7 @@ class OrderState:
         for k, g in updates:
             change[k] = g
         # bytes resident before each step: what was before lo, plus the changes before it
-        resident = np.cumsum(change)
-        resident -= change
-        resident += int(self.resident[lo])
-        stages = resident + self.load[segment]
-        stages += self.problem.fixed_bytes
+        stages, resident = self.bytes.run(segment, change, int(self.resident[lo]))
         above = stages - self.target
         return int(stages.max()), int(above[above > 0].sum()), stages, resident
 
@@ -157,24 +147,12 @@ class OrderState:
                     ) -> tuple[int, int, np.ndarray, np.ndarray]:
         """`_span_numpy` in plain Python on the list mirrors: numpy's per-call cost dominates
         on short spans."""
-        gains, load = self._gain, self._load
+        gains = self._gain
         change = [gains[w] for w in segment]
         for k, g in updates:
             change[k] = g
-        fixed, target = self.problem.fixed_bytes, self.target
-        resident: list[int] = []
-        stages: list[int] = []
-        top = excess = 0
-        r = int(self.resident[lo])
-        for w, c in zip(segment, change, strict=True):
-            st = fixed + r + load[w]
-            resident.append(r)
-            stages.append(st)
-            if st > top:
-                top = st
-            if st > target:
-                excess += st - target
-            r += c
+        top, excess, stages, resident = self.bytes.run_short(
+            segment, change, int(self.resident[lo]), self.target)
         return (top, excess, np.array(stages, dtype=np.int64),
                 np.array(resident, dtype=np.int64))
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp
+from planner.sim.ledger import MemoryLedger
 from planner.sim.simulator import PlanError, SimulationResult, simulate
 
 
@@ -55,8 +56,11 @@ def keep_instead_of_recompute(graph: Graph, actions: list[Action], budget_bytes:
     """`actions` with recomputations replaced by longer residency where it fits (see the
     module's doc). `before`: the plan's simulation, when the caller has it. Raises PlanError
     when `actions` is not a valid plan."""
-    index = graph.index
-    size, roots, preds = index.storage_bytes, index.storage_roots, index.predecessors
+    # the ledger's facts: storage (views resolved) and the share_base rule for the profile
+    ledger = MemoryLedger.of(graph)
+    size, roots, preds = ledger.storage_bytes, ledger.storage_root, ledger.predecessors
+    compute_ms = ledger.compute_ms
+    # the live profile: the simulator's (the ledger's checked replay; host copies too)
     before = before if before is not None else simulate(graph, actions)
     same = Polished(actions, before.compute_cost, before.peak_bytes, False)
     n = len(actions)
@@ -98,7 +102,7 @@ def keep_instead_of_recompute(graph: Graph, actions: list[Action], budget_bytes:
             span = slice(inst.start + 1, inst.end)
             keep = ~deleted[span]
             live[span][keep] -= size[inst.node]  # views into `live`: updated in place
-            saved_ms += index.node(inst.node).compute_ms
+            saved_ms += compute_ms[inst.node]
             for j in reads[inst.start]:
                 feeder = instances[j]
                 feeder.readers.discard(inst.start)
@@ -107,8 +111,7 @@ def keep_instead_of_recompute(graph: Graph, actions: list[Action], budget_bytes:
                     stack.append(j)
 
     candidates = [k for v in own for k in of_node[v][1:]]
-    candidates.sort(key=lambda k: (-index.node(instances[k].node).compute_ms
-                                   / size[instances[k].node], k))
+    candidates.sort(key=lambda k: (-compute_ms[instances[k].node] / size[instances[k].node], k))
     for k in candidates:
         if deadline is not None and time.perf_counter() > deadline:
             break
@@ -137,8 +140,8 @@ def keep_instead_of_recompute(graph: Graph, actions: list[Action], budget_bytes:
     if not saved_ms:
         return same
     polished = [a for i, a in enumerate(actions) if not deleted[i]]
-    try:
-        after = simulate(graph, polished)
+    try:  # compute/free only: the ledger's checked replay is the simulator's
+        after = ledger.replay(polished)
     except PlanError:  # a bug here must not cost the plan: keep it as it came
         return same
     if after.peak_bytes > budget_bytes or after.compute_cost >= before.compute_cost:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp, compute, free
 from planner.sim.ledger import MemoryLedger, ReplayFigures, ViewRule
@@ -96,11 +98,114 @@ class RematProblem:
         construction: the ledger's unchecked replay."""
         return self.ledger.replay(actions, views=ViewRule.charge_base, check=False)
 
+    @cached_property
+    def stage_bytes(self) -> StageBytes:
+        """The stage arithmetic of staged and store-all schedules, built once per problem."""
+        return StageBytes(self)
+
     def with_budget(self, budget_bytes: int) -> RematProblem:
         other = dataclasses.replace(self, budget_bytes=budget_bytes)
-        if "ledger" in self.__dict__:  # the budget is no memory fact: share the ledger
-            other.__dict__["ledger"] = self.__dict__["ledger"]
+        for memo in ("ledger", "stage_bytes"):  # no memory fact depends on the budget
+            if memo in self.__dict__:
+                other.__dict__[memo] = self.__dict__[memo]
         return other
+
+
+class StageBytes:
+    """The ledger's rules in stage form, written once for every stage-by-stage accounting
+    (`checkpoints`, `retention`: Checkmate's stages; `order_eval`, `late_orders`: store-all
+    orders). A node adds its output (views: their base's bytes, `ViewRule.charge_base`, as in
+    `mem_bytes`) when computed and its held bytes at its first computation; its workspace
+    counts only while it runs; fixed bytes are resident throughout.
+
+    The columns are the problem's, which `problem_from_graph` takes from the graph's ledger:
+    read here as plain lists (and numpy arrays for whole orders), since these loops are the
+    solvers' hottest and a lookup through the ledger's dicts would slow them down."""
+
+    def __init__(self, problem: RematProblem) -> None:
+        n = problem.n
+        self.fixed = problem.fixed_bytes
+        self.out = list(problem.mem_bytes)  # position -> bytes resident while computed
+        self.ws = list(problem.workspace_bytes)
+        self.held = list(problem.held_bytes) if problem.held_bytes else [0] * n
+        self.floor = problem.stage_floor_bytes()  # stage -> fixed and earlier held bytes
+        self.first = problem.first_computation_bytes()  # output and held bytes
+        self.load = [m + w for m, w in zip(self.out, self.ws, strict=True)]  # while it runs
+        self.out_np = np.array(self.out, dtype=np.int64)
+        self.first_np = np.array(self.first, dtype=np.int64)
+        self.load_np = np.array(self.load, dtype=np.int64)
+        # store-all steps are first computations: held bytes count while the node runs
+        self.first_load = [f + w for f, w in zip(self.first, self.ws, strict=True)]
+        self.first_load_np = np.array(self.first_load, dtype=np.int64)
+
+    # -- Checkmate's stages: stage t first computes t, after recomputing earlier nodes -------
+    def alone(self, t: int) -> int:
+        """Bytes above what is resident as stage t begins, while t runs, when the stage
+        computes t alone: its output, held bytes (a first computation) and workspace."""
+        return self.first[t] + self.ws[t]
+
+    def running(self, t: int, x: int) -> int:
+        """Bytes x adds while it runs in stage t: output, workspace, and held bytes when it is
+        t (its first computation)."""
+        return self.load[x] + (self.held[t] if x == t else 0)
+
+    def work(self, t: int, steps: list[int]) -> int:
+        """Bytes above what is resident as stage t begins, at the stage's peak, for its own
+        steps (x: compute x, ~x: free x); t's held bytes enter at t's computation (its
+        first), the recomputations' held bytes are already resident (the stage floor)."""
+        out, ws = self.out, self.ws
+        live = work = 0
+        for k in steps:
+            if k < 0:
+                live -= out[~k]
+                continue
+            live += out[k]
+            if k == t:
+                live += self.held[t]
+            during = live + ws[k]
+            if during > work:
+                work = during
+        return work
+
+    # -- store-all orders: every value kept until its last reader has run ------------------
+    def freed_at(self, last: np.ndarray) -> np.ndarray:
+        """Index -> bytes freed there, when value v is freed at index last[v] (a position or
+        a step: after its last reader, or its own step when nobody reads it)."""
+        freed = np.zeros(len(self.out), dtype=np.int64)
+        np.add.at(freed, last, self.out_np)
+        return freed
+
+    def run(self, segment: np.ndarray, change: np.ndarray, resident: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes while each step of `segment` runs, bytes resident before each) when
+        `resident` bytes (fixed excluded) are resident before the first step and step k then
+        adds change[k] (its first computation's bytes less what it frees)."""
+        before = np.cumsum(change)
+        before -= change
+        before += resident
+        during = before + self.first_load_np[segment]
+        during += self.fixed
+        return during, before
+
+    def run_short(self, segment: list[int], change: list[int], resident: int, target: int
+                  ) -> tuple[int, int, list[int], list[int]]:
+        """`run` in plain Python (numpy's per-call cost dominates on short segments), with the
+        peak and the bytes over `target` summed over the steps: (peak, over, during, before)."""
+        load, fixed = self.first_load, self.fixed
+        before: list[int] = []
+        during: list[int] = []
+        top = excess = 0
+        r = resident
+        for w, c in zip(segment, change, strict=True):
+            st = fixed + r + load[w]
+            before.append(r)
+            during.append(st)
+            if st > top:
+                top = st
+            if st > target:
+                excess += st - target
+            r += c
+        return top, excess, during, before
 
 
 def problem_from_graph(graph: Graph, budget_bytes: int) -> RematProblem:

@@ -71,7 +71,8 @@ class RetentionPlan:
         n = p.n
         self.keep = [True] * n
         self.droppable = [p.recomputable[v] and p.mem_bytes[v] > 0 for v in range(n)]
-        self.floor = p.stage_floor_bytes()  # fixed and earlier held bytes (the ledger's)
+        self.bytes = p.stage_bytes  # the stage arithmetic (the problem's ledger's rules)
+        self.floor = self.bytes.floor  # fixed and earlier held bytes, through each stage
         self.stages = [self._stage(t, [t]) for t in range(n)]
         self.read_in: list[set[int]] = [set(p.users[x]) for x in range(n)]  # stages reading x
         self.inside: list[set[int]] = [set() for _ in range(n)]  # other stages computing x
@@ -105,8 +106,7 @@ class RetentionPlan:
         inside = set(closure)
         reads = frozenset(u for k in closure for u in p.deps[k] if u not in inside)
         if len(closure) == 1:
-            return Stage(closure, reads, p.cost[t],
-                         p.mem_bytes[t] + p.workspace_bytes[t] + p.held(t), "ascending", [t])
+            return Stage(closure, reads, p.cost[t], self.bytes.alone(t), "ascending", [t])
         need, size = self._tree_tables(t, closure, inside)
         options = [(*self._run(t, closure, inside), "ascending"),
                    (*self._run(t, self._dfs_order(t, inside, need), inside), "depth-first")]
@@ -164,18 +164,12 @@ class RetentionPlan:
         return steps, *self._measure(t, steps)
 
     def _measure(self, t: int, steps: list[int]) -> tuple[int, float]:
-        p = self.p
-        mem, ws = p.mem_bytes, p.workspace_bytes
-        live = work = 0
+        """(bytes above the retained ones at the stage's peak, cost) of stage t's steps."""
         cost = 0.0
         for k in steps:
             if k >= 0:
-                live += mem[k] + (p.held(t) if k == t else 0)
-                work = max(work, live + ws[k])
-                cost += p.cost[k]
-            else:
-                live -= mem[~k]
-        return work, cost
+                cost += self.p.cost[k]
+        return self.bytes.work(t, steps), cost
 
     def _dfs_order(self, t: int, inside: set[int], need: dict[int, int]) -> list[int]:
         """The closure in depth-first post-order, inputs in Sethi-Ullman order, each once."""
@@ -198,8 +192,7 @@ class RetentionPlan:
     def _tree_tables(self, t: int, closure: list[int], inside: set[int]
                      ) -> tuple[dict[int, int], dict[int, int]]:
         """Need (Sethi-Ullman) and node count of the closure unfolded as a tree."""
-        p = self.p
-        mem = p.mem_bytes
+        mem, running = self.p.mem_bytes, self.bytes.running
         need: dict[int, int] = {}
         size: dict[int, int] = {}
         cap = TREE_FACTOR * len(closure) + 1
@@ -209,7 +202,7 @@ class RetentionPlan:
             for u in kids:
                 peak = max(peak, acc + need[u])
                 acc += mem[u]
-            need[x] = max(peak, acc + mem[x] + p.workspace_bytes[x] + (p.held(t) if x == t else 0))
+            need[x] = max(peak, acc + running(t, x))
             size[x] = min(cap, 1 + sum(size[u] for u in kids))
         return need, size
 
