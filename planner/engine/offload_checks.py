@@ -18,6 +18,7 @@ from __future__ import annotations
 from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.resources import Resources
+from planner.sim.ledger import MemoryLedger
 
 
 def is_offload_method(method: str) -> bool:
@@ -30,10 +31,13 @@ def is_offload_method(method: str) -> bool:
 
 
 def offloadable_nodes(graph: Graph) -> list[int]:
-    """Nodes whose output may be copied to the host: not views, not marked offloadable: false."""
+    """Nodes whose output may be copied to the host: a storage of their own (not a view, bytes
+    the ledger charges as the output's: a gradient held to the step's end has none to move),
+    not marked offloadable: false. What the offload planners' windows consider."""
+    ledger = MemoryLedger.of(graph)
     return [
         n.id for n in graph.nodes
-        if n.alias_of is None and n.output_bytes > 0 and n.offloadable
+        if not ledger.is_view(n.id) and ledger.storage_bytes[n.id] > 0 and n.offloadable
     ]
 
 

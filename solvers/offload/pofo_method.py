@@ -21,6 +21,7 @@ from typing import Any
 from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.plan import Action, drop, free, offload, prefetch
+from planner.sim.ledger import MemoryLedger
 from planner.solvers.chain.layout import ChainLayout
 from planner.solvers.chain.methods import chain_problem
 from planner.solvers.chain.translate import op_actions
@@ -48,15 +49,16 @@ RETRIES = 4
 
 def offload_nodes(graph: Graph, layout: ChainLayout) -> list[list[int]]:
     """Per stage (index 0 unused): the saved nodes beyond the joint that can be copied."""
-    index = graph.index
+    ledger = MemoryLedger.of(graph)
     out: list[list[int]] = [[]]
     for s in range(1, layout.length + 1):
         joint = set(layout.joint[s])
-        views_of = {index.node(v).alias_of for v in layout.saved[s]}
+        # a saved view keeps its base's storage on the device (the base of a view of a view too)
+        kept_alive = {ledger.storage_root[v] for v in layout.saved[s] if ledger.is_view(v)}
         out.append(sorted(
             v for v in layout.saved[s]
-            if v not in joint and index.storage_bytes[v] > 0
-            and index.node(v).alias_of is None and v not in views_of
+            if v not in joint and ledger.storage_bytes[v] > 0
+            and not ledger.is_view(v) and v not in kept_alive
         ))
     return out
 

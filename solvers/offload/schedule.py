@@ -30,6 +30,7 @@ from planner.core.plan import free as _free
 from planner.core.plan import offload as _offload
 from planner.core.plan import prefetch as _prefetch
 from planner.core.resources import Link
+from planner.sim.ledger import MemoryLedger
 
 # Actions are immutable: one object per (op, node), built once (pydantic validation is slow)
 offload = lru_cache(maxsize=65536)(_offload)
@@ -95,7 +96,7 @@ def find_windows(graph: Graph, actions: Sequence[Action], min_bytes: int = 1,
     """The longest gaps (up to `per_interval`, each with a compute inside) of every residency
     interval of every offloadable node (not a view, at least `min_bytes` of storage) that some
     compute reads again after the gap."""
-    index = graph.index
+    ledger = MemoryLedger.of(graph)
     timeline = base_timeline(graph, actions)
     open_at: dict[int, int] = {}  # node -> action index of its C (while resident)
     uses: dict[int, list[int]] = {}  # node -> compute actions reading it in this interval
@@ -104,8 +105,8 @@ def find_windows(graph: Graph, actions: Sequence[Action], min_bytes: int = 1,
     def close(v: int) -> None:
         a0 = open_at.pop(v)
         reads = uses.pop(v)
-        nbytes = index.storage_bytes[v]
-        if nbytes < max(1, min_bytes) or index.node(v).alias_of is not None or not reads:
+        nbytes = ledger.storage_bytes[v]
+        if nbytes < max(1, min_bytes) or ledger.is_view(v) or not reads:
             return
         points = [a0, *reads]
         gaps = [(timeline.start_ms[hi] - timeline.end_ms[lo], lo, hi)
@@ -117,7 +118,7 @@ def find_windows(graph: Graph, actions: Sequence[Action], min_bytes: int = 1,
 
     for i, a in enumerate(actions):
         if a.op is ActionOp.compute:
-            for u in index.predecessors[a.node]:
+            for u in ledger.predecessors[a.node]:
                 if u in uses:
                     uses[u].append(i)
             open_at[a.node] = i
