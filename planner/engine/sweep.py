@@ -41,13 +41,11 @@ def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, in
         try:
             start, stop, step = (float(p) for p in parts)
         except ValueError:
-            raise InputError(
-                f"--budgets {spec!r}: expected start:stop:step fractions, e.g. 0.3:1.0:0.05"
-            ) from None
+            raise InputError(f"{spec!r}: expected start:stop:step fractions, e.g. 0.3:1.0:0.05",
+                             field="budget") from None
         if len(parts) != 3 or step <= 0 or not 0 < start <= stop <= 1:
-            raise InputError(
-                f"--budgets {spec!r}: need 0 < start ≤ stop ≤ 1 and step > 0, e.g. 0.3:1.0:0.05"
-            )
+            raise InputError(f"{spec!r}: need 0 < start ≤ stop ≤ 1 and step > 0, e.g. "
+                             "0.3:1.0:0.05", field="budget")
         count = int(math.floor((stop - start) / step + 1e-9)) + 1
         for k in range(count):
             f = round(start + k * step, 10)
