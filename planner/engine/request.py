@@ -188,10 +188,7 @@ def check_method(method: str, options: Mapping[str, Any] | None = None) -> None:
         raise InputError(f"{method!r} is not available here: {e}", field="method") from None
     except InputError as e:  # "unknown method 'x'; choose one of: ..."
         raise (e if e.field else InputError(str(e), field="method")) from None
-    try:
-        check_options(method, options or {}, "options")
-    except InputError as e:
-        raise fielded(e, "options") from None
+    check_options(method, options or {}, "options")  # errors name options.<key>
 
 
 def resolve_resources(value: ResourcesInput) -> Resources | None:
@@ -293,19 +290,5 @@ def check_offload(
 
     if not is_offload_method(method):
         return
-    try:
-        check_offload_request(source.graph, method, resources, graph_where=graph_where,
-                              resources_where="resources")
-    except InputError as e:
-        raise fielded(e, "resources", "graph") from None
-
-
-def fielded(err: InputError, *heads: str) -> InputError:
-    """`err` with its field set when its text starts with one under `heads` ("options.slots:
-    ..."): checks written before errors carried fields still name them for `renamed`."""
-    if err.field is not None:
-        return err
-    name, sep, detail = str(err).partition(": ")
-    if sep and " " not in name and any(name == h or name.startswith(h + ".") for h in heads):
-        return InputError(detail, field=name)
-    return err
+    check_offload_request(source.graph, method, resources, graph_where=graph_where,
+                          resources_where="resources")
