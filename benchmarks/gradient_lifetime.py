@@ -41,6 +41,7 @@ def main() -> None:
     from planner.sim.simulator import simulate
     from planner.solvers.baselines import BASELINES
     from planner.tracing import trace
+    from planner.tracing.api import resolve_gradient_lifetime
     from planner.zoo import gpt
 
     torch.set_num_threads(1)
@@ -53,6 +54,7 @@ def main() -> None:
         model, inputs = gpt(batch_size=8, context=128, dim=256, layers=6)
         graphs[lifetime] = trace(model, inputs, gradient_lifetime=lifetime).graph
     start = step_memory(graphs["backward"]).start_bytes  # no gradients before the step
+    default = resolve_gradient_lifetime(None)  # what trace() writes when not told
     cols = " | ".join(f"auto at +{a:g}" for a in above)
     header = (f"| gradient lifetime | charged from the first op | held from backward | "
               f"store-all peak | least baseline peak | {cols} |")
@@ -71,7 +73,8 @@ def main() -> None:
                              f"({wall:.0f} s)")
             else:
                 cells.append(f"{plan.status.value} ({wall:.0f} s)")
-        print(f"| {lifetime} | {format_bytes(memory.start_bytes - start)} | "
+        label = f"{lifetime} (default)" if lifetime == default else lifetime
+        print(f"| {label} | {format_bytes(memory.start_bytes - start)} | "
               f"{format_bytes(sum(memory.held_from_node.values()))} | "
               f"{(store_all_peak_bytes(graph) - start) / MIB:.2f} | "
               f"{(least - start) / MIB:.2f} | {' | '.join(cells)} |")

@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="agent: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # not one line per poll of the service (--server)
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from planner import zoo
     from planner.core.budget import format_bytes

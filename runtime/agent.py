@@ -12,6 +12,11 @@
    tightened by the measured excess (up to MAX_REPLANS times) and keeps the plan that
    measured least;
 5. logs the measured step time of the first training steps next to the prediction.
+
+The gradient lifetime traced is the one asked for (`gradient_lifetime`, or "step" with
+`grad_accumulation_steps` > 1), else what the loop shows at the call: "step" when parameters
+already hold gradients, else torch's default "backward". The module then checks the loop's
+gradients at its steps (planner.runtime.grad_lifetime) and says when they disagree.
 Every decision is a line in `module.agent_report.messages` and on the `planner.runtime.agent`
 logger.
 """
@@ -37,6 +42,7 @@ from planner.core.io import plan_from_dict, write_json
 from planner.core.plan import Plan, PlanStatus
 from planner.engine.request import ResolvedRequest, resolve_request
 from planner.runtime.apply import PlannedModule, apply
+from planner.runtime.grad_lifetime import kept_gradients, warn
 
 log = logging.getLogger("planner.runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
@@ -58,7 +64,10 @@ class AgentReport:
     budget_bytes: int
     messages: list[str] = field(default_factory=list)
     measured_peak_bytes: int | None = None  # calibration step, everything the step allocated
-    measured_activation_peak_bytes: int | None = None  # the same without gradients
+    # the measured figure comparable with predicted_activation_bytes: the peak without the
+    # gradients when the graph holds them all step (in its fixed bytes), with the gradients
+    # the step creates when it holds them from backward on
+    measured_activation_peak_bytes: int | None = None
     calibration_ms: float | None = None
     step_ms: list[float] = field(default_factory=list)  # first training steps, forward to forward
     requested_budget_bytes: int = 0  # the user's budget (budget_bytes: the one planned for)
@@ -98,17 +107,26 @@ def plan_for(
     calibrate: bool = True,
     replan: bool = True,
     log_steps: int = 3,
+    gradient_lifetime: str | None = None,
+    grad_accumulation_steps: int = 1,
 ) -> PlannedModule:
     """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all).
 
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
     measured more than the budget allows is planned again for tighter budgets (see
-    `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept."""
+    `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept.
+
+    `gradient_lifetime` / `grad_accumulation_steps` as for planner.tracing.trace; neither given,
+    parameters that already hold gradients mean "step" (the loop keeps them)."""
     from planner.tracing.api import trace as trace_fn
 
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    observed = (gradient_lifetime is None and grad_accumulation_steps == 1
+                and kept_gradients(model))
     # Dropout masks sized as the runtime (the joint graph) keeps them.
-    traced = trace_fn(model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph")
+    traced = trace_fn(model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph",
+                      gradient_lifetime="step" if observed else gradient_lifetime,
+                      grad_accumulation_steps=grad_accumulation_steps)
     graph = traced.graph
     try:  # a method only the service knows is checked there
         request = resolve_request(graph, budget, method=method, time_limit=time_limit_s,
@@ -131,11 +149,14 @@ def plan_for(
         cache.put(graph, planning_budget, method, plan)
         module = apply(model, plan, inputs, trace=traced)
         object.__setattr__(module, "agent_report", report)
+        module.gradient_lifetime_check.say = _both(report.say, warn)
         predicted = plan.predicted
+        lifetime = graph.model_state.gradient_lifetime if graph.model_state else "step"
         report.say(
             f"plan {plan.summary()} from {report.source}; predicted peak "
             f"{format_bytes(predicted.peak_bytes if predicted else None)} incl. "
-            f"{format_bytes(graph.fixed_bytes)} fixed"
+            f"{format_bytes(graph.fixed_bytes)} fixed; gradient lifetime {lifetime}"
+            + (" (the parameters hold gradients already)" if observed else "")
         )
         return module, report
 
@@ -147,6 +168,14 @@ def plan_for(
     if log_steps > 0:
         _StepTimer(module, report, log_steps).install()
     return module
+
+
+def _both(*sinks: Callable[[str], None]) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        for sink in sinks:
+            sink(message)
+
+    return say
 
 
 def tighter_budget(report: AgentReport) -> int | None:
@@ -356,15 +385,19 @@ def _calibrate(
         torch.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, device)
+        module.gradient_lifetime_check.reset()  # the user's loop has not run yet
+    # The calibration step starts without gradients and creates them in backward: with a graph
+    # that holds them from backward on, the prediction counts them too.
+    late = bool(report.graph.index.model_state_resident[1])
+    comparable = measured.peak_bytes if late else measured.activation_peak_bytes
     report.measured_peak_bytes = measured.peak_bytes
-    report.measured_activation_peak_bytes = measured.activation_peak_bytes
+    report.measured_activation_peak_bytes = comparable
     report.calibration_ms = measured.duration_ms
     predicted = report.predicted_activation_bytes
-    ratio = (
-        f" ({measured.activation_peak_bytes / predicted:.2f}× predicted)" if predicted else ""
-    )
+    ratio = f" ({comparable / predicted:.2f}× predicted)" if predicted else ""
+    what = "activations and the gradients made in backward" if late else "activations"
     report.say(
-        f"measured step: activations {format_bytes(measured.activation_peak_bytes)}{ratio}, "
+        f"measured step: {what} {format_bytes(comparable)}{ratio}, "
         f"predicted {format_bytes(predicted)}; with gradients "
         f"{format_bytes(measured.peak_bytes)}; budget {format_bytes(report.budget_bytes)}"
     )

@@ -10,10 +10,15 @@ Plans with host copies (kinds offload and remat+offload: `O`, `P`, `D` actions) 
 planner.runtime.offload_program on the plan's resources (a host tier is needed): copy streams and a
 pinned host pool on CUDA, synchronous copies into a host pool on CPU;
 `PlannedModule.last_transfer_stats` says what the last step moved.
+
+The returned module checks the training loop's gradients against the gradient lifetime of the
+plan's graph (planner.runtime.grad_lifetime) and says in one `GradientLifetimeWarning` line when
+they disagree, with the bytes the plan is off by.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,8 @@ from planner.core.graph import Graph
 from planner.core.io import load_plan, plan_from_dict
 from planner.core.plan import Plan, PlanKind, PlanStatus
 from planner.core.resources import Resources
+from planner.runtime.grad_lifetime import GradientLifetimeCheck
+from planner.runtime.grad_lifetime import install as install_lifetime_check
 from planner.runtime.op_codegen import PlanExecutionError
 from planner.runtime.op_executor import JointProgram, PlanRun
 from planner.sim.simulator import PlanError, simulate
@@ -84,23 +91,16 @@ def apply(
     offloads = plan.kind in (PlanKind.offload, PlanKind.remat_offload)
     machine = resources if resources is not None else plan.resources
     if trace is None:
-        from planner.tracing.api import trace as trace_fn
-
-        # The runtime runs the joint graph, so masks are sized as it keeps them (bool); a
-        # plan solved on an eager-sized trace (the CLI's default) is recognised as well.
-        trace = trace_fn(model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph")
-        if (trace.joint is not None and graph is None
-                and plan.graph_hash != trace.graph.content_hash()):
-            eager = trace_fn(model, inputs, loss_fn=loss_fn, level="op")
-            if plan.graph_hash == eager.graph.content_hash():
-                trace = eager
+        trace = _trace_as_planned(model, inputs, loss_fn, plan, graph)
     if getattr(trace, "level", "op") == "module":
         if offloads:
             raise InputError(
                 f"plan ({plan.method}): a {plan.kind} plan needs an op-level "
                 "trace (level='op'): host copies are not applied to module-level blocks"
             )
-        return _apply_blocks(model, plan, trace, graph, loss_fn)
+        blocks = _apply_blocks(model, plan, trace, graph, loss_fn)
+        install_lifetime_check(blocks, graph if graph is not None else trace.graph)
+        return blocks
     if trace.joint is None:
         raise InputError("trace: an op-level TraceResult is needed for an op-level plan")
     traced = trace.graph
@@ -121,7 +121,58 @@ def apply(
         program = JointProgram(trace, plan.actions)
     module = PlannedModule(model, plan, program, _signature(trace), traced)
     module._holder["loss_fn"] = loss_fn
+    # The training loop's gradients against the lifetime the plan was made for.
+    install_lifetime_check(module, graph if graph is not None else traced)
     return module
+
+
+def _trace_as_planned(
+    model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any, plan: Plan, graph: Graph | None
+) -> Any:
+    """The model traced (op level) as the plan's graph was, when that can be told from its hash.
+
+    The runtime runs the joint graph, so masks are sized as it keeps them (bool); a plan solved
+    on an eager-sized trace (the CLI's default) is recognised as well, and so is either gradient
+    lifetime (the traced default "backward", or "step"). With `graph`, its lifetime is taken.
+    Autocast: the graph's recorded setting, else the caller's autocast block's, else each
+    setting in turn (planner.tracing.autocast.retrace_settings)."""
+    from planner.tracing.api import trace as trace_fn
+    from planner.tracing.autocast import retrace_settings
+
+    settings = retrace_settings(model, inputs, graph)
+    first = trace_fn(
+        model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph", autocast=settings[0]
+    )
+    if first.joint is None:
+        return first
+    if graph is not None:
+        state = graph.model_state
+        return _with_lifetime(first, state.gradient_lifetime if state else "step")
+    # Eager-sized masks differ only for dropout on CPU.
+    masks_differ = any(n.random for n in first.graph.nodes) and all(
+        p.device.type == "cpu" for p in model.parameters()
+    )
+    for setting in settings:
+        for masks in ("graph", "eager") if masks_differ else ("graph",):
+            result = first if (setting, masks) == (settings[0], "graph") else trace_fn(
+                model, inputs, loss_fn=loss_fn, dropout_masks=masks, autocast=setting
+            )
+            for lifetime in ("backward", "step"):
+                candidate = _with_lifetime(result, lifetime)
+                if candidate.graph.content_hash() == plan.graph_hash:
+                    return candidate
+    return first
+
+
+def _with_lifetime(result: Any, lifetime: str) -> Any:
+    """`result` (a TraceResult) whose graph holds gradients for `lifetime` (no re-trace)."""
+    state = result.graph.model_state
+    if state is None or state.gradient_lifetime == lifetime:
+        return result
+    graph = result.graph.model_copy(
+        update={"model_state": state.model_copy(update={"gradient_lifetime": lifetime})}
+    )
+    return dataclasses.replace(result, graph=graph)
 
 
 def _apply_blocks(
@@ -245,7 +296,10 @@ class _PlanFunction(torch.autograd.Function):
                 "the planned step ran its backward already: one backward per forward "
                 "(retain_graph is not supported by plan execution)"
             )
-        grads = run.run_backward([grad_loss])
+        from planner.tracing.autocast import autocast_off
+
+        with autocast_off(grad_loss.device.type):  # the graph holds its casts (see forward)
+            grads = run.run_backward([grad_loss])
         ctx.run = None
         holder: dict[str, Any] = ctx.holder
         holder["last_computations"] = run.computations
@@ -266,6 +320,7 @@ class PlannedModule(nn.Module):
     _holder: dict[str, Any]
     _signature: dict[str, tuple[tuple[int, ...], torch.dtype]]
     agent_report: Any
+    gradient_lifetime_check: GradientLifetimeCheck  # set by apply (grad_lifetime.install)
 
     def __init__(
         self,
@@ -309,7 +364,19 @@ class PlannedModule(nn.Module):
 
             return compute_loss(self._model(*inputs), self._holder.get("loss_fn"))
         primals = self._primals(inputs)
-        return _PlanFunction.apply(self._holder, *primals)
+        from planner.tracing.autocast import (
+            autocast_off,
+            check_call_autocast,
+            device_type_of,
+            recorded_autocast,
+        )
+
+        # A graph traced under autocast holds its casts: replayed with autocast off, the step is
+        # the traced one inside or outside the user's autocast block (of the traced dtype).
+        device_type = device_type_of(self._model, tuple(inputs))
+        check_call_autocast(recorded_autocast(self.graph), device_type)
+        with autocast_off(device_type):
+            return _PlanFunction.apply(self._holder, *primals)
 
     def _primals(self, inputs: Sequence[Any]) -> list[Any]:
         program = self.program

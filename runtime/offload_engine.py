@@ -1,23 +1,31 @@
-"""The copies of one planned step: `O` offload, `P` prefetch, `D` drop, as the event simulator
-times them (planner/sim/copy_streams.py).
+"""The copies of one planned step: `O` offload, `P` prefetch, `F` release, `D` drop, with the
+memory rules of the event simulator (planner.sim.copy_streams).
 
-On CUDA: one copy stream per direction. `O v` records an event on the compute stream (v's
-producer ran before it) and the device-to-host stream waits for it before copying v's storages
-into pinned pool buffers; the device storages are held until that copy's event has completed,
-so a plan's `F v` right after `O v` cannot hand v's memory back to the allocator while the copy
-still reads it. `P v` allocates the device buffer on the compute stream, makes the
-host-to-device stream wait for the compute stream (and for v's offload), copies, and calls
-`record_stream` on the buffer: freed before use, it is not reused while the copy still writes
-it (cross-stream allocator races corrupt values silently, PyTorch #106360). The first compute
-reading v waits for the copy's event (`ready`). `D v` returns the host buffers to the pool once
-the offload and every prefetch of them have completed.
+The release discipline is program order. The CUDA caching allocator counts and reuses memory
+in the order the CPU allocates and frees, however far the CPU runs ahead of the GPU; so device
+storages are released exactly at the plan's `F`, on the compute stream, after the compute
+stream has waited (on the GPU, not the CPU) for any copy still reading or writing them. No
+release depends on when the CPU notices a copy's completion, and none uses `record_stream`
+(whose deferred frees stay allocated in stream order): a slow copy can delay the compute
+stream, which the simulator times, but never move a release past the plan's point.
+Planners put `F` where the copy is done (planner.sim.free_placement), so the wait is free.
 
-On CPU the same calls copy synchronously into the host pool: the values, the device-memory
-accounting and the host-byte accounting of the plan are exercised without a GPU.
+On CUDA: one copy stream per direction. `O v` makes the device-to-host stream wait for the
+compute stream (v's producer ran before) and copies v's storages into pinned pool buffers; the
+storages stay referenced here until `release(v)` at the plan's `F v`. `P v` allocates the device
+buffer on the compute stream at issue, makes the host-to-device stream wait for the compute
+stream and for v's offload, and copies; the first compute reading v waits for that copy
+(`ready`). `D v` hands the host buffers back to the pool at once, with the events of the copies
+still using them: the next offload into a buffer makes its copy stream wait for those.
+
+On CPU the same calls copy synchronously into the host pool: values, device-memory accounting
+and host-byte accounting of the plan are exercised without a GPU. `CopyStreams` is the one
+place that touches streams and events, so a test can replace it (a copy that completes late).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +33,8 @@ import torch
 
 from planner.runtime.offload_pack import GroupLayout, Packed, pack, unpack
 from planner.runtime.offload_pool import HostPool
+
+CopyPairs = Sequence[tuple[torch.Tensor, torch.Tensor]]  # (destination, source) per storage
 
 
 @dataclass(frozen=True)
@@ -50,12 +60,13 @@ class TransferStats:
 class _HostCopy:
     packed: Packed
     buffers: list[torch.Tensor]  # host side, one per storage
-    written: Any = None  # CUDA event: the d2h copy is complete
-    readers: list[Any] = field(default_factory=list)  # CUDA events of prefetches from it
+    written: Any = None  # event: the d2h copy is complete (None on CPU)
+    readers: list[Any] = field(default_factory=list)  # events of prefetches from it
 
 
 class CopyStreams:
-    """Per program and device: the copy streams and the host pool (kept across steps)."""
+    """Per program and device: the copy streams, their events and the host pool (kept across
+    steps). On CPU every copy is synchronous and every event None."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -63,6 +74,45 @@ class CopyStreams:
         self.pool = HostPool(pinned=self.cuda)
         self.d2h: Any = torch.cuda.Stream(device) if self.cuda else None
         self.h2d: Any = torch.cuda.Stream(device) if self.cuda else None
+
+    def compute_mark(self) -> Any:
+        """An event after the work issued so far on the compute stream."""
+        return torch.cuda.current_stream(self.device).record_event() if self.cuda else None
+
+    def copy_out(self, pairs: CopyPairs, after: Sequence[Any]) -> Any:
+        """Device to host once every event of `after` has happened; the copy's event."""
+        return self._copy(self.d2h, pairs, after)
+
+    def copy_in(self, pairs: CopyPairs, after: Sequence[Any]) -> Any:
+        """Host to device once every event of `after` has happened; the copy's event."""
+        return self._copy(self.h2d, pairs, after)
+
+    def _copy(self, stream: Any, pairs: CopyPairs, after: Sequence[Any]) -> Any:
+        if not self.cuda:
+            for dst, src in pairs:
+                dst.copy_(src)
+            return None
+        for event in after:
+            if event is not None:
+                stream.wait_event(event)
+        with torch.cuda.stream(stream):
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+            return stream.record_event()
+
+    def compute_waits(self, event: Any) -> None:
+        """The compute stream waits (on the device) for `event`."""
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    def synchronize(self) -> None:
+        """End of a step: the compute stream after both copy streams, both drained."""
+        if self.cuda:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self.d2h)
+            compute.wait_stream(self.h2d)
+            self.d2h.synchronize()
+            self.h2d.synchronize()
 
 
 class StepCopies:
@@ -75,118 +125,70 @@ class StepCopies:
         self.pool.reset_peak()
         self.host: dict[int, _HostCopy] = {}
         self.unwaited: dict[int, Any] = {}  # node -> h2d event the compute stream must wait on
-        self.device_held: list[tuple[Any, list[torch.Tensor]]] = []  # (event, storages)
-        self.host_held: list[tuple[list[Any], list[torch.Tensor]]] = []  # (events, buffers)
+        # node -> (its d2h copy's event, its device storages): released at the plan's F
+        self.releasing: dict[int, tuple[Any, list[torch.Tensor]]] = {}
         self.d2h_bytes = self.h2d_bytes = self.offloads = self.prefetches = 0
 
     # -- the plan's actions ------------------------------------------------------------------
     def offload(
         self, group: int, values: dict[str, Any], copy_also: frozenset[str] = frozenset()
     ) -> None:
-        self._poll()
-        packed = pack(self.layouts[group], values, copy_also)
-        buffers = [self.pool.take(int(s.numel())) for s in packed.storages]
-        copy = _HostCopy(packed, buffers)
         s = self.streams
-        if s.cuda:
-            produced = torch.cuda.current_stream(s.device).record_event()
-            s.d2h.wait_event(produced)
-            if group in self.unwaited:  # offloading what a prefetch is still writing
-                s.d2h.wait_event(self.unwaited[group])
-            with torch.cuda.stream(s.d2h):
-                for host, dev in zip(buffers, packed.storages, strict=True):
-                    host.copy_(dev, non_blocking=True)
-                copy.written = s.d2h.record_event()
-            # the device storages stay alive until the copy has read them
-            self.device_held.append((copy.written, list(packed.storages)))
-        else:
-            for host, dev in zip(buffers, packed.storages, strict=True):
-                host.copy_(dev)
+        packed = pack(self.layouts[group], values, copy_also)
+        taken = [self.pool.take(int(t.numel())) for t in packed.storages]
+        buffers = [buf for buf, _ in taken]
+        after = [s.compute_mark(), *(e for _, events in taken for e in events)]
+        if group in self.unwaited:  # offloading what a prefetch is still writing
+            after.append(self.unwaited[group])
+        written = s.copy_out(list(zip(buffers, packed.storages, strict=True)), after)
+        # the device storages stay referenced until the plan's F: release() drops them there
+        self.releasing[group] = (written, list(packed.storages))
         packed.storages = []  # the host copy must not keep the device storages alive
-        self.host[group] = copy
+        self.host[group] = _HostCopy(packed, buffers, written)
         self.d2h_bytes += sum(int(b.numel()) for b in buffers)
         self.offloads += 1
 
     def prefetch(self, group: int, values: dict[str, Any]) -> None:
-        self._poll()
-        copy = self.host[group]
         s = self.streams
-        device_buffers: list[torch.Tensor] = []
-        if s.cuda:
-            issued = torch.cuda.current_stream(s.device).record_event()
-            # allocated on the compute stream; the copy waits for the computes issued before it
-            device_buffers = [torch.empty(int(b.numel()), dtype=torch.uint8, device=s.device)
-                              for b in copy.buffers]
-            s.h2d.wait_event(issued)
-            s.h2d.wait_event(copy.written)
-            with torch.cuda.stream(s.h2d):
-                for dev, host in zip(device_buffers, copy.buffers, strict=True):
-                    dev.copy_(host, non_blocking=True)
-                done = s.h2d.record_event()
-            for dev in device_buffers:
-                dev.record_stream(s.h2d)
+        copy = self.host[group]
+        issued = s.compute_mark()
+        # allocated on the compute stream at issue, as the simulator takes it
+        device_buffers = [
+            torch.empty(int(b.numel()), dtype=torch.uint8, device=s.device) for b in copy.buffers
+        ]
+        done = s.copy_in(list(zip(device_buffers, copy.buffers, strict=True)),
+                         [issued, copy.written])
+        if done is not None:
             copy.readers.append(done)
             self.unwaited[group] = done
-        else:
-            for host in copy.buffers:
-                device_buffers.append(torch.empty(int(host.numel()), dtype=torch.uint8))
-                device_buffers[-1].copy_(host)
         unpack(copy.packed, device_buffers, values)
         self.h2d_bytes += sum(int(b.numel()) for b in copy.buffers)
         self.prefetches += 1
 
     def ready(self, group: int) -> None:
-        """Before the first compute reading a prefetched node: wait for its copy (CUDA)."""
-        event = self.unwaited.pop(group, None)
-        if event is not None:
-            torch.cuda.current_stream(self.streams.device).wait_event(event)
+        """Before the first compute reading a prefetched node: wait for its copy."""
+        self.streams.compute_waits(self.unwaited.pop(group, None))
+
+    def release(self, group: int) -> None:
+        """At the plan's `F` of a node with copies, before its values are dropped: the compute
+        stream waits for the copies still using its device storages, which then go."""
+        self.streams.compute_waits(self.unwaited.pop(group, None))  # a prefetch never read
+        written, storages = self.releasing.pop(group, (None, []))
+        self.streams.compute_waits(written)
+        storages.clear()
 
     def drop(self, group: int) -> None:
-        self._poll()
         copy = self.host.pop(group)
-        events = [e for e in (copy.written, *copy.readers) if e is not None]
-        if events:
-            self.host_held.append((events, copy.buffers))
-        else:
-            for buf in copy.buffers:
-                self.pool.give(buf)
+        events = tuple(e for e in (copy.written, *copy.readers) if e is not None)
+        for buf in copy.buffers:
+            self.pool.give(buf, events)
 
-    # -- bookkeeping -------------------------------------------------------------------------
-    def poll(self) -> None:
-        """Release device storages and host buffers whose copies have completed (CUDA; on CPU
-        copies complete at once and nothing is held)."""
-        if self.device_held or self.host_held:
-            self._poll()
-
-    def _poll(self) -> None:
-        """Release device storages and host buffers whose copies have completed."""
-        if self.device_held:
-            self.device_held = [(e, ts) for e, ts in self.device_held if not e.query()]
-        if self.host_held:
-            keep = []
-            for events, buffers in self.host_held:
-                if all(e.query() for e in events):
-                    for buf in buffers:
-                        self.pool.give(buf)
-                else:
-                    keep.append((events, buffers))
-            self.host_held = keep
-
+    # -- the end of the step -------------------------------------------------------------------
     def finish(self) -> TransferStats:
         """End of the step: wait for the copy streams, release every host copy still held."""
-        s = self.streams
-        if s.cuda:
-            compute = torch.cuda.current_stream(s.device)
-            compute.wait_stream(s.d2h)
-            compute.wait_stream(s.h2d)
-            s.d2h.synchronize()
-            s.h2d.synchronize()
-        self.device_held.clear()
+        self.streams.synchronize()
+        self.releasing.clear()
         self.unwaited.clear()
-        for _, buffers in self.host_held:
-            for buf in buffers:
-                self.pool.give(buf)
-        self.host_held.clear()
         for copy in self.host.values():
             for buf in copy.buffers:
                 self.pool.give(buf)

@@ -4,7 +4,9 @@
 plan) and offloads every node it keeps across the forward/backward boundary: `O v F v` right
 after v's last use in the forward, `P v D v` before its first use in the backward (`lead`
 computations earlier, so that the copy can hide behind them), the host copy dropped as soon as
-the prefetch is issued (the simulator and the runtime release it when that copy is done).
+the prefetch is issued (its buffer is reused only after that copy: runtime/offload_engine.py).
+Each `F v` is then moved to where v's copy has ended (planner.sim.free_placement), the point at
+which the simulator and the runtime release it.
 Views (alias_of) stay on the device, and so do nodes with a resident view. Used by the runtime
 tests and benchmarks/offload_runtime_gpu.py; the planners proper live in solvers/offload.
 """
@@ -17,8 +19,8 @@ from collections.abc import Sequence
 from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp, Plan, PlanStatus, drop, free, offload, prefetch
 from planner.core.resources import Resources
+from planner.sim.free_placement import place_frees
 from planner.sim.ledger import MemoryLedger
-from planner.sim.simulator import simulate
 
 
 def backward_start(graph: Graph, actions: Sequence[Action]) -> int:
@@ -94,8 +96,10 @@ def boundary_offload_plan(
     min_bytes: int = 1,
 ) -> Plan:
     """A checked Plan (kind offload or remat+offload) with the simulator's prediction."""
-    acts = boundary_offload(graph, actions, lead=lead, min_bytes=min_bytes)
-    sim = simulate(graph, acts, resources)
+    # each free goes where its copy has ended: the plan's order is the allocator's order
+    acts, sim = place_frees(
+        graph, boundary_offload(graph, actions, lead=lead, min_bytes=min_bytes), resources
+    )
     return Plan(
         graph_hash=graph.content_hash(),
         budget_bytes=sim.peak_bytes,

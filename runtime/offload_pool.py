@@ -12,6 +12,7 @@ host memory, not device memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -26,35 +27,42 @@ class HostPoolStats:
 
 
 class HostPool:
-    """Flat uint8 host buffers keyed by byte size."""
+    """Flat uint8 host buffers keyed by byte size.
+
+    A buffer comes back with the events of the copies that still use it (`give(buf, after)`):
+    the pool's accounting follows the plan's order (a drop releases at once, as the simulator
+    releases a host copy at its `D`), and whoever takes the buffer next makes its copy stream
+    wait for those events before writing it (`take` returns them)."""
 
     def __init__(self, pinned: bool) -> None:
         self.pinned = pinned
-        self._free: dict[int, list[torch.Tensor]] = {}
+        self._free: dict[int, list[tuple[torch.Tensor, tuple[Any, ...]]]] = {}
         self.in_use_bytes = 0
         self.peak_in_use_bytes = 0
         self.allocated_bytes = 0
         self.allocations = 0
 
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A buffer of exactly `nbytes` bytes, reused when one of that size is free."""
+    def take(self, nbytes: int) -> tuple[torch.Tensor, tuple[Any, ...]]:
+        """A buffer of exactly `nbytes` bytes (reused when one of that size is free) and the
+        events of copies still using it, to wait for before writing it."""
         bucket = self._free.get(nbytes)
         if bucket:
-            buf = bucket.pop()
+            buf, after = bucket.pop()
         else:
             with _disable_current_modes():  # host memory: invisible to device trackers
                 buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+            after = ()
             self.allocated_bytes += nbytes
             self.allocations += 1
         self.in_use_bytes += nbytes
         self.peak_in_use_bytes = max(self.peak_in_use_bytes, self.in_use_bytes)
-        return buf
+        return buf, after
 
-    def give(self, buf: torch.Tensor) -> None:
-        """Return a buffer (its copies must be complete: the caller waits for their events)."""
+    def give(self, buf: torch.Tensor, after: tuple[Any, ...] = ()) -> None:
+        """Return a buffer; `after`: events of copies that may still use it."""
         nbytes = int(buf.numel())
         self.in_use_bytes -= nbytes
-        self._free.setdefault(nbytes, []).append(buf)
+        self._free.setdefault(nbytes, []).append((buf, after))
 
     def reset_peak(self) -> None:
         self.peak_in_use_bytes = self.in_use_bytes
@@ -67,5 +75,5 @@ class HostPool:
     def clear(self) -> None:
         """Release the free buffers (those in use stay with their copies)."""
         for bucket in self._free.values():
-            self.allocated_bytes -= sum(int(b.numel()) for b in bucket)
+            self.allocated_bytes -= sum(int(b.numel()) for b, _ in bucket)
         self._free.clear()

@@ -2,12 +2,11 @@
 
 The same program as the remat executor (planner.runtime.op_executor: the plan split at the first
 computation that needs the loss's tangent, each segment compiled to straight-line code), with
-more statements: `X.offload(v, V)` after which the plan's `F v` frees the device copy,
-`X.prefetch(v, V)` which brings v's values back into the held set, `X.drop(v)`, and
-`X.ready(v)` before the first computation reading a prefetched node (on CUDA the compute
-stream waits there for the copy), and `X.poll()` before computations once something was
-offloaded (device storages whose copy to the host is done are released there, as the simulator
-releases a freed, offloaded tensor when its copy ends). `X` is the step's
+more statements: `X.offload(v, V)`, `X.release(v)` before the plan's `F v` of a node with a host
+copy (the compute stream waits for the copies still using its storages, which go right there,
+in program order: planner.runtime.offload_engine), `X.prefetch(v, V)` which brings v's values
+back into the held set, `X.drop(v)`, and `X.ready(v)` before the first computation reading a
+prefetched node (on CUDA the compute stream waits there for the copy). `X` is the step's
 `planner.runtime.offload_engine.StepCopies`.
 
 What may run is the event simulator's to say, on the plan's resources (a host tier is needed):
@@ -45,6 +44,9 @@ class OffloadProgram(JointProgram):
         super().__init__(trace, actions, resources)
         self._streams: dict[str, CopyStreams] = {}
 
+    # what makes the copy streams of a device (a test puts a copy that completes late here)
+    streams_class: type[CopyStreams] = CopyStreams
+
     def _prepare(self) -> None:
         self.layouts: dict[int, GroupLayout] = group_layouts(self)
 
@@ -58,7 +60,7 @@ class OffloadProgram(JointProgram):
         """The copy streams and host pool of `device` (made once, reused by every step)."""
         key = str(device)
         if key not in self._streams:
-            self._streams[key] = CopyStreams(device)
+            self._streams[key] = self.streams_class(device)
         return self._streams[key]
 
 
@@ -75,6 +77,10 @@ class _OffloadEmitter(_Emitter):
             self.on.setdefault(a.node, []).append(i)
             if a.op is ActionOp.compute:
                 self.recomputes.setdefault(a.node, []).append(i)
+
+    def _drop_unused_elements(self, tup: str, group: int, index: int) -> None:
+        """Kept: a tuple offloaded and prefetched may hand an element to its node after the
+        round trip (`OffloadCompiler._copy_also`); the remat rule would drop it too early."""
 
     def _drop_allowed(self, tup: str, group: int, index: int) -> bool:
         """Whether an element of `tup` can leave the held tuple when `group` (its getitem's
@@ -116,8 +122,6 @@ class OffloadCompiler(SegmentCompiler):
             index = segment.start + offset
             v, op = action.node, action.op
             if op is ActionOp.compute:
-                if self.offloaded_names:  # release storages whose d2h copy is done (CUDA)
-                    em.lines.append("X.poll()")
                 for u in preds[v]:
                     if u in self.unwaited:
                         em.lines.append(f"X.ready({u})")
@@ -125,7 +129,9 @@ class OffloadCompiler(SegmentCompiler):
                 em.compute(v, index)
                 computations += 1
             elif op is ActionOp.free:
-                self.unwaited.discard(v)  # freed unread: record_stream keeps the copy safe
+                if v in self.offloaded_names:  # copies may still use its storages: wait, then
+                    em.lines.append(f"X.release({v})")  # release here, at the plan's point
+                self.unwaited.discard(v)
                 em.free(v, index)
             elif op is ActionOp.offload:
                 names = frozenset(m for m in self.program.members[v] if m in em.available)

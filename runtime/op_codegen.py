@@ -58,6 +58,10 @@ class _Emitter:
             if n.op == "call_function" and n.target is operator.getitem
             and isinstance(n.args[0], fx.Node) and isinstance(n.args[1], int)
         }
+        # tuple fx name -> (index, getitem fx name) of its elements
+        self.elements: dict[str, list[tuple[int, str]]] = {}
+        for name, (tup, k) in self.element_of.items():
+            self.elements.setdefault(tup, []).append((k, name))
         actions: list[Any] = [*program.forward.actions, *program.backward.actions]
         # Lookahead over the whole plan by index lists (a scan per freed element was quadratic):
         # node -> indices of the actions on it, and of the computes of it, ascending.
@@ -119,7 +123,27 @@ class _Emitter:
             raise PlanExecutionError(f"action {index}: node {group} is not in the traced graph")
         for name in members:
             self.emit_call(self.program.fx_nodes[name], where)
+            if name in self.elements:
+                self._drop_unused_elements(name, group, index)
         self.resident.add(group)
+
+    def _drop_unused_elements(self, tup: str, group: int, index: int) -> None:
+        """Right after a multi-output op ran: drop from its tuple the elements whose own node
+        will not take them from this run (it holds an earlier copy, or the plan frees or
+        recomputes the op first), so that they live only as long as the op itself (the
+        simulator charges them while it runs: planner.sim.ledger's workspace rule)."""
+        drop = []
+        for k, name in self.elements[tup]:
+            owner = self.program.group_of.get(name)
+            if owner is None or owner == group:
+                continue
+            if _next_after(self.computes.get(owner, ()), index) > \
+                    _next_after(self.touches.get(group, ()), index):
+                drop.append(k)
+        if drop:
+            self.lines.append(
+                f"V[{tup!r}] = type(V[{tup!r}])(None if i in {tuple(drop)!r} else x "
+                f"for i, x in enumerate(V[{tup!r}]))")
 
     def _drop_allowed(self, tup: str, group: int, index: int) -> bool:
         """Whether an element of `tup` can leave the held tuple when `group` (its getitem's

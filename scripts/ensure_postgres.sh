@@ -7,6 +7,9 @@
 # When it cannot do this it says why on stderr, prints no URL and exits 0 (the tests then skip).
 #   scripts/ensure_postgres.sh          start (or reuse) and print the URL
 #   scripts/ensure_postgres.sh --stop   stop the server
+#   scripts/ensure_postgres.sh --status exit 0 when a server runs from the data directory (it
+#                                       installs and starts nothing): scripts/test stops at exit
+#                                       only a server that was not running before it
 # Environment: PLANNER_PG_PORT (54329), PLANNER_PG_DIR (/tmp/planner-postgres-<port>).
 set -uo pipefail
 
@@ -17,6 +20,12 @@ DB=planner
 URL="postgresql+psycopg://$ROLE@127.0.0.1:$PORT/$DB"
 
 say() { echo "ensure_postgres: $*" >&2; }
+
+if [ "${1:-}" = "--status" ]; then  # the postmaster's pid file names a live process
+  pid=$(head -n 1 "$DIR/data/postmaster.pid" 2>/dev/null) || exit 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+  exit $?
+fi
 give_up() {
   say "$*; PostgreSQL tests will be skipped"
   exit 0

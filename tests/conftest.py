@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,27 @@ def shared_checkmate_dir() -> Path:
     return CHECKMATE_DIR
 
 
+@contextmanager
+def plugin_methods(**targets: str) -> Iterator[None]:
+    """Plugin methods (name with '_' for '-' -> "module:function") registered for the block
+    only: a plugin that outlived its test would join other tests' lists of methods (a test
+    parametrised over `method_names()` at collection time ran 12 cases for one)."""
+    from planner.engine import registry
+
+    names = {name.replace("_", "-"): target for name, target in targets.items()}
+    before = {name: registry._PLUGINS.get(name) for name in names}
+    for name, target in names.items():
+        registry.register_method(name, target)
+    try:
+        yield
+    finally:
+        for name, old in before.items():
+            if old is None:
+                registry._PLUGINS.pop(name, None)
+            else:
+                registry._PLUGINS[name] = old
+
+
 @dataclass(frozen=True)
 class CliResult:
     returncode: int
@@ -69,9 +91,11 @@ class CliResult:
     stderr: str
 
 
-def run_cli(*args: str | Path, cwd: Path | None = None, timeout: float = 120) -> CliResult:
-    """planner-cli in a subprocess, as a user runs it."""
-    env = dict(os.environ, MPLBACKEND="Agg", COLUMNS="200", NO_COLOR="1")
+def run_cli(*args: str | Path, cwd: Path | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None) -> CliResult:
+    """planner-cli in a subprocess, as a user runs it (stdout and stderr are pipes); `env`
+    adds to or overrides the environment (COLUMNS=80: a narrow terminal's pipe)."""
+    env = {**os.environ, "MPLBACKEND": "Agg", "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli.main", *map(str, args)],
         capture_output=True,

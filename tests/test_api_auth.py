@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from api_server import running_server
 
 from planner.core.synthetic import training_graph
@@ -13,6 +14,7 @@ from planner.core.synthetic import training_graph
 DOC = training_graph(4, seed=3).model_dump(mode="json")
 
 
+@pytest.mark.slow
 def test_auth_on_and_rate_limit(tmp_path: Path) -> None:
     keys = ["key-one-0123456789", "key-two-9876543210"]
     with running_server(tmp_path, f"sqlite:///{tmp_path / 's.db'}",

@@ -40,6 +40,7 @@ def _post(server: ServerProcess, body: dict[str, Any]) -> tuple[int, dict[str, A
         return r.status_code, answer
 
 
+@pytest.mark.slow
 def test_a_feasible_plan_does_not_answer_a_request_with_more_time(server: ServerProcess) -> None:
     with server.client() as c:
         gid = c.post("/v1/graphs", json=DOC).json()["id"]

@@ -52,6 +52,7 @@ def _running(server: ServerProcess, plan_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.slow
 def test_two_instances_share_one_database(backend: str, tmp_path: Path) -> None:
     with database_url(backend, tmp_path) as url:
         (tmp_path / "a").mkdir()
@@ -122,6 +123,7 @@ def _instances(server: ServerProcess) -> list[str]:
         store.dispose()
 
 
+@pytest.mark.slow
 def test_second_instance_on_a_busy_port_exits_and_touches_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     server = ServerProcess(tmp_path, url, workers=1, instance_lease_s=LEASE_S).start()
@@ -158,6 +160,7 @@ def test_second_instance_on_a_busy_port_exits_and_touches_nothing(tmp_path: Path
         server.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_requeues_without_counting_the_attempt(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     server = ServerProcess(tmp_path, url, workers=1, instance_lease_s=LEASE_S).start()

@@ -36,6 +36,7 @@ def _running_pid(server: ServerProcess, plan_id: str) -> int:
 @pytest.mark.parametrize(
     ("backend", "policy"), [("sqlite", "requeue"), ("sqlite", "fail"), ("postgres", "requeue")]
 )
+@pytest.mark.slow
 def test_kill9_during_a_solve_then_restart(backend: str, policy: str, tmp_path: Path) -> None:
     with database_url(backend, tmp_path) as url:
         server = ServerProcess(tmp_path, url, workers=1, recover_running=policy).start()
@@ -78,6 +79,7 @@ def test_kill9_during_a_solve_then_restart(backend: str, policy: str, tmp_path: 
             server.stop()
 
 
+@pytest.mark.slow
 def test_graceful_stop_requeues_then_time_limit_kills(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path, f"sqlite:///{tmp_path / 's.db'}", workers=1,
                            kill_grace_s=0.5).start()

@@ -38,6 +38,7 @@ def _st() -> str:
     return found
 
 
+@pytest.mark.slow
 def test_schemathesis_all_checks_no_server_errors(tmp_path: Path) -> None:
     junit = tmp_path / "junit.xml"
     with running_server(tmp_path, f"sqlite:///{tmp_path / 's.db'}", workers=2,

@@ -41,6 +41,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             yield srv
 
 
+@pytest.mark.slow
 def test_submit_poll_fetch_then_cached(server: ServerProcess) -> None:
     with server.client() as c:
         first = c.post("/v1/plans", json={"graph": DOC, "budget": 0.75, "method": "best-baseline"})
@@ -110,6 +111,7 @@ with httpx.Client(base_url=url, timeout=10) as c, open(out, "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_twenty_concurrent_submissions_while_healthz_stays_fast(
     server: ServerProcess, tmp_path: Path
 ) -> None:

@@ -60,6 +60,7 @@ def test_bad_chain_documents_are_one_line(change: dict, message: str) -> None:
     assert "\n" not in str(info.value) and str(info.value).startswith("c.json: ")
 
 
+@pytest.mark.slow
 def test_cli_solves_chain_and_graph(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
     chain_path = tmp_path / "chain.json"
     chain_path.write_text(json.dumps(CHAIN_DOC))

@@ -62,6 +62,7 @@ def store_all_peak(chain: Chain) -> int:
     return run_sequence(chain, store_all_ops(chain.length)).peak_bytes
 
 
+@pytest.mark.slow
 def test_dp_equals_brute_force_on_small_chains() -> None:
     rng = random.Random(7)
     checked = 0

@@ -134,6 +134,7 @@ def test_solve_accepts_units_and_prints_a_summary(cli: Cli, work: Path) -> None:
     assert "optimal" in result.stdout and "store-all" in result.stdout
 
 
+@pytest.mark.slow
 def test_simulate_json_and_plot(cli: Cli, work: Path) -> None:
     png = work / "timeline.png"
     data = ok_json(cli("simulate", work / "graph.json", work / "plan.json", "--plot", png,
@@ -273,7 +274,7 @@ def test_usage_errors_are_one_line(cli: Cli, work: Path) -> None:
     bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--threads", "0"), "--threads")
     bad_input(cli("solve", work / "graph.json", "-b", "0.5", "--time-limit", "-1"),
               "--time-limit: -1", "more than 0")
-    bad_input(cli("schema", "nope"), "schema 'nope'")
+    bad_input(cli("schema", "nope"), "'nope' is not one of 'graph', 'plan', 'resources'")
     bad_input(cli("simulate", work / "graph.json", work / "plan.json", "--plot",
                   work / "no_such_dir" / "t.png"), "cannot write the plot")
 

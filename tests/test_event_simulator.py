@@ -16,6 +16,7 @@ from planner.core.plan import Action, ActionOp, Plan, PlanStatus, actions_from_t
 from planner.core.resources import Link, Resources
 from planner.core.synthetic import random_dag, training_graph
 from planner.sim.copy_streams import simulate_streams
+from planner.sim.free_placement import place_frees
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.simulator import PlanError, SimulationResult, simulate
 from planner.sim.stage_costs import stage_of_nodes
@@ -112,28 +113,57 @@ def test_offload_timeline_by_hand() -> None:
     g = offload_graph()
     plan = actions_from_text("C0 O0 F0 C1 C2 F1 P0 C3 F0 F2 F3 D0")
     sim = simulate(g, plan, HOST)
-    # C0 [0,2]; O0 [2,3.5] (F0 releases at 3.5, not at its issue); C1 [2,5]; C2 [5,7];
-    # P0 issued at 7 (after C2) -> [7,8.5]; C3 waits for it: [8.5,9.5], 1.5 ms exposed.
-    assert sim.makespan_ms == pytest.approx(9.5)
+    # C0 [0,2]; O0 [2,3.5]; F0 is issued at 2 and releases at its issue, so the compute stream
+    # first waits for the copy reading node 0: 1.5 ms exposed, C1 [3.5,6.5], C2 [6.5,8.5];
+    # P0 issued at 8.5 -> [8.5,10]; C3 waits for it: [10,11], 1.5 ms more exposed.
+    assert sim.makespan_ms == pytest.approx(11.0)
     assert sim.compute_ms == pytest.approx(8.0) and sim.compute_cost == pytest.approx(8.0)
     assert sim.transfer_ms == pytest.approx(3.0)
-    assert sim.exposed_transfer_ms == pytest.approx(1.5)
-    # device: 1000 @0, 1010 @2 (C1 starts before the copy ends), 10 @3.5, 810 @5,
-    # 800 then 1800 @7 (F1, P0), 1810 @8.5 (C3), 0 @9.5
+    assert sim.exposed_transfer_ms == pytest.approx(3.0)
+    # memory moves in plan order: 1000 (C0), 0 (F0), 10, 810, 800 (F1), 1800 (P0 at its
+    # issue), 1810 (C3), then the frees
     assert sim.peak_bytes == 1810 and sim.peak_action_index == 7
     assert sim.host_peak_bytes == 1000
     assert [p.live_bytes for p in sim.timeline] == [
-        1000, 1000, 10, 1010, 810, 800, 1800, 1810, 810, 10, 0, 0
+        1000, 1000, 0, 10, 810, 800, 1800, 1810, 810, 10, 0, 0
     ]
     p = sim.predicted()
-    assert (p.host_peak_bytes, p.makespan_ms, p.exposed_transfer_ms) == (1000, 9.5, 1.5)
+    assert (p.host_peak_bytes, p.makespan_ms, p.exposed_transfer_ms) == (1000, 11.0, 3.0)
     assert sim.memory_trace[-1].device_bytes == 0 and sim.memory_trace[-1].host_bytes == 0
+
+
+def test_memory_moves_in_plan_order() -> None:
+    """Every memory event is at its action's issue (or its compute's start): the trace's order
+    is the plan's, as the CUDA allocator sees a program's allocations and frees."""
+    g = offload_graph()
+    for text in ("C0 O0 F0 C1 C2 F1 P0 C3 F0 F2 F3 D0", "C0 O0 C1 F0 P0 C2 F1 C3 F0 F2 F3 D0"):
+        trace = simulate(g, actions_from_text(text), HOST).memory_trace
+        assert [m.action_index for m in trace] == sorted(m.action_index for m in trace)
+        assert [m.time_ms for m in trace] == sorted(m.time_ms for m in trace)
+
+
+def test_frees_are_placed_where_their_copies_end() -> None:
+    g = offload_graph()
+    placed, sim = place_frees(g, actions_from_text("C0 O0 F0 C1 C2 F1 P0 C3 F0 F2 F3 D0"), HOST)
+    # O0 ends at 3.5: C1 is issued at 2, before; C2 at 5, after: F0 goes between them
+    assert " ".join(map(str, placed)) == "C0 O0 C1 F0 C2 F1 P0 C3 F0 F2 F3 D0"
+    assert sim.makespan_ms == pytest.approx(9.5) and sim.exposed_transfer_ms == pytest.approx(1.5)
+    assert [p.live_bytes for p in sim.timeline] == [
+        1000, 1000, 1010, 10, 810, 800, 1800, 1810, 810, 10, 0, 0
+    ]
+    assert sim == simulate(g, placed, HOST)  # the placed plan simulates to the same figures
+    # a held free never passes a use of its node: the prefetch comes first, the free waits
+    placed, _ = place_frees(g, actions_from_text("C0 O0 F0 P0 C1 C2 F1 C3 F0 F2 F3 D0"), HOST)
+    assert " ".join(map(str, placed)) == "C0 O0 F0 P0 C1 C2 F1 C3 F0 F2 F3 D0"
+    # a plan without copies comes back as it is
+    plain = actions_from_text("C0 C1 C2 F1 C3 F0 F2 F3")
+    assert place_frees(g, plain, HOST)[0] == plain
 
 
 def test_an_early_prefetch_hides_the_copy() -> None:
     g = offload_graph()
     # P0 issued after C1 (t=5) overlaps C2 [5,7]: ready at 6.5, C3 does not wait.
-    sim = simulate(g, actions_from_text("C0 O0 F0 C1 P0 C2 F1 C3 F0 F2 F3 D0"), HOST)
+    sim = simulate(g, actions_from_text("C0 O0 C1 F0 P0 C2 F1 C3 F0 F2 F3 D0"), HOST)
     assert sim.exposed_transfer_ms == 0.0
     assert sim.makespan_ms == pytest.approx(8.0)
     # the prefetched copy is on the device while C2 runs: 10 + 1000 + 800
@@ -144,7 +174,7 @@ def test_a_plan_object_uses_its_own_resources() -> None:
     g = offload_graph()
     plan = Plan(graph_hash=g.content_hash(), method="hand", status=PlanStatus.feasible,
                 resources=HOST, actions=actions_from_text("C0 O0 F0 C1 C2 F1 P0 C3 F0 F2 F3 D0"))
-    assert simulate(g, plan).makespan_ms == pytest.approx(9.5)
+    assert simulate(g, plan).makespan_ms == pytest.approx(11.0)
 
 
 # -- errors name step, rank and node ------------------------------------------------------------

@@ -33,6 +33,7 @@ def _budget(g: Graph, fraction: float) -> int:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}@{c[3]}")
+@pytest.mark.slow
 def test_every_backend_bound_at_most_the_best_plan(case: tuple[int, int, int, float]) -> None:
     layers, skip, seed, fraction = case
     g = corpus_like(layers, skip, seed)
@@ -66,6 +67,7 @@ def test_every_backend_bound_at_most_the_best_plan(case: tuple[int, int, int, fl
                 f"{best / problem.total_cost:.4f}")
 
 
+@pytest.mark.slow
 def test_scip_through_the_engine_is_not_optimal_above_a_better_plan() -> None:
     g = corpus_like(14, 3, 1)
     budget = _budget(g, 0.8)

@@ -6,6 +6,8 @@ import math
 import random
 import time
 
+import pytest
+
 from planner.core.graph import Graph
 from planner.core.plan import Action
 from planner.core.synthetic import random_layered_dag
@@ -23,6 +25,7 @@ def _topological(graph_edges: list[tuple[int, int]], order: list[int]) -> bool:
     return all(at[u] < at[v] for u, v in graph_edges)
 
 
+@pytest.mark.slow
 def test_lowered_order_is_valid_and_its_store_all_peak_lower() -> None:
     g = random_layered_dag(400, seed=1)
     orders = candidate_orders(g)
@@ -105,6 +108,7 @@ def test_moves_judged_on_their_span_match_the_whole_order() -> None:
         assert respects_order_rule(g.index, order)
 
 
+@pytest.mark.slow
 def test_large_graphs_lower_their_own_order_first() -> None:
     g = random_layered_dag(5000, seed=0)  # at 0.9 the lowered given order's store-all fits
     budget = math.ceil(0.9 * store_all_peak_bytes(g))

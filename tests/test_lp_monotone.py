@@ -27,6 +27,7 @@ def _ladder(g: Graph, rungs: int = 12) -> list[int]:
 
 
 @pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.slow
 def test_lp_rounding_costs_never_rise_with_the_budget(name: str) -> None:
     g = GRAPHS[name]
     ROUNDED.clear()

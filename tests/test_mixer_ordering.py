@@ -85,6 +85,7 @@ def test_a_stored_order_that_breaks_the_rule_is_repaired_for_solvers(mixer) -> N
         simulate(broken, [compute(v) for v in bad])
 
 
+@pytest.mark.slow
 def test_auto_plan_at_60_percent_runs_with_gradient_parity(mixer) -> None:
     model, inputs, result = mixer
     graph = result.graph

@@ -269,7 +269,7 @@ def test_traced_model_fills_model_state() -> None:
     from planner.tracing import trace
 
     model, inputs = zoo.tiny("gpt")
-    g = trace(model, inputs, optimizer="adam").graph
+    g = trace(model, inputs, optimizer="adam", gradient_lifetime="step").graph
     ms = g.model_state
     assert ms is not None and ms.optimizer == "adam" and ms.gradient_lifetime == "step"
     params = dict(model.named_parameters())

@@ -116,6 +116,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield srv
 
 
+@pytest.mark.slow
 def test_api_partitions_is_the_plans_route(server: ServerProcess) -> None:
     """POST /v1/partitions is a plan job like POST /v1/plans (method pipeline-<method>, the
     machine as resources), answered with the plan when it is done; bad input is a 422 naming

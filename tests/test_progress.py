@@ -52,6 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield srv
 
 
+@pytest.mark.slow
 def test_a_running_job_shows_its_progress(server: ServerProcess) -> None:
     doc = GRAPH.model_dump(mode="json")
     with server.client() as c:

@@ -36,6 +36,7 @@ def test_lp_bound_at_most_milp_optimum(backend: str) -> None:
             assert problem.total_cost - 1e-9 <= lp.bound <= exact.cost + 1e-6 * exact.cost
 
 
+@pytest.mark.slow
 def test_lp_rounding_never_over_budget() -> None:
     for g in GRAPHS + [training_graph(12, skip=3, seed=2)]:
         lo, hi = lower_bound_peak_bytes(g), store_all_peak_bytes(g)

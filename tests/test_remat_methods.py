@@ -30,6 +30,7 @@ def _write(tmp_path: Path, graph) -> Path:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("method", ["milp", "auto", "lp-rounding", "cpsat-intervals"])
+@pytest.mark.slow
 def test_methods_plans_within_budget(method: str) -> None:
     g = training_graph(6, skip=2, seed=4)
     budget = (lower_bound_peak_bytes(g) + store_all_peak_bytes(g)) // 2

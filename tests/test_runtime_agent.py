@@ -23,9 +23,13 @@ def _check_module(module, model, inputs) -> None:
         torch.testing.assert_close(grads[name], grad)
 
 
+@pytest.mark.slow
 def test_local_solve_then_cache_then_dead_url(tmp_path: Path) -> None:
     model, inputs = TINY["mlp"]()
-    module = plan_for(model, inputs, 0.97, cache_dir=tmp_path, method="auto", time_limit_s=3)
+    # Gradients held from backward on (the default): this weight-bound MLP peaks at the end of
+    # backward, where every gradient is held and no recomputation helps, so store-all's peak is
+    # the least any plan reaches.
+    module = plan_for(model, inputs, 1.0, cache_dir=tmp_path, method="auto", time_limit_s=3)
     report = module.agent_report
     assert report.source == "local"
     assert report.plan.predicted.peak_bytes <= report.budget_bytes
@@ -69,6 +73,7 @@ def test_budget_below_every_plan_says_so(tmp_path: Path) -> None:
         plan_for(model, inputs, 1000, cache_dir=tmp_path, method="best-baseline", log_steps=0)
 
 
+@pytest.mark.slow
 def test_against_a_real_service(tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     api_server = pytest.importorskip("api_server")

@@ -43,6 +43,7 @@ def budgets(t: Traced, method: str) -> list[int]:
 @pytest.mark.parametrize("which", [0, 1], ids=["budget-high", "budget-low"])
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("method", ["store-all", "chen-sqrt", "rotor", "milp", "auto"])
+@pytest.mark.slow
 def test_gradients_match_eager(model: str, method: str, which: int) -> None:
     t = model_named(model)
     for budget in budgets(t, method)[which : which + 1]:

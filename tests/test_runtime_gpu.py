@@ -1,48 +1,103 @@
-"""The runtime on CUDA: gradient parity with dropout, and the allocator's peak vs prediction."""
+"""The runtime on CUDA: gradient parity with dropout, and the allocator's peak against the
+prediction, down to tight remat budgets.
+
+The model is traced with gradient lifetime "backward": the predicted peak holds each gradient from
+its gradient node on, as the allocator does in a step after `zero_grad(set_to_none=True)`. The
+bound therefore counts the gradients once: measured peak (above the step's start, gradients
+included) <= predicted peak - the graph's fixed bytes, and within PEAK_TOLERANCE of it."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+# The issue's targets in one place: benchmarks/fidelity_judge.py (predicted within 2 % of measured)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from fidelity_judge import PEAK_TOLERANCE  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+SOLVE_LIMIT_S = 8.0
 
-def test_cuda_plan_matches_eager_and_prediction() -> None:
-    from runtime_helpers import eager_step, planned_step
 
+@pytest.fixture(scope="module")
+def traced() -> tuple[Any, tuple[Any, ...], Any, int]:
     from planner import zoo
     from planner.engine.solve import solve
-    from planner.runtime.apply import apply
-    from planner.runtime.measure import measure_step, training_step
     from planner.tracing.api import trace
 
-    model, inputs = zoo.gpt(batch_size=8, context=64, dim=128, layers=2, vocab=512, dropout=0.1)
+    model, inputs = zoo.gpt(batch_size=8, context=256, dim=512, layers=4, vocab=1024, dropout=0.1)
     model = model.cuda()
     inputs = tuple(x.cuda() for x in inputs)
-    result = trace(model, inputs)
-    graph = result.graph
-    hi = solve(graph, 10**15, "store-all").predicted.peak_bytes
-    lo = solve(graph, 10**15, "recompute-all").predicted.peak_bytes
-    peaks = []
-    for budget in (hi, (hi + lo) // 2):
-        plan = solve(graph, budget, "auto", time_limit_s=10)
-        assert plan.status.value in ("optimal", "feasible"), plan.summary()
-        module = apply(model, plan, inputs, trace=result)
-        ref_loss, ref_grads = eager_step(model, inputs, seed=5)
+    result = trace(model, inputs, dropout_masks="graph", gradient_lifetime="backward")
+    state = result.graph.model_state
+    assert state is not None and state.gradient_lifetime == "backward"
+    store_all = solve(result.graph, 10**15, "store-all").predicted
+    assert store_all is not None
+    return model, inputs, result, store_all.peak_bytes
+
+
+def check_plan_on_cuda(model: Any, inputs: tuple[Any, ...], result: Any, plan: Any) -> int:
+    """Gradient parity with eager, then measured <= predicted <= budget, predicted within
+    PEAK_TOLERANCE of measured; returns the measured peak."""
+    from runtime_helpers import eager_step, planned_step
+
+    from planner.runtime.apply import apply
+    from planner.runtime.measure import measure_step, training_step
+
+    assert plan.status.value in ("optimal", "feasible"), plan.summary()
+    assert plan.predicted is not None
+    module = apply(model, plan, inputs, trace=result)
+    ref_loss, ref_grads = eager_step(model, inputs, seed=5)
+    for _ in range(2):  # the second step reuses the allocator's blocks and cuBLAS workspaces
         loss, grads = planned_step(module, inputs, seed=5)
         torch.testing.assert_close(loss, ref_loss)
         for name, grad in ref_grads.items():
             torch.testing.assert_close(grads[name], grad)
-        measured = measure_step(training_step(module, inputs), model, "cuda")
-        predicted = plan.predicted.peak_bytes - graph.fixed_bytes
-        # On CUDA the allocator's peak includes the gradients (kept in .grad).
-        assert measured.peak_bytes <= 1.10 * (predicted + measured.gradient_bytes), (
-            measured, predicted
-        )
-        peaks.append(measured.peak_bytes)
+    measured = measure_step(training_step(module, inputs), model, "cuda").peak_bytes
+    predicted = plan.predicted.peak_bytes - result.graph.fixed_bytes  # gradients inside, once
+    what = (f"{plan.method} at {plan.budget_bytes} B: measured {measured} B, predicted "
+            f"{predicted} B ({measured / predicted:.4f})")
+    assert plan.predicted.peak_bytes <= plan.budget_bytes, what
+    assert measured <= predicted, what
+    assert predicted - measured <= PEAK_TOLERANCE * measured, what
+    return measured
+
+
+def test_cuda_plan_matches_eager_and_prediction(traced: tuple[Any, ...]) -> None:
+    from planner.engine.solve import solve
+
+    model, inputs, result, store_all = traced
+    graph = result.graph
+    recompute_all = solve(graph, 10**15, "recompute-all").predicted
+    assert recompute_all is not None
+    lo = recompute_all.peak_bytes
+    peaks = []
+    for budget in (store_all, (store_all + lo) // 2):
+        plan = solve(graph, budget, "auto", time_limit_s=SOLVE_LIMIT_S)
+        peaks.append(check_plan_on_cuda(model, inputs, result, plan))
     assert peaks[1] < peaks[0]
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.15])
+def test_cuda_remat_holds_at_tight_budgets(traced: tuple[Any, ...], fraction: float) -> None:
+    """A fraction of the activations (store-all's peak above the fixed bytes): where the first
+    GPU run measured auto's plan 6 % over its prediction and its budget. Not below the least
+    affordable baseline, so a plan exists."""
+    from planner.engine.solve import smallest_baseline_peak_bytes, solve
+
+    model, inputs, result, store_all = traced
+    graph = result.graph
+    least = smallest_baseline_peak_bytes(graph)
+    assert least is not None
+    budget = max(graph.fixed_bytes + int(fraction * (store_all - graph.fixed_bytes)), least)
+    plan = solve(graph, budget, "auto", time_limit_s=SOLVE_LIMIT_S)
+    check_plan_on_cuda(model, inputs, result, plan)

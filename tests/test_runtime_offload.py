@@ -17,7 +17,7 @@ from planner.core.plan import Action, Plan, PlanKind, PlanStatus, actions_from_t
 from planner.core.resources import resources_preset  # noqa: E402
 from planner.runtime.apply import apply  # noqa: E402
 from planner.runtime.measure import measure_step, training_step  # noqa: E402
-from planner.runtime.offload_plans import boundary_offload_plan  # noqa: E402
+from planner.runtime.offload_plans import boundary_offload, boundary_offload_plan  # noqa: E402
 from planner.sim.simulator import simulate  # noqa: E402
 from planner.solvers.baselines import chen_sqrt, store_all  # noqa: E402
 
@@ -52,6 +52,7 @@ def assert_parity(t: Traced, module: object, seed: int) -> None:
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn", "gpt"])
+@pytest.mark.slow
 def test_offload_everything_matches_eager_and_the_simulator(model: str) -> None:
     t = model_named(model)
     graph = t.graph
@@ -125,7 +126,8 @@ def test_bad_plans_are_refused_naming_the_action() -> None:
     t = model_named("mlp")
     base = store_all(t.graph)
     good = boundary_offload_plan(t.graph, base, RESOURCES)
-    tokens = good.text.split()
+    # as written, before the frees are placed after their copies: "O v F v" side by side
+    tokens = [str(a) for a in boundary_offload(t.graph, base)]
     o = next(i for i, tok in enumerate(tokens) if tok.startswith("O"))
     v = tokens[o][1:]
     # a prefetch of something never offloaded
@@ -158,8 +160,7 @@ def test_registered_offload_planners_run_like_eager() -> None:
     from planner.engine.solve import solve
 
     names = [m for m in BUILTIN_METHODS if is_offload_method(m)]
-    if not names:
-        pytest.skip("no offload planner is registered yet")
+    assert names, "no offload planner is registered"  # renamed or removed: fail, not skip
     t = model_named("gpt")
     budget = int(0.8 * t.store_all_peak)
     ran = 0

@@ -176,6 +176,7 @@ def _cases() -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(("world", "index"), _cases())
+@pytest.mark.slow
 def test_loss_and_every_gradient_match_the_single_process_step(
     results: dict[int, list[dict[str, Any]]], world: int, index: int
 ) -> None:
@@ -188,6 +189,7 @@ def test_loss_and_every_gradient_match_the_single_process_step(
 @pytest.mark.parametrize(
     ("world", "index"), [(2, 0), (2, 1), (2, 2), (2, 4), (2, 6), (4, 0), (4, 1)]
 )
+@pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines
 def test_measured_per_rank_peak_is_near_the_predicted(
     results: dict[int, list[dict[str, Any]]], microbatch_graph: Any, world: int, index: int
 ) -> None:
@@ -200,6 +202,7 @@ def test_measured_per_rank_peak_is_near_the_predicted(
         assert abs(m.peak_bytes - m.pipeline_buffers_bytes - p) / p <= 0.10, (m, p)
 
 
+@pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines
 def test_1f1b_saves_what_the_simulator_says_over_gpipe(
     results: dict[int, list[dict[str, Any]]], microbatch_graph: Any
 ) -> None:
@@ -212,6 +215,7 @@ def test_1f1b_saves_what_the_simulator_says_over_gpipe(
         assert expected > 0 and abs(saved - expected) <= 0.10 * expected, (rank, saved, expected)
 
 
+@pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines
 def test_bad_batch_and_failing_ranks_give_one_clear_error(
     results: dict[int, list[dict[str, Any]]],
 ) -> None:
@@ -226,6 +230,7 @@ def _fail_on_rank_one(rank: int, world: int) -> int:
     return rank
 
 
+@pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines
 def test_recomputed_stages_keep_less(results: dict[int, list[dict[str, Any]]]) -> None:
     plain, recomputed = results[2][1]["memory"], results[2][2]["memory"]
     # rank 0 holds two micro-batches under 1F1B: checkpointing keeps only the stage input;

@@ -14,6 +14,7 @@ import time
 
 import networkx as nx
 import pytest
+from conftest import plugin_methods
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase, generation_order
@@ -21,7 +22,6 @@ from planner.core.plan import Action, Plan, PlanStatus, compute, free
 from planner.core.synthetic import random_dag, training_graph
 from planner.engine.deadline import ANSWER_MARGIN_S, METHOD_GRACE_S
 from planner.engine.judge import is_staged
-from planner.engine.registry import register_method
 from planner.engine.solve import solve
 from planner.sim.simulator import lower_bound_peak_bytes, simulate
 from planner.solvers.baselines import (
@@ -56,10 +56,13 @@ def failing_method(request: SolveRequest) -> MethodResult:
 
 @pytest.fixture(autouse=True)
 def _plugins() -> object:
+    """This module's plugin methods, for each test only (tests/conftest.py: plugin_methods)."""
     RELEASE.clear()
-    register_method("slow-test", "test_scale_limits:slow_method")
-    register_method("failing-test", "test_scale_limits:failing_method")
-    yield
+    with plugin_methods(slow_test="test_scale_limits:slow_method",
+                        failing_test="test_scale_limits:failing_method",
+                        out_of_time_test="test_scale_limits:out_of_time_method",
+                        oom_test="test_scale_limits:out_of_memory_method"):
+        yield
     RELEASE.set()
 
 
@@ -304,7 +307,6 @@ def out_of_time_method(request: SolveRequest) -> MethodResult:
 
 
 def test_a_method_out_of_time_without_a_plan_is_answered_by_a_fitting_baseline() -> None:
-    register_method("out-of-time-test", "test_scale_limits:out_of_time_method")
     budget = int(0.7 * store_all_peak_bytes(GRAPH))
     plan = solve(GRAPH, budget, "out-of-time-test", time_limit_s=5)
     assert plan.status is PlanStatus.feasible and plan.backend.startswith("fallback:baseline:")
@@ -346,7 +348,6 @@ def out_of_memory_method(request: SolveRequest) -> MethodResult:
 
 
 def test_a_method_out_of_memory_is_answered_by_the_fallback() -> None:
-    register_method("oom-test", "test_scale_limits:out_of_memory_method")
     plan = solve(GRAPH, store_all_peak_bytes(GRAPH), "oom-test", time_limit_s=5)
     assert plan.status is PlanStatus.optimal and plan.backend == "fallback:baseline:store-all"
     assert plan.notes[0].startswith("method oom-test ran out of memory")

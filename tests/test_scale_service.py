@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from api_server import ServerProcess, assert_valid_plan, wait_finished
 
 from planner.core.synthetic import training_graph
@@ -13,6 +14,7 @@ from planner.engine.deadline import ANSWER_MARGIN_S
 GRAPH = training_graph(40, skip=3, seed=3)
 
 
+@pytest.mark.slow
 def test_an_overrunning_method_still_gets_a_plan(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path, f"sqlite:///{tmp_path / 's.db'}", workers=1).start()
     try:

@@ -117,6 +117,7 @@ def test_setup_without_a_local_wheel_says_where_torch_comes_from(tmp_path: Path)
 
 
 @pytest.mark.parametrize("extra", [[], ["-q"], ["-qq"], ["--quiet"], ["-qx"]])
+@pytest.mark.slow
 def test_the_test_command_always_prints_the_summary_line(tmp_path: Path, extra: list[str]
                                                          ) -> None:
     tiny = tmp_path / "test_tiny.py"
@@ -126,3 +127,40 @@ def test_the_test_command_always_prints_the_summary_line(tmp_path: Path, extra: 
                          capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout, run.stdout
+
+
+FAKE_POSTGRES = """#!/usr/bin/env bash
+# Records its calls; --status answers as RUNNING_BEFORE says.
+echo "${1:-start}" >> "$CALLS"
+case "${1:-}" in
+  --status) [ "$RUNNING_BEFORE" = 1 ] ;;
+  --stop) ;;
+  *) echo "postgresql+psycopg://planner@127.0.0.1:1/planner" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("running_before", "passing", "stopped"), [
+    ("0", False, True), ("1", True, False)])
+def test_the_test_command_stops_only_the_postgres_it_started(
+    tmp_path: Path, running_before: str, passing: bool, stopped: bool
+) -> None:
+    """scripts/test with set-up, in a copy whose set-up and PostgreSQL script are stand-ins."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "test", tmp_path / "scripts" / "test")
+    (tmp_path / "scripts" / "setup").write_text("#!/usr/bin/env bash\n")
+    (tmp_path / "scripts" / "ensure_postgres.sh").write_text(FAKE_POSTGRES)
+    for script in ("test", "setup", "ensure_postgres.sh"):
+        (tmp_path / "scripts" / script).chmod(0o755)
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    tiny = tmp_path / "test_tiny.py"
+    tiny.write_text(f"def test_one():\n    assert {passing}\n")
+    calls = tmp_path / "calls.log"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PLANNER_SKIP_SETUP", "PLANNER_TEST_POSTGRES_URL", "PLANNER_CHROMIUM")}
+    env.update(CALLS=str(calls), RUNNING_BEFORE=running_before, PLANNER_CHROMIUM="none")
+    run = subprocess.run([str(tmp_path / "scripts" / "test"), str(tiny)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == (0 if passing else 1), run.stdout + run.stderr
+    expected = ["--status", "start"] + (["--stop"] if stopped else [])
+    assert calls.read_text().split() == expected

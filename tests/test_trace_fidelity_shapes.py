@@ -18,6 +18,7 @@ from planner.zoo import tiny  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["mixer", "densenet"])
+@pytest.mark.slow
 def test_store_all_peak_within_two_percent_of_a_real_step(name: str) -> None:
     model, inputs = tiny(name)
     result = trace(model, inputs)

@@ -24,6 +24,7 @@ BLOCKS = {
 
 
 @pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.slow
 def test_zoo_model_traces_at_module_level(name: str) -> None:
     model, inputs = make(name)
     result = trace(model, inputs, level="module", block_pattern=BLOCKS[name])

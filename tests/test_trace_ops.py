@@ -61,7 +61,9 @@ def test_fixed_memory_counts_parameters_gradients_optimizer_and_inputs(traced: d
     assert fixed.other_bytes == buffers > 0  # BatchNorm running statistics
     assert fixed.inputs_bytes == sum(x.numel() * x.element_size() for x in inputs)
     assert state.optimizer_bytes == 0
-    assert result.graph.fixed_bytes == 2 * params + buffers + fixed.inputs_bytes
+    # gradient_lifetime 'backward' (the default): the gradients are held from their nodes on
+    assert result.graph.fixed_bytes == params + buffers + fixed.inputs_bytes
+    assert sum(result.graph.index.model_state_resident[1].values()) == params
     adam = model_state_breakdown(trace(*make("mlp"), optimizer="adamw").graph)
     assert adam.optimizer_bytes == 2 * adam.parameters_bytes
 

@@ -252,6 +252,7 @@ def test_page_submits_the_example_and_follows_it_to_done(
     assert page.errors == [], page.errors
 
 
+@pytest.mark.slow
 def test_page_follows_a_running_job_live(page: Any, server: ServerProcess,
                                          tmp_path: Path) -> None:
     graph = json.loads(EXAMPLE.read_text())

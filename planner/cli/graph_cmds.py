@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from planner.cli.options import ResourcesOpt, resolve_resources
-from planner.cli.output import console, key_value_table, print_json
+from planner.cli.output import bytes_text, console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError
 
@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
 
 
 def schema(
-    which: Annotated[str, typer.Argument(help="graph, plan or resources")],
+    which: Annotated[Literal["graph", "plan", "resources"],
+                     typer.Argument(metavar="WHICH", help="Which document's schema")],
 ) -> None:
     """Print the JSON Schema of graph.json, plan.json or resources.json."""
     from pydantic import BaseModel
@@ -35,8 +36,6 @@ def schema(
     from planner.core.resources import Resources
 
     models: dict[str, type[BaseModel]] = {"graph": Graph, "plan": Plan, "resources": Resources}
-    if which not in models:
-        raise InputError(f"schema {which!r}: choose 'graph', 'plan' or 'resources'")
     print(json.dumps(models[which].model_json_schema(), indent=1))
 
 
@@ -121,8 +120,14 @@ def info(
 
 
 def _shown(key: str, value: object) -> object:
+    """A value of `info` in units: bytes as 'MiB (exact B)', the compute cost in ms (the
+    graph's node costs are milliseconds), a phase count as 'forward 12, backward 14'."""
     if key.endswith("bytes") and isinstance(value, int):
-        return f"{value} ({format_bytes(value)})"
+        return bytes_text(value)
+    if key == "total_compute_cost" and isinstance(value, (int, float)):
+        return f"{value:.6g} ms"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
     return value
 
 
@@ -246,7 +251,7 @@ def simulate_cmd(
     console.print(table)
     console.print(
         f"peak {format_bytes(sim.peak_bytes)} at action {sim.peak_action_index}; "
-        f"budget {format_bytes(plan.budget_bytes)}; compute {sim.compute_cost:g} "
+        f"budget {format_bytes(plan.budget_bytes)}; compute {sim.compute_cost:g} ms "
         f"({100 * sim.overhead:+.3f}%), {sim.recomputations} recomputations"
         + (f"; plot written to {plot}" if plot else "")
     )

@@ -4,8 +4,10 @@ field at fault is said as the flag that gives it (`budget` -> `--budget`)."""
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
+from typing import Annotated, Any
 
 import typer
 
@@ -23,15 +25,64 @@ COMMAND_MODULES = (
     "planner.cli.pipeline_cmds",
 )
 
+# Piped or redirected, --help is plain text at full width (one line an option, no boxes cut at
+# 80 columns), for grep and for logs; on a terminal typer's rich panels.
+PIPED_HELP_WIDTH = 1000
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+# Libraries that log every HTTP request at INFO (the service client's polls): warnings only.
+QUIET_LOGGERS = ("httpx", "httpcore")
+
 app = typer.Typer(
     name="planner-cli",
-    help="Memory planner for training: plans that fit a memory budget at the least extra compute.",
+    help="Memory planner for training: plans that fit a memory budget at the least extra compute."
+    "\n\nLong commands show progress on stderr: a live line on a terminal, else a line every "
+    "PLANNER_PROGRESS_EVERY_S seconds (default 5); stdout keeps the answer (--json for tools).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings=CONTEXT_SETTINGS,
 )
 for _module in COMMAND_MODULES:
     importlib.import_module(_module).register(app)
+
+
+def version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"planner-cli {version('planner')}"
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "planner-cli (not installed: no version)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """The options before a command (--version)."""
+
+
+def quiet_http_logs() -> None:
+    """httpx logs each request at INFO: a client polling a job would fill a log with them."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _plain_help_when_piped() -> None:
+    if not sys.stdout.isatty():
+        app.rich_markup_mode = None
+        CONTEXT_SETTINGS.update(max_content_width=PIPED_HELP_WIDTH,
+                                terminal_width=PIPED_HELP_WIDTH)
 
 
 def main() -> None:
@@ -54,6 +105,8 @@ def main() -> None:
 
 
 def _main() -> None:
+    quiet_http_logs()
+    _plain_help_when_piped()
     try:
         code = app(standalone_mode=False)
     except InputError as e:
@@ -80,6 +133,8 @@ def _main() -> None:
             sys.exit(EXIT_OK)
         format_message = getattr(e, "format_message", None)
         message = format_message() if callable(format_message) else str(e)
+        # typer checks choices with pydantic, whose messages start "Value error, ".
+        message = str(message).replace("Value error, ", "")
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         print(f"error: {' '.join(str(message).split())}{hint}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

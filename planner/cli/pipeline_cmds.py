@@ -13,7 +13,8 @@ from planner.cli.options import ResourcesOpt, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError
-from planner.solvers.pipeline.schedules import SCHEDULES
+from planner.core.model_state import Optimizer, Precision
+from planner.core.resources import PipelineSchedule
 
 if TYPE_CHECKING:
     from planner.engine.partition import PartitionReport, SweepRow
@@ -57,8 +58,9 @@ def partition_cmd(
     ] = None,
     microbatches: Annotated[int | None, typer.Option("--microbatches", "-m")] = None,
     schedule: Annotated[
-        str | None,
-        typer.Option("--schedule", help=", ".join(SCHEDULES)),
+        PipelineSchedule | None,
+        typer.Option("--schedule",
+                     help="The pipeline schedule (default: that of --resources, else 1f1b)"),
     ] = None,
     method: Annotated[
         str, typer.Option("--method", help="dp, ilp, param-balanced, layer-balanced, "
@@ -159,7 +161,7 @@ def _print_report(report: PartitionReport) -> None:
                       f"{format_bytes(r.saved_bytes)} x {r.inflight}",
                       f"{r.recomputed}" if r.recomputed else "-",
                       f"[red]{peak} OVER[/red]" if over else peak, f"{r.compute_ms:.3f}")
-    _wide(table)
+    console.print(table)
     p = plan.predicted
     assert p is not None
     rows: list[tuple[str, object]] = [
@@ -193,27 +195,15 @@ def _print_sweep(rows: list[SweepRow], as_json: bool) -> None:
             f"{r.throughput_per_s:.4g}" if r.throughput_per_s else "-",
             f"{100 * r.bubble_fraction:.1f}%" if r.bubble_fraction is not None else "-",
             f"{r.solve_seconds:.3f}", r.note)
-    _wide(table)
-
-
-def _wide(table: object) -> None:
-    """Tables keep one line a row when the output is not a terminal (files, pipes)."""
-    if console.is_terminal:
-        console.print(table)
-    else:
-        from rich.console import Console
-
-        Console(highlight=False, width=200).print(table)
+    console.print(table)
 
 
 def memory_cmd(
     graph_path: GraphArg,
     zero: ZeroOpt = None,
     dp: DpOpt = None,
-    optimizer: Annotated[str | None, typer.Option("--optimizer", help="sgd, sgd-momentum, adam, "
-                                                  "adamw")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="fp32, bf16-mixed, "
-                                                  "fp16-mixed")] = None,
+    optimizer: Annotated[Optimizer | None, typer.Option("--optimizer")] = None,
+    precision: Annotated[Precision | None, typer.Option("--precision")] = None,
     plan_path: Annotated[
         Path | None, typer.Option("--plan", help="A pipeline plan: the breakdown per rank")
     ] = None,
@@ -268,4 +258,4 @@ def memory_cmd(
                           format_bytes(r.state.gradients_bytes),
                           format_bytes(r.state.optimizer_bytes), format_bytes(r.other_bytes),
                           format_bytes(r.activations_bytes), format_bytes(r.peak_bytes))
-        _wide(table)
+        console.print(table)

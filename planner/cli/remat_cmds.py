@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
 from planner.cli.options import TimeLimitOpt, TimeLimitPerBudgetOpt
-from planner.cli.output import console, key_value_table, print_json
+from planner.cli.output import bytes_text, console, key_value_table, print_json
 from planner.core.budget import format_bytes
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+# The MILP backends that minimise a peak (solvers/remat/backends: MIP_BACKENDS less pulp-cbc);
+# typer refuses any other value and lists these in --help.
+MinBudgetBackend = Literal["cpsat", "scip", "highs", "cbc"]
 GraphArg = Annotated[
     Path, typer.Argument(metavar="GRAPH", help="graph.json or a Checkmate node-link file")
 ]
@@ -29,29 +34,30 @@ def min_budget_cmd(
     ] = None,
     time_limit: TimeLimitOpt = 30.0,
     threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
-    backend: Annotated[str, typer.Option("--backend", help="cpsat, scip, highs, cbc")] = "cpsat",
+    backend: Annotated[MinBudgetBackend, typer.Option("--backend", help="The MILP solver")
+                       ] = "cpsat",
     as_json: JsonFlag = False,
 ) -> None:
     """The least memory budget for which a plan exists: a plan achieving it plus a bound."""
+    from planner.cli.progress_view import work_status
     from planner.core.io import write_json
     from planner.core.plan import PlanStatus
     from planner.engine.inputs import load_graph
     from planner.engine.solve import checked_plan
+    from planner.sim.simulator import lower_bound_peak_bytes
     from planner.solvers.baselines import store_all_peak_bytes
-    from planner.solvers.remat.backends import MIP_BACKENDS
     from planner.solvers.request import MethodResult
 
-    if backend not in MIP_BACKENDS or backend == "pulp-cbc":
-        from planner.core.errors import InputError
-
-        raise InputError(f"--backend {backend!r}: choose one of cpsat, scip, highs, cbc")
     graph = load_graph(graph_path)
-    r = _min_budget_in_time(graph, backend, time_limit, threads)
+    store_all = store_all_peak_bytes(graph)
+    searching = (f"searching between {format_bytes(lower_bound_peak_bytes(graph))} (lower bound) "
+                 f"and {format_bytes(store_all)} (store-all)")
+    with work_status("min-budget", quiet=as_json, limit_s=time_limit, detail=searching):
+        r = _min_budget_in_time(graph, backend, time_limit, threads)
     result = MethodResult(actions=r.actions, status=PlanStatus.feasible, backend=r.method,
                           details={"min_budget_lower_bound_bytes": r.lower_bound_bytes,
                                    "min_budget_proven": r.proven})
     plan = checked_plan(graph, r.peak_bytes, "min-budget", result, r.wall_seconds)
-    store_all = store_all_peak_bytes(graph)
     summary = {
         "min_budget_bytes": r.peak_bytes,
         "lower_bound_bytes": r.lower_bound_bytes,
@@ -69,8 +75,8 @@ def min_budget_cmd(
         print_json(summary)
         return
     rows = [
-        ("least budget found", f"{format_bytes(r.peak_bytes)} ({r.peak_bytes} B)"),
-        ("proven lower bound", f"{format_bytes(r.lower_bound_bytes)} ({r.lower_bound_bytes} B)"
+        ("least budget found", bytes_text(r.peak_bytes)),
+        ("proven lower bound", bytes_text(r.lower_bound_bytes)
          + (" — proven optimal" if r.proven else " (frontier-advancing schedules)")),
         ("of store-all peak", f"{summary['fraction_of_store_all']:.4f}"),
         ("found by", r.method),
@@ -128,7 +134,6 @@ def sweep_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Solve a range of budgets in parallel; overhead never rises with the budget."""
-    from rich.progress import Progress
     from rich.table import Table
 
     from planner.core.errors import InputError
@@ -144,10 +149,9 @@ def sweep_cmd(
         points_in = parse_budgets(budgets, store_all)
     except InputError as e:  # each budget of the list is said as the field `budget`
         raise e.renamed({"budget": "--budgets"}) from None
-    with Progress(console=console, transient=True, disable=as_json) as progress:
-        task = progress.add_task("solving budgets", total=len(points_in))
+    with sweep_progress(len(points_in), time_limit, jobs, quiet=as_json) as on_done:
         points = run_sweep(graph, points_in, method=method, time_limit_s=time_limit, jobs=jobs,
-                           on_done=lambda _b: progress.advance(task))
+                           on_done=on_done)
     rows = _sweep_rows(points)
     if csv_path is not None:
         import csv
@@ -181,6 +185,45 @@ def sweep_cmd(
             _pct(r["gap_percent"], signed=False), f"{r['wall_seconds']:.1f}",
         )
     console.print(table)
+
+
+@contextmanager
+def sweep_progress(total: int, time_limit_s: float, jobs: int, *, quiet: bool
+                   ) -> Iterator[Callable[[int], None]]:
+    """`run_sweep`'s on_done and its display: a bar with the elapsed time on a terminal, plain
+    lines on stderr otherwise ('sweep: 12.0 s · 3/15 budgets done (20 s each, 2 at a time)')."""
+    from planner.cli.output import progress_console
+    from planner.cli.progress_view import work_status
+
+    if quiet or not progress_console.is_terminal:
+        done = [0]
+
+        def say(detail_count: int) -> str:
+            return (f"{detail_count}/{total} budgets done ({time_limit_s:g} s each, {jobs} at "
+                    "a time)")
+
+        with work_status("sweep", quiet=quiet, detail=say(0)) as status:
+
+            def plain(_budget: int) -> None:
+                done[0] += 1
+                status.update(say(done[0]))
+
+            yield plain
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(SpinnerColumn(), TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("budgets"), TimeElapsedColumn(), console=progress_console,
+                  transient=True) as progress:
+        task = progress.add_task("sweep", total=total)
+        yield lambda _budget: progress.advance(task)
 
 
 def _sweep_rows(points: list[Any]) -> list[dict[str, Any]]:

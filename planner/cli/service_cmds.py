@@ -5,15 +5,22 @@ The clients speak HTTP (httpx) and never import the service; `serve` imports `ap
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from planner.cli.options import BUDGET_HELP, OptionalTimeLimitOpt
-from planner.cli.output import console, key_value_table, print_json
+from planner.cli.output import (
+    bytes_text,
+    console,
+    key_value_table,
+    percent_text,
+    print_json,
+    seconds_text,
+)
 from planner.core.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
@@ -124,7 +131,8 @@ def submit(
     with _client(server, token) as client:
         code, answer = _call(client, "POST", "/v1/plans", json=body)
         if code == 202 and wait:
-            answer = _poll(client, answer["id"], as_json)
+            answer = _poll(client, answer["id"], as_json, base_cost=graph_compute_ms(document),
+                           time_limit_s=time_limit)
         elif code == 202:
             if as_json:
                 print_json(answer)
@@ -160,47 +168,93 @@ def _budget_value(text: str) -> str:
     return text.strip()
 
 
-def _poll(client: PlannerClient, plan_id: str, quiet: bool) -> dict[str, Any]:
+def _poll(client: PlannerClient, plan_id: str, quiet: bool, *, base_cost: float | None = None,
+          time_limit_s: float | None = None) -> dict[str, Any]:
+    """Wait for the job, its status and progress on stderr as they change (progress_view)."""
+    from planner.cli.progress_view import work_status
     from planner.service.client import ServiceError
 
-    def show(job: dict[str, Any]) -> None:
-        if not quiet:
-            progress = job.get("progress") or {}
-            known = {k: v for k, v in progress.items() if v is not None}
-            console.print(f"{plan_id}: {job['status']}" + (f" {known}" if known else ""))
+    with work_status(f"plan {plan_id}", quiet=quiet, limit_s=time_limit_s,
+                     detail="submitted") as line:
 
-    try:
-        return client.wait(plan_id, on_change=show)
-    except ServiceError as e:
-        raise InputError(str(e)) from None
+        def show(job: dict[str, Any]) -> None:
+            progress = progress_text(job.get("progress"), base_cost)
+            line.update(str(job.get("status")) + (f" · {progress}" if progress else ""))
+
+        try:
+            return client.wait(plan_id, on_change=show)
+        except ServiceError as e:
+            raise InputError(str(e)) from None
+
+
+def progress_text(progress: dict[str, Any] | None, base_cost: float | None) -> str:
+    """A job's progress for people: overheads when the graph's cost is known (submit), else
+    the best plan's and the bound's compute cost in ms; '' before there is any."""
+    progress = progress or {}
+    best, bound = progress.get("best_objective"), progress.get("best_bound")
+    if best is None and bound is None:
+        return ""
+    if base_cost:
+        from planner.cli.progress_view import describe
+
+        return describe(best, bound, base_cost)
+    shown = ["-" if v is None else f"{float(v):.6g} ms" for v in (best, bound)]
+    return f"best {shown[0]} · bound {shown[1]}"
+
+
+def graph_compute_ms(document: Any) -> float | None:
+    """The total compute cost of a graph.json document (its nodes' compute_ms): the base the
+    job's progress is an overhead over."""
+    nodes = document.get("nodes") if isinstance(document, dict) else None
+    if not isinstance(nodes, list):
+        return None
+    costs = [n.get("compute_ms") for n in nodes if isinstance(n, dict)]
+    numbers = [float(c) for c in costs if isinstance(c, (int, float))]
+    return sum(numbers) if numbers and len(numbers) == len(nodes) else None
+
+
+def job_rows(answer: dict[str, Any], written: Path | None) -> list[tuple[str, Any]]:
+    """The rows of a job's table in human units: bytes as 'MiB (exact B)', overhead and gap
+    as percentages, seconds (--json keeps the service's raw document)."""
+    report = answer.get("report") or {}
+    rows: list[tuple[str, Any]] = [
+        ("id", answer["id"]),
+        ("status", answer["status"] + (" (from the store)" if answer.get("cached") else "")),
+        ("method", answer["method"] + (f" / {report['backend']}" if report.get("backend")
+                                        else "")),
+        ("budget", bytes_text(answer.get("budget_bytes"))),
+    ]
+    if progress := progress_text(answer.get("progress"), None):
+        rows.append(("progress", progress))
+    shown: dict[str, tuple[str, Callable[[Any], str]]] = {
+        "peak_bytes": ("peak", bytes_text),
+        "overhead_percent": ("compute overhead", percent_text),
+        "gap_percent": ("gap to bound", lambda v: percent_text(v, signed=False)),
+        "smallest_feasible_bytes": ("smallest budget found to work", bytes_text),
+        "wall_seconds": ("time", seconds_text),
+    }
+    for key, (label, fmt) in shown.items():
+        if report.get(key) is not None:
+            rows.append((label, fmt(report[key])))
+    if answer.get("error"):
+        rows.append(("reason", answer["error"]))
+    if written is not None:
+        rows.append(("plan written to", str(written)))
+    return rows
 
 
 def _show(answer: dict[str, Any], as_json: bool, output: Path | None) -> None:
     plan = answer.get("plan")
+    written = None
     if output is not None and plan is not None and answer["status"] == "done":
         from planner.core.io import write_json
 
         write_json(output, plan)
+        written = output
     if as_json:
         print_json(answer)
     else:
-        report = answer.get("report") or {}
-        rows: list[tuple[str, Any]] = [
-            ("id", answer["id"]),
-            ("status", answer["status"] + (" (from the store)" if answer.get("cached") else "")),
-            ("method", answer["method"]),
-            ("budget bytes", answer["budget_bytes"]),
-        ]
-        if answer.get("progress"):
-            rows.append(("progress", json.dumps(answer["progress"])))
-        for key in ("peak_bytes", "overhead_percent", "gap_percent", "wall_seconds"):
-            if report.get(key) is not None:
-                rows.append((key, report[key]))
-        if answer.get("error"):
-            rows.append(("reason", answer["error"]))
-        if output is not None and plan is not None and answer["status"] == "done":
-            rows.append(("plan written to", str(output)))
-        console.print(key_value_table("plan", rows))
+        console.print(key_value_table("plan", job_rows(answer, written)))
     if answer["status"] == "infeasible":
         smallest = (answer.get("report") or {}).get("smallest_feasible_bytes")
         known = "" if smallest is None else (

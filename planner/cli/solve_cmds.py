@@ -48,7 +48,8 @@ def run_solve(
     from planner.engine.reports import plan_summary
 
     graph, method = request.graph, request.method
-    with solve_progress(graph.total_compute_ms, quiet=as_json, label=method) as progress:
+    with solve_progress(graph.total_compute_ms, quiet=as_json, label=method,
+                        time_limit_s=request.time_limit_s) as progress:
         plan = request.solve(progress=progress)
     summary = plan_summary(plan, graph)  # transfer figures included (transfer_summary)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)

@@ -6,13 +6,14 @@ import importlib
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
 from planner.cli.output import console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError
+from planner.core.model_state import Optimizer
 
 _INPUT_SPEC = re.compile(r"^\s*(\w+)\[([\d,\s]*)\](?::(\d+))?\s*$")
 
@@ -117,6 +118,7 @@ def trace_summary(result: Any) -> dict[str, Any]:
         "forward_ms": round(fwd, 4),
         "backward_ms": round(bwd, 4),
         "cost_source": g.nodes[0].cost_source.value,
+        "autocast": g.metadata.extra.get("autocast"),
         "fixed_bytes": g.fixed_bytes,
         "store_all_peak_bytes": store_all_peak_bytes(g),
         "largest_activations": [
@@ -144,36 +146,55 @@ def trace_cmd(
         ),
     ] = None,
     level: Annotated[
-        str, typer.Option(help="op (joint aten graph) or module (leaf modules / blocks).")
+        Literal["op", "module"],
+        typer.Option(help="op (joint aten graph) or module (leaf modules / blocks)."),
     ] = "op",
     block_pattern: Annotated[
         str | None, typer.Option(help="Module level: blocks as one node, e.g. 'transformer.h.*'.")
     ] = None,
     costs: Annotated[
-        str, typer.Option(help="estimate (roofline) or measure (run each node).")
+        Literal["estimate", "measure"],
+        typer.Option(help="estimate (roofline) or measure (run each node)."),
     ] = "estimate",
     device_profile: Annotated[
         str, typer.Option(help="h100, h200, a100, cpu or a JSON file.")
     ] = "cpu",
     optimizer: Annotated[
-        str, typer.Option(help="sgd, sgd-momentum, adam or adamw (the graph's model state).")
+        Optimizer, typer.Option(help="The optimizer (the graph's model state).")
     ] = "sgd",
     gradient_lifetime: Annotated[
-        str,
+        Literal["backward", "step"] | None,
         typer.Option(
-            help="step: gradients held all step (accumulation); backward: created in backward "
-            "and released by the optimizer step (zero_grad(set_to_none=True)).",
+            help="backward (default): gradients created in backward and released by "
+            "zero_grad(set_to_none=True), torch's default; step: held all step (gradient "
+            "accumulation, zero_grad(set_to_none=False)).",
         ),
-    ] = "step",
+    ] = None,
+    grad_accumulation_steps: Annotated[
+        int,
+        typer.Option(
+            help="Micro-steps per optimizer step; above 1 the gradients are held all step "
+            "(--gradient-lifetime step).",
+        ),
+    ] = 1,
+    autocast: Annotated[
+        Literal["bf16", "fp16"] | None,
+        typer.Option(
+            help="Trace the step under torch.autocast(bfloat16 | float16) of the model's "
+            "device (weights stay fp32; op level): as the training loop runs it.",
+        ),
+    ] = None,
     fuse: Annotated[
         bool, typer.Option("--fuse/--no-fuse", help="Fuse views, getitem, metadata ops.")
     ] = True,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats for --costs measure.")] = 5,
     clock: Annotated[
-        str, typer.Option(help="--costs measure on CPU: wall, or cpu (this thread's CPU time).")
+        Literal["wall", "cpu"],
+        typer.Option(help="--costs measure on CPU: wall, or cpu (this thread's CPU time)."),
     ] = "wall",
     dropout_masks: Annotated[
-        str, typer.Option(help="eager (CPU eager keeps float masks) or graph (bool masks).")
+        Literal["eager", "graph"],
+        typer.Option(help="eager (CPU eager keeps float masks) or graph (bool masks)."),
     ] = "eager",
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write graph.json here.")
@@ -189,13 +210,17 @@ def trace_cmd(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from planner.core.io import write_json
     from planner.tracing import trace
+    from planner.tracing.api import resolve_gradient_lifetime
 
+    # a contradictory --gradient-lifetime / --grad-accumulation-steps pair: one line, no work
+    resolve_gradient_lifetime(gradient_lifetime, grad_accumulation_steps)
     model, inputs = resolve_model(target, input_spec or [])
     result = _trace_with_status(
         trace, model, inputs, loss_fn=resolve_loss(loss), level=level, block_pattern=block_pattern,
         costs=costs, device_profile=device_profile, optimizer=optimizer, fuse=fuse,
         dropout_masks=dropout_masks, clock=clock, repeats=repeats,
         model_name=target.split(":")[-1], gradient_lifetime=gradient_lifetime,
+        grad_accumulation_steps=grad_accumulation_steps, autocast=autocast,
     )
     if output is not None:
         write_json(output, result.graph)
@@ -211,8 +236,10 @@ def trace_cmd(
 
 
 def _trace_with_status(trace: Any, model: Any, inputs: Any, **options: Any) -> Any:
-    """`trace` (planner.tracing.trace) with its progress on a console spinner."""
-    with console.status("tracing…", spinner="dots") as status:
+    """`trace` (planner.tracing.trace) with its progress on stderr (progress_view)."""
+    from planner.cli.progress_view import work_status
+
+    with work_status("trace", detail="starting") as status:
 
         def progress(stage: str, done: int, total: int) -> None:
             status.update(f"{stage} {done}/{total}")

@@ -123,7 +123,9 @@ class ModelState(BaseModel):
         default="step",
         description="'step': gradient buffers resident for the whole step (kept across steps, "
         "gradient accumulation). 'backward': each appears when its gradient_node is computed and "
-        "stays until the optimizer step (zero_grad(set_to_none=True)).",
+        "stays until the optimizer step (zero_grad(set_to_none=True), torch's default; what "
+        "planner.tracing writes by default). Absent: 'step', as files written before the "
+        "tracer stated it meant.",
     )
 
     @field_validator("parameters")

@@ -1,8 +1,8 @@
 """The three streams of an event-simulated plan as a timeline (Gantt): compute, device-to-host,
-host-to-device. Start times come from the simulator's memory trace (every action's first event is
-its start); durations from the graph (compute_ms) and the links (`Link.transfer_ms` of the
-node's storage bytes). Without the graph and resources, computations end where the trace says
-and copies are drawn as ticks at their start."""
+host-to-device, from the spans the simulator records. A result without spans falls back on the
+memory trace (every action's first event is its start) with durations from the graph
+(compute_ms) and the links (`Link.transfer_ms` of the node's storage bytes); without the graph
+and resources copies are then drawn as ticks at their start."""
 
 from __future__ import annotations
 
@@ -31,7 +31,11 @@ class Interval:
 def stream_intervals(
     sim: SimulationResult, graph: Graph | None = None, resources: Resources | None = None
 ) -> list[Interval]:
-    """One interval per compute / offload / prefetch action, in plan order."""
+    """One interval per compute / offload / prefetch action, in plan order: the simulator's
+    own spans when it recorded them."""
+    if sim.stream_spans:
+        return [Interval(s.stream, s.action_index, sim.timeline[s.action_index].action,
+                         s.start_ms, s.end_ms) for s in sim.stream_spans]
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     for p in sim.memory_trace:

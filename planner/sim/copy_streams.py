@@ -4,18 +4,28 @@ a host-to-device copy stream (docs/plan.md, "The event model").
 Actions are issued in plan order; an action is issued when the compute stream has finished the
 computes before it (the issue time), as a runtime that records an event on the compute stream
 and makes a copy stream wait for it does.
+
+Memory is taken and released in plan order, at issue, on the compute stream, as the CUDA
+caching allocator sees it: the CPU allocates and frees in program order however far it runs
+ahead of the GPU, so a release that waited for a copy's completion in GPU time would, on the
+device, happen wherever the CPU happened to notice it (the first GPU run: offload plans 7-25 %
+over their prediction). The runtime (planner.runtime.offload_engine) follows the same rules.
 - `C v` starts at max(compute stream free, every input ready) and lasts node.compute_ms; the wait
   beyond the stream's own tail is exposed transfer time. Its output, workspace and (first time)
   held gradient bytes are taken at its start; the workspace is released at its end.
 - `O v` copies v's storage on the d2h stream: start = max(issue, v ready, d2h free), duration
-  `resources.d2h.transfer_ms(bytes)`; host memory is taken at its start.
-- `P v` copies it back on the h2d stream: start = max(issue, offload done, h2d free); device
-  memory is taken at its start, readers wait for its end.
-- `F v` releases the device copy at max(issue, end of any copy touching it): freeing a tensor
-  being offloaded waits for the copy, not the compute stream.
-- `D v` releases the host copy at max(issue, its offload and prefetches done).
-Memory peaks are measured over time: events sorted by (time, action index), so that ties keep
-plan order and a compute/free plan gives exactly the one-stream replay's figures.
+  `resources.d2h.transfer_ms(bytes)`; the host buffer is taken at issue.
+- `P v` copies it back on the h2d stream: start = max(issue, offload done, h2d free); its device
+  buffer is taken at issue (allocated on the compute stream before the copy is queued); readers
+  wait for the copy's end.
+- `F v` releases the device copy at issue; when a copy still reads or writes it, the compute
+  stream first waits for that copy (exposed transfer time). Planners place `F` where the copy is
+  done (planner.sim.free_placement) so that the wait costs nothing.
+- `D v` releases the host copy at issue; the runtime hands its buffer to a later offload only
+  after the copies that use it (a wait on the copy stream, not the CPU).
+Memory peaks are measured over time: events sorted by (time, action index); every memory event
+happens at its action's issue time or its compute's start, so the order is the plan's order,
+and a compute/free plan gives exactly the one-stream replay's figures.
 """
 
 from __future__ import annotations
@@ -27,7 +37,14 @@ from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp
 from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger, describe_missing, loss_rule_error
-from planner.sim.result import MemoryPoint, PlanError, SimulationResult, TimelinePoint
+from planner.sim.ledger_replay import born_bytes, handed_by_run
+from planner.sim.result import (
+    MemoryPoint,
+    PlanError,
+    SimulationResult,
+    StreamSpan,
+    TimelinePoint,
+)
 
 # event: (time_ms, action index, order within the action, device delta, host delta, primary)
 Event = tuple[float, int, int, int, int, bool]
@@ -48,6 +65,9 @@ class _Streams:
         self.root = ledger.storage_root
         self.own = ledger.storage_bytes
         self.events: list[Event] = []
+        self.spans: list[StreamSpan] = []
+        self.handed: dict[tuple[int, int], tuple[int, ...]] = {}  # set by run / place
+        self.prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's run
         self.compute_free = self.d2h_free = self.h2d_free = 0.0
         self.exposed = self.transfer = self.compute_total = 0.0
         self.resident: set[int] = set()
@@ -55,7 +75,6 @@ class _Streams:
         self.ready_at: dict[int, float] = {}  # device copy usable from
         self.copy_busy: dict[int, float] = {}  # device buffer read/written by a copy until
         self.host_done: dict[int, float] = {}  # node -> host copy complete at (while held)
-        self.host_busy: dict[int, float] = {}  # host copy read by a prefetch until
         self.offloaded_at: dict[int, int] = {}
         self.freed_at: dict[int, int] = {}
         self.dropped_at: dict[int, int] = {}
@@ -121,12 +140,17 @@ class _Streams:
         self.exposed += start - self.compute_free
         end = start + node.compute_ms
         self.take(v, start, i, 0, primary=False)
-        extra = self.ledger.workspace_bytes[v] + (self.held.get(v, 0) if not times else 0)
+        ws = self.ledger.workspace_bytes[v]
+        # an element taken at its op's computation (planner.sim.ledger_replay.handed_elements)
+        extra = ws + (self.held.get(v, 0) if not times else 0) - self.prepaid.pop(v, 0)
         self.emit(start, i, 1, extra, 0, primary=True)  # the timeline's point: while it runs
-        self.emit(end, i, 2, -node.workspace_bytes, 0)
+        handed = self.handed.get((v, times), ())
+        born = born_bytes(self.ledger, handed, self.computed, self.prepaid) if handed else 0
+        self.emit(end, i, 2, born - ws, 0)  # the workspace goes, handed elements stay
         self.ready_at[v] = end
         self.compute_free = end
         self.compute_total += node.compute_ms
+        self.spans.append(StreamSpan("compute", i, start, end))
         self.computed[v] = times + 1
 
     def free(self, i: int, a: Action) -> None:
@@ -139,7 +163,10 @@ class _Streams:
         r = self.root[v]
         self.refcount[r] -= 1
         shrink = self.own[r] if self.refcount[r] == 0 else 0
-        t = max(self.compute_free, self.copy_busy.get(v, 0.0))
+        # a copy still using v's storage: the compute stream waits for it, then releases
+        t = max(self.compute_free, self.copy_busy.pop(v, 0.0))
+        self.exposed += t - self.compute_free
+        self.compute_free = t
         self.emit(t, i, 0, -shrink, 0, primary=True)
 
     def offload(self, i: int, a: Action) -> None:
@@ -163,11 +190,12 @@ class _Streams:
         end = start + link.transfer_ms(nbytes)
         self.transfer += end - start
         self.d2h_free = end
+        self.spans.append(StreamSpan("d2h", i, start, end))
         self.copy_busy[v] = max(self.copy_busy.get(v, 0.0), end)
         self.host_done[v] = end
         self.offloaded_at[v] = i
         self.dropped_at.pop(v, None)
-        self.emit(start, i, 0, 0, nbytes, primary=True)
+        self.emit(self.compute_free, i, 0, 0, nbytes, primary=True)  # host buffer taken at issue
 
     def prefetch(self, i: int, a: Action) -> None:
         v, g = a.node, self.graph
@@ -185,10 +213,10 @@ class _Streams:
         end = start + link.transfer_ms(self.index.storage_bytes[v])
         self.transfer += end - start
         self.h2d_free = end
-        self.take(v, start, i, 0, primary=True)
+        self.spans.append(StreamSpan("h2d", i, start, end))
+        self.take(v, self.compute_free, i, 0, primary=True)  # device buffer allocated at issue
         self.ready_at[v] = end
         self.copy_busy[v] = max(self.copy_busy.get(v, 0.0), end)
-        self.host_busy[v] = max(self.host_busy.get(v, 0.0), end)
 
     def drop(self, i: int, a: Action) -> None:
         v = a.node
@@ -199,9 +227,9 @@ class _Streams:
                 else "it was never offloaded"
             )
             raise self.fail(i, a, f"cannot drop the host copy of {self.graph.describe(v)}: {why}")
-        t = max(self.compute_free, self.host_done.pop(v), self.host_busy.pop(v, 0.0))
+        self.host_done.pop(v)
         self.dropped_at[v] = i
-        self.emit(t, i, 0, 0, -self.index.storage_bytes[v], primary=True)
+        self.emit(self.compute_free, i, 0, 0, -self.index.storage_bytes[v], primary=True)
 
     # -- the whole plan ----------------------------------------------------------------------
     def run(self, actions: Sequence[Action]) -> SimulationResult:
@@ -212,6 +240,7 @@ class _Streams:
             ActionOp.prefetch: self.prefetch,
             ActionOp.drop: self.drop,
         }
+        self.handed = handed_by_run(self.ledger, actions)
         for i, a in enumerate(actions):
             if a.node not in self.index.position:
                 raise self.fail(i, a, f"node {a.node} is not in the graph")
@@ -263,6 +292,7 @@ class _Streams:
             exposed_transfer_ms=self.exposed,
             makespan_ms=makespan,
             memory_trace=tuple(trace),
+            stream_spans=tuple(self.spans),
         )
 
 

@@ -63,6 +63,7 @@ class MemoryLedger:
         fixed_bytes: int,
         held_bytes: Mapping[int, int],
         graph: Graph | None = None,
+        elements: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.node_ids = tuple(node_ids)
         self.predecessors = predecessors
@@ -77,6 +78,9 @@ class MemoryLedger:
         self.fixed_bytes = fixed_bytes  # resident the whole step (step_memory's start_bytes)
         self.held_bytes = held_bytes  # node -> bytes held from its first computation (sparse)
         self.graph = graph
+        # an op with several outputs -> the nodes of its other outputs (getitem nodes with a
+        # storage of their own), born with the op (see `handed_elements`)
+        self.elements: Mapping[int, tuple[int, ...]] = elements or {}
         self.control: dict[int, list[int]] = (
             control_predecessors(graph.index) if graph is not None else {}
         )
@@ -101,18 +105,20 @@ class MemoryLedger:
         index = graph.index
         step = step_memory(graph)
         nodes = graph.nodes
+        elements = _tuple_elements(graph)
         return cls(
             node_ids=[n.id for n in nodes],
             predecessors=index.predecessors,
             successors=index.successors,
             storage_root=index.storage_roots,
             storage_bytes=index.storage_bytes,
-            workspace_bytes={n.id: n.workspace_bytes for n in nodes},
+            workspace_bytes=_workspace_with_elements(graph, elements, step.held_from_node),
             compute_ms={n.id: n.compute_ms for n in nodes},
             recomputable={n.id: n.recomputable for n in nodes},
             fixed_bytes=step.start_bytes,
             held_bytes=step.held_from_node,
             graph=graph,
+            elements=elements,
         )
 
     @classmethod
@@ -310,3 +316,41 @@ class LiveSet:
             if not self._refcount[r]:
                 self.live_bytes -= self._own[r]
         return self.live_bytes
+
+
+def _tuple_elements(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """Op node -> the `getitem` nodes of its other outputs that own a storage (not views)."""
+    index = graph.index
+    out: dict[int, list[int]] = {}
+    for n in graph.nodes:
+        if n.op != "getitem" or n.alias_of is not None:
+            continue
+        preds = index.predecessors[n.id]
+        if len(preds) == 1:
+            out.setdefault(preds[0], []).append(n.id)
+    return {t: tuple(us) for t, us in out.items()}
+
+
+def element_bytes(graph_index_storage: Mapping[int, int], held_bytes: Mapping[int, int],
+                  u: int) -> int:
+    """What an element node's output costs: its storage, or (a gradient node whose output is
+    its .grad) its held bytes."""
+    return graph_index_storage[u] or held_bytes.get(u, 0)
+
+
+def _workspace_with_elements(
+    graph: Graph, elements: Mapping[int, tuple[int, ...]], held_bytes: Mapping[int, int]
+) -> dict[int, int]:
+    """Each node's workspace, plus, for an op with several outputs, the bytes of the outputs
+    that are nodes of their own (a dropout's mask, a layer norm's statistics, a convolution
+    backward's weight gradient). The op allocates every output when it runs, but each such
+    node is charged only when the plan computes it: while the op runs they are all there; the
+    replays move the bytes of those the plan takes from this run to the op's computation
+    (`ledger_replay.handed_elements`), and the runtime drops the others right after the op.
+    Measured on CPU before this rule: tight remat plans of a GPT 3.1 % over their prediction,
+    of a ResNet 4.6 %, the peak at the op or between it and its getitem."""
+    storage = graph.index.storage_bytes
+    out = {n.id: n.workspace_bytes for n in graph.nodes}
+    for t, us in elements.items():
+        out[t] += sum(element_bytes(storage, held_bytes, u) for u in us)
+    return out

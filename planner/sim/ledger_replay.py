@@ -95,6 +95,8 @@ def fast_replay(
     live = peak = ledger.fixed_bytes
     peak_index = -1
     timeline: list[int] = []
+    handed = handed_elements(ledger, actions)
+    prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's computation
     for i, a in enumerate(actions):
         v = a.node
         if a.op is compute_op:
@@ -110,7 +112,11 @@ def fast_replay(
                 refcount[r] = k + 1
                 if not k:
                     live += own[r]
+            if handed:
+                live -= prepaid.pop(v, 0)  # an element taken at its op's computation
             during = live + ws[v]
+            if i in handed:  # outputs of their own the plan takes from this run: live on
+                live += born_bytes(ledger, handed[i], computed, prepaid)
             if during > peak:
                 peak, peak_index = during, i
             if record:
@@ -163,6 +169,8 @@ def checked_replay(
     live = peak = ledger.fixed_bytes
     peak_index = -1
     timeline: list[int] = []
+    handed = handed_elements(ledger, actions)
+    prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's computation
     for i, a in enumerate(actions):
         if deadline is not None and not i % CHECK_EVERY and time.perf_counter() > deadline:
             raise SimulationAbandoned(f"replay stopped at action {i} of {len(actions)}")
@@ -191,8 +199,12 @@ def checked_replay(
             refcount[r] = k + 1
             if not k:
                 live += own[r]
+            if handed:
+                live -= prepaid.pop(v, 0)  # an element taken at its op's computation
             during = live + ws
             computed[v] = times + 1
+            if i in handed:  # outputs of their own the plan takes from this run: live on
+                live += born_bytes(ledger, handed[i], computed, prepaid)
             if during > peak:
                 peak, peak_index = during, i
             if record:
@@ -215,6 +227,68 @@ def checked_replay(
         missing = [v for v in order if v not in computed]
         raise PlanError(_missing_text(ledger, missing), len(actions), missing[0])
     return _figures(ledger, actions, peak, peak_index, computed, timeline if record else None)
+
+
+def handed_elements(
+    ledger: MemoryLedger, actions: Sequence[Action]
+) -> dict[int, tuple[int, ...]]:
+    """Action index of a computation of an op with outputs of their own (`ledger.elements`)
+    -> those the plan computes next before it next touches the op again: the runtime hands
+    them from this run (planner.runtime.op_codegen keeps them in the op's tuple), so their
+    bytes are live from the op's computation on, not from their own. The others it drops
+    right after the op (charged while it runs: the ledger's workspace rule)."""
+    elements = ledger.elements
+    if not elements:
+        return {}
+    compute_op = ActionOp.compute
+    next_touch: dict[int, int] = {}  # node -> index of the next action on it (scan backward)
+    next_compute: dict[int, int] = {}
+    out: dict[int, tuple[int, ...]] = {}
+    for i in range(len(actions) - 1, -1, -1):
+        a = actions[i]
+        v = a.node
+        if a.op is compute_op:
+            us = elements.get(v)
+            if us is not None:
+                touch = next_touch.get(v, len(actions))
+                taken = tuple(u for u in us if next_compute.get(u, len(actions)) < touch)
+                if taken:
+                    out[i] = taken
+            next_compute[v] = i
+        next_touch[v] = i
+    return out
+
+
+def handed_by_run(
+    ledger: MemoryLedger, actions: Sequence[Action]
+) -> dict[tuple[int, int], tuple[int, ...]]:
+    """`handed_elements` keyed by (op node, how many times it was computed before): stable when
+    frees move (planner.sim.free_placement)."""
+    handed = handed_elements(ledger, actions)
+    if not handed:
+        return {}
+    runs: dict[int, int] = {}
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
+    for i, a in enumerate(actions):
+        if a.op is ActionOp.compute:
+            k = runs.get(a.node, 0)
+            runs[a.node] = k + 1
+            if i in handed:
+                out[(a.node, k)] = handed[i]
+    return out
+
+
+def born_bytes(ledger: MemoryLedger, elements: tuple[int, ...], computed: Mapping[int, int],
+          prepaid: dict[int, int]) -> int:
+    """Bytes the elements take now (their storage, or a gradient's held bytes the first
+    time), noted in `prepaid` so that their own computation does not take them again."""
+    storage, held = ledger.storage_bytes, ledger.held_bytes
+    total = 0
+    for u in elements:
+        b = storage[u] or (held.get(u, 0) if u not in computed else 0)
+        prepaid[u] = b
+        total += b
+    return total
 
 
 class NeedsStreams(Exception):

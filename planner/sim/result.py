@@ -89,6 +89,16 @@ class MemoryPoint:
 
 
 @dataclass(frozen=True)
+class StreamSpan:
+    """When one action kept its stream busy in the event simulation."""
+
+    stream: str  # compute, d2h or h2d
+    action_index: int
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True)
 class RankResult:
     """One rank of a pipeline plan."""
 
@@ -117,6 +127,7 @@ class SimulationResult:
     exposed_transfer_ms: float = 0.0
     makespan_ms: float = 0.0
     memory_trace: tuple[MemoryPoint, ...] = ()
+    stream_spans: tuple[StreamSpan, ...] = ()  # one per C, O, P of an event-simulated plan
     ranks: tuple[RankResult, ...] = ()
     microbatches: int = 1
     throughput_per_s: float | None = None

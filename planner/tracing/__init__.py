@@ -5,7 +5,7 @@ Stable interface (the runtime executes plans on these graphs):
     from planner.tracing import trace
     result = trace(model, inputs, loss_fn=None, level="op" | "module", block_pattern=None,
                    costs="estimate" | "measure", device_profile="cpu", optimizer="sgd",
-                   fuse=True)
+                   fuse=True, autocast=None | "bf16" | "fp16")
 
 `result.graph` is a `planner.core.graph.Graph` with node ids 0..n-1 in execution order
 (`graph.order`), forward then backward. Fixed memory: parameters, one gradient per trainable
@@ -38,6 +38,9 @@ on module paths), edges from measured data flow; `result.details["chain"]` is a 
 (schema chain-1, solvers/chain) with the Rotor quantities per stage: forward_ms, backward_ms,
 output_bytes (x), saved_bytes (x̄), forward_tmp_bytes, backward_tmp_bytes, grad_input_bytes;
 `details["is_chain"]` is False when units read outputs of non-adjacent units (skip edges).
+
+Mixed precision (`autocast`, or `trace` called inside a `torch.autocast` block): the joint
+graph holds the casts, `graph.metadata.extra["autocast"]` the setting (planner.tracing.autocast).
 
 Memory measurement: `planner.tracing.memory.measure_step_memory(fn)` (live storage bytes during
 fn on CPU, exact at op boundaries; the allocator's peak on CUDA), `measure_training_step`.

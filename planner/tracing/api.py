@@ -45,16 +45,24 @@ def trace(
     warmup: int = 1,
     model_name: str = "",
     progress: Progress | None = None,
-    gradient_lifetime: str = "step",
+    gradient_lifetime: str | None = None,
+    grad_accumulation_steps: int = 1,
+    autocast: str | None = None,
 ) -> TraceResult:
     """Trace one step (forward, loss, backward) of `model(*inputs)`; see planner.tracing.
 
-    `gradient_lifetime`: "step" when gradients stay allocated across steps (gradient
-    accumulation, `zero_grad(set_to_none=False)`); "backward" when each is created during
-    backward and released by the optimizer step (`zero_grad(set_to_none=True)`, the default
-    of torch optimizers): its bytes then count from its gradient node on, not from the start."""
-    if gradient_lifetime not in ("step", "backward"):
-        raise InputError(f"--gradient-lifetime {gradient_lifetime}: use 'step' or 'backward'")
+    `gradient_lifetime`: "backward" when each gradient is created during backward and released
+    by the optimizer step (`zero_grad(set_to_none=True)`, the default of torch optimizers): its
+    bytes count from its gradient node on; "step" when gradients stay allocated across steps
+    (gradient accumulation, `zero_grad(set_to_none=False)`): they count from the start. Default
+    (None): "backward", or "step" when `grad_accumulation_steps` > 1. The graph always states
+    it (module-level graphs have no gradient nodes: "step").
+
+    `autocast` ("bf16", "fp16"; op level): the step runs under `torch.autocast` of the model's
+    device type, as when `trace` is called inside the user's own autocast block (None: that
+    block's setting, if any); recorded in `graph.metadata.extra["autocast"]`
+    (planner.tracing.autocast)."""
+    lifetime = resolve_gradient_lifetime(gradient_lifetime, grad_accumulation_steps)
     if level not in ("op", "module"):
         raise InputError(f"--level {level}: use 'op' or 'module'")
     if costs not in ("estimate", "measure"):
@@ -67,6 +75,14 @@ def trace(
         raise InputError(f"--optimizer {optimizer}: use one of {', '.join(OPTIMIZER_STATES)}")
     if not isinstance(inputs, tuple):
         inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    from planner.tracing.autocast import autocast_off, device_type_of, resolve_autocast
+
+    device_type = device_type_of(model, inputs)
+    autocast = resolve_autocast(autocast, device_type)
+    if autocast is not None and level == "module":
+        raise InputError(
+            f"--autocast {autocast}: mixed precision is traced at op level only (--level op)"
+        )
     model.train()
     name = model_name or type(model).__name__
     if level == "module":
@@ -77,26 +93,56 @@ def trace(
             device_profile=device_profile, optimizer=optimizer, repeats=repeats, warmup=warmup,
             model_name=name, progress=progress, clock=clock,
         )
-    result = _trace_ops(
-        model, inputs, loss_fn, costs, device_profile, optimizer, fuse, dropout_masks, repeats,
-        warmup, name, progress, clock,
-    )
+    with autocast_off(device_type):  # the capture sets it; measuring runs the graph's casts
+        result = _trace_ops(
+            model, inputs, loss_fn, costs, device_profile, optimizer, fuse, dropout_masks,
+            repeats, warmup, name, progress, clock, autocast=autocast,
+        )
     state = result.graph.model_state
-    if state is None or state.gradient_lifetime == gradient_lifetime:
+    if state is None:
         return result
+    # Set even when equal to the schema default, so the graph states it explicitly.
     graph = result.graph.model_copy(
-        update={"model_state": state.model_copy(update={"gradient_lifetime": gradient_lifetime})}
+        update={"model_state": state.model_copy(update={"gradient_lifetime": lifetime})}
     )
     return dataclasses.replace(result, graph=graph)
+
+
+def resolve_gradient_lifetime(lifetime: str | None, grad_accumulation_steps: int = 1) -> str:
+    """The gradient lifetime of a training loop: as given, else from the accumulation steps
+    ("step" when gradients accumulate over several micro-steps, else torch's default
+    "backward"); one-line InputError for a bad value or a contradictory pair."""
+    if lifetime is not None and lifetime not in ("step", "backward"):
+        raise InputError(f"--gradient-lifetime {lifetime}: use 'step' or 'backward'")
+    steps = grad_accumulation_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError(
+            f"--grad-accumulation-steps {grad_accumulation_steps}: use a whole number >= 1 "
+            "(1: no accumulation)"
+        )
+    if lifetime == "backward" and grad_accumulation_steps > 1:
+        raise InputError(
+            f"--gradient-lifetime backward with --grad-accumulation-steps "
+            f"{grad_accumulation_steps}: accumulated gradients stay allocated between "
+            "micro-steps, so their lifetime is 'step'; drop one of the two"
+        )
+    if lifetime is None:
+        return "step" if grad_accumulation_steps > 1 else "backward"
+    return lifetime
 
 
 def _trace_ops(
     model: Any, inputs: tuple[Any, ...], loss_fn: Any, costs: str, device_profile: str,
     optimizer: str, fuse: bool, dropout_masks: str, repeats: int, warmup: int, name: str,
-    progress: Progress | None, clock: str = "wall",
+    progress: Progress | None, clock: str = "wall", autocast: str | None = None,
 ) -> TraceResult:
     from planner.tracing.capture import capture_joint
-    from planner.tracing.costs import estimate_record_ms, joint_arguments, measure_fx_ms
+    from planner.tracing.costs import (
+        estimate_record_ms,
+        joint_arguments,
+        measure_fx_ms,
+        measure_fx_workspace_bytes,
+    )
     from planner.tracing.fusion import group_records
     from planner.tracing.profiles import load_profile
     from planner.tracing.records import build_records
@@ -104,7 +150,7 @@ def _trace_ops(
     profile = load_profile(device_profile) if costs == "estimate" else None
     if progress:
         progress("capture", 0, 1)
-    cap = capture_joint(model, inputs, loss_fn)
+    cap = capture_joint(model, inputs, loss_fn, autocast=autocast)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     records = build_records(cap, cpu_eager_dropout=dropout_masks == "eager" and on_cpu)
     if progress:
@@ -116,11 +162,13 @@ def _trace_ops(
         fx_ms = measure_fx_ms(
             cap, args, warmup=warmup, repeats=repeats, progress=report, clock=clock
         )
+        workspace = measure_fx_workspace_bytes(cap, args)  # CUDA only: {} on CPU
         source = CostSource.measured
         profile_name = f"measured:{args[0].device.type if args else 'cpu'}"
     else:
         assert profile is not None
         fx_ms = {r.name: estimate_record_ms(r, profile) for r in records}
+        workspace = {}
         source = CostSource.estimated
         profile_name = profile.name
     groups = group_records(records, fuse=fuse)
@@ -140,8 +188,9 @@ def _trace_ops(
                 op=head.op,
                 phase=Phase(primary.phase),
                 compute_ms=sum(fx_ms.get(m, 0.0) for m in g.members),
+                workspace_bytes=max((workspace.get(m, 0) for m in g.members), default=0),
                 cost_source=source,
-                output_bytes=primary.output_bytes,
+                output_bytes=_allocated_bytes(primary.output_bytes, on_cpu),
                 module_path=primary.module_path,
                 random=any(by_name[m].random for m in g.members),
                 alias_of=ids[g.alias_of] if g.alias_of is not None else None,
@@ -164,6 +213,7 @@ def _trace_ops(
         optimizer=optimizer,
         clock=clock if costs == "measure" else "",
         dropout_masks=dropout_masks if on_cpu else "graph",
+        autocast=autocast,  # the weights keep metadata.dtype; compute in this precision
     )
     graph = Graph(
         nodes=nodes,
@@ -207,8 +257,22 @@ def _trace_ops(
     )
 
 
+CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every allocation up to this
+
+
+def _allocated_bytes(nbytes: int, on_cpu: bool) -> int:
+    """What an output occupies on the traced device: on CUDA its allocator block (a multiple of
+    512 bytes: a scalar loss costs 512, not 4); on CPU its bytes, as the storage accounting of
+    the CPU runtime counts them."""
+    if on_cpu or nbytes <= 0:
+        return nbytes
+    return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
+
 def _execution_order(groups: list[Any], by_name: dict[str, Any]) -> list[Any]:
-    """Topological order preferring forward before backward, then fx order."""
+    """Topological order preferring forward before backward, then fx order; the other outputs
+    of a multi-output op (getitem nodes reading only it) right after it, as the op makes them
+    all at once (planner.sim.ledger: they are live from the op's computation on)."""
     index = {g.primary: g for g in groups}
     indegree = {g.primary: 0 for g in groups}
     succs: dict[str, list[str]] = {g.primary: [] for g in groups}
@@ -224,12 +288,18 @@ def _execution_order(groups: list[Any], by_name: dict[str, Any]) -> list[Any]:
     heap = [(key(n), n) for n, d in indegree.items() if d == 0]
     heapq.heapify(heap)
     out = []
-    while heap:
-        _, n = heapq.heappop(heap)
+    pending: list[str] = []
+    while heap or pending:
+        n = pending.pop() if pending else heapq.heappop(heap)[1]
         out.append(index[n])
+        elements = []
         for s in succs[n]:
             indegree[s] -= 1
             if indegree[s] == 0:
-                heapq.heappush(heap, (key(s), s))
+                if by_name[s].op == "getitem" and list(index[s].inputs) == [n]:
+                    elements.append(s)
+                else:
+                    heapq.heappush(heap, (key(s), s))
+        pending.extend(sorted(elements, key=key, reverse=True))  # popped in fx order
     return out
 

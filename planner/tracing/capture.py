@@ -101,10 +101,17 @@ def module_path_from_stack(stack: dict[str, Any] | None) -> str:
     return fqn[len("model.") :] if fqn.startswith("model.") else ("" if fqn == "model" else fqn)
 
 
-def capture_joint(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None) -> JointCapture:
-    """Run one compiled step on `inputs` and return the joint graph; raise CaptureError."""
+def capture_joint(
+    model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None, autocast: str | None = None
+) -> JointCapture:
+    """Run one compiled step on `inputs` and return the joint graph; raise CaptureError.
+
+    `autocast` ("bf16", "fp16"): the step runs under `torch.autocast` of the model's device
+    type, so the joint graph holds the casts (planner.tracing.autocast)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
+
+    from planner.tracing.autocast import autocast_on, device_type_of
 
     wrapper = LossWrapper(model, loss_fn)
     seen: dict[str, Any] = {}
@@ -119,7 +126,13 @@ def capture_joint(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None
     def passthrough(gm: torch.fx.GraphModule, _example: Any) -> Any:
         return gm
 
-    aot = aot_autograd(fw_compiler=passthrough, bw_compiler=passthrough, partition_fn=partition)
+    import torch._dynamo
+
+    dropout_backward = torch.ops.aten.native_dropout_backward.default
+    aot = aot_autograd(
+        fw_compiler=passthrough, bw_compiler=passthrough, partition_fn=partition,
+        decompositions={dropout_backward: eager_cpu_dropout_backward},
+    )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         sources = []
@@ -129,8 +142,6 @@ def capture_joint(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None
                 sources.append(arg.source.name if arg is not None and arg.source else node.name)
         seen["sources"] = sources
         return aot(gm, example_inputs)
-
-    import torch._dynamo
 
     torch._dynamo.reset()
     compiled = torch.compile(wrapper, backend=backend, fullgraph=True, dynamic=False)
@@ -143,9 +154,9 @@ def capture_joint(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None
     try:
         with torch._dynamo.config.patch(
             ignore_logging_functions=torch._dynamo.config.ignore_logging_functions | quiet
-        ):
+        ), autocast_on(autocast, device_type_of(model, inputs)):
             loss = compiled(*inputs)
-    except CaptureError:
+    except InputError:  # CaptureError, or an autocast the device cannot do
         raise
     except Exception as e:  # dynamo/AOT errors are long; keep the first meaningful line
         raise CaptureError(f"op-level capture failed: {_one_line(e)}; try --level module") from e
@@ -156,6 +167,19 @@ def capture_joint(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None
             raise CaptureError("the loss does not require grad: the model has no trainable path")
         raise CaptureError("op-level capture produced no joint graph; try --level module")
     return _describe(seen["joint"], seen["num_fwd_outputs"], seen.get("sources", []))
+
+
+def eager_cpu_dropout_backward(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> Any:
+    """Dropout's backward as CPU eager computes it for 16-bit tensors (else: no change).
+
+    CPU eager dropout multiplies by a noise tensor of the input's dtype, 0 or 1/(1-p) rounded
+    to that dtype, and its backward by the same noise; `native_dropout_backward` scales by the
+    exact 1/(1-p). In fp32 the two agree bit for bit, in bf16/fp16 they do not, so a step
+    traced under autocast would not replay the eager step's gradients exactly."""
+    if grad.device.type != "cpu" or grad.dtype not in (torch.bfloat16, torch.float16):
+        return NotImplemented
+    noise = mask.to(grad.dtype).div(1.0 / scale)  # eager: bernoulli noise, then div_(1 - p)
+    return grad * noise
 
 
 def _one_line(e: BaseException) -> str:

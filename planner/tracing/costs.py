@@ -184,6 +184,47 @@ def measure_fx_ms(
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+class _WorkspaceInterpreter(torch.fx.Interpreter):
+    """Runs the joint graph once on CUDA, noting each op's transient allocations."""
+
+    def __init__(self, gm: torch.fx.GraphModule, device: torch.device) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.device = device
+        self.running = ""
+        self.workspace_bytes: dict[str, int] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.running = n.name
+        return super().run_node(n)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target in _VIEW_OPS:
+            target = torch.ops.aten.reshape.default
+        torch.cuda.reset_peak_memory_stats(self.device)  # the peak restarts at what is live
+        out = target(*args, **kwargs)
+        # what the op allocated and released before returning: the kernel's own buffers
+        # (attention and loss backward, reductions), invisible as outputs
+        transient = (torch.cuda.max_memory_allocated(self.device)
+                     - torch.cuda.memory_allocated(self.device))
+        if transient > 0:
+            self.workspace_bytes[self.running] = transient
+        return out
+
+
+def measure_fx_workspace_bytes(cap: JointCapture, args: list[Any]) -> dict[str, int]:
+    """Per call node of the joint graph, the bytes it allocates and frees while it runs (CUDA:
+    the caching allocator's peak above what is live after the op); {} on CPU, where neither
+    the plan's runtime nor its measurement sees such buffers."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    if device.type != "cuda":
+        return {}
+    interpreter = _WorkspaceInterpreter(cap.gm, device)
+    with torch.no_grad():
+        interpreter.run(*args, enable_io_processing=False)
+    torch.cuda.reset_peak_memory_stats(device)
+    return interpreter.workspace_bytes
+
+
 def real_step_ms(
     model: nn.Module,
     inputs: tuple[Any, ...],

@@ -17,8 +17,9 @@ Rotor's subproblem (s, t, m) (a^{s-1} and δ^t resident, m bytes free above them
   device during its last operation, B_{s+1}). Nothing in the child reads a^{s-1}.
 - Time: compute plus, per F_all with copies, the reloads not hidden by B_{s+1}:
   max(0, reload ms - b_{s+1}) (both reloads share the h2d link). The copy out costs no time
-  (the event model frees the device copy when the copy ends; the compute stream does not
-  wait), and is assumed over within that first operation.
+  (the plan's free of the device copy is placed after the copy's end by
+  planner.sim.free_placement, so the compute stream does not wait), and is assumed over within
+  that first operation.
 
 `replay` accounts a sequence in this model exactly (bytes); `solve_pofo` returns the least-cost
 sequence within a budget (slots as in Rotor: exact when every size is a multiple of the gcd and

@@ -7,10 +7,10 @@ longest). Offloading windows of one interval means, in the event model of planne
 
 - `O v` once, right after the `C v` that opens the interval (the copy starts as soon as v
   exists; the d2h stream is serial, so copies queue in plan order);
-- per window, `F v` right after the last use before the gap (the simulator releases the device
-  copy when the copy completes, never earlier), and `P v` before the compute at `prefetch_at`
-  (device memory is taken when the copy starts; the use at the end of the gap waits for it);
-- `D v` after the interval's last prefetch (the host copy is released when it completes).
+- per window, `F v` right after the last use before the gap (the Judge then moves it to where
+  the copy has ended: planner.sim.free_placement), and `P v` before the compute at `prefetch_at`
+  (device memory is taken at its issue; the use at the end of the gap waits for the copy);
+- `D v` after the interval's last prefetch.
 
 Prefetch positions come from a backward list schedule on the base timeline (`jit_positions`):
 each copy must end before its use starts, the h2d stream carries one copy at a time, and the

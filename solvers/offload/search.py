@@ -21,7 +21,8 @@ from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.plan import Action, PlanStatus
 from planner.core.resources import Link, Resources
-from planner.sim.simulator import PlanError, simulate
+from planner.sim.free_placement import place_frees
+from planner.sim.simulator import PlanError
 from planner.solvers.offload.schedule import (
     Window,
     WindowKey,
@@ -93,14 +94,15 @@ class Judge:
         return self.resources.h2d
 
     def __call__(self, actions: list[Action]) -> Judged | None:
-        """None when the plan cannot run (the simulator's error)."""
+        """The plan with its frees placed where their copies end (planner.sim.free_placement),
+        judged; None when the plan cannot run (the simulator's error)."""
         self.simulations += 1
         try:
-            sim = simulate(self.graph, actions, self.resources)
+            placed, sim = place_frees(self.graph, actions, self.resources)
         except PlanError:
             return None
         return Judged(
-            actions=actions,
+            actions=placed,
             peak_bytes=sim.peak_bytes,
             host_peak_bytes=sim.host_peak_bytes,
             makespan_ms=sim.makespan_ms,
@@ -170,8 +172,9 @@ def fit_with_offloads(
         if full is not None and full.device_fits or time.perf_counter() >= deadline:
             break
     if full is None or not full.device_fits:
-        # Copies out queue on the d2h link and a device copy is released only when its copy
-        # ends: offloading more can raise the peak. Grow the set one window at a time instead.
+        # Copies out queue on the d2h link and a device copy is released only once its copy
+        # ends (the free is placed there): offloading more can raise the peak. Grow the set
+        # one window at a time instead.
         return grow(judge, base, ranked, deadline)
     lo, hi = 0, len(ranked)  # prefix hi fits the device; find the least one that fits both
     best = full if full.fits else None

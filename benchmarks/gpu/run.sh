@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The project's GPU check in one script, for the device machine (benchmarks/gpu/README.md):
+# carried wheels installed into /tmp/site, the gpu-marked tests, then the fidelity benchmark.
+# Run from the repository root:   bash benchmarks/gpu/run.sh [PHASES]
+# PHASES: any of sanity pytest fidelity (default: all three). Each phase has its own time
+# limit (PYTEST_S, FIDELITY_S) and writes as it goes, so a cut run still reports. Everything
+# lands in $OUT (at most 8 files come back): log.txt, pytest.txt, fidelity.json,
+# gpu_fidelity.md, graphs.tgz (the traced graphs with measured costs, for benchmarks/data/).
+# FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt").
+set -u
+O=${OUT:-/tmp/out}
+mkdir -p "$O"
+exec > >(tee -a "$O/log.txt") 2>&1
+PHASES=${*:-sanity pytest fidelity}
+WHEELS=${WHEELS:-.whl}
+echo "== start $(date -u +%T) phases: $PHASES"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$WHEELS"/*.whl || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "no wheels in $WHEELS: pydantic and ortools must already be installed"
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg
+rc=0
+for ph in $PHASES; do
+  echo "== $ph $(date -u +%T)"
+  case $ph in
+    sanity)
+      nvidia-smi -L
+      python3 -c "import torch, pydantic, ortools; print('torch', torch.__version__, \
+torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortools.__version__)" \
+        && python3 -c "import planner.engine.solve, planner.runtime.apply; print('imports ok')" \
+        || rc=1 ;;
+    pytest)
+      timeout "${PYTEST_S:-170}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
+        tests/test_runtime_gpu.py tests/test_runtime_offload_gpu.py \
+        $(ls tests/test_autocast.py 2>/dev/null) >"$O/pytest.txt" 2>&1
+      code=$?
+      grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|error" "$O/pytest.txt" | tail -30
+      echo "pytest exit $code"; [ "$code" = 0 ] || rc=1 ;;
+    fidelity)
+      mkdir -p /tmp/graphs
+      PYTHONWARNINGS=ignore timeout "${FIDELITY_S:-370}" python3 benchmarks/gpu_fidelity.py \
+        --out "$O/fidelity.json" --docs "$O/gpu_fidelity.md" --graphs-dir /tmp/graphs --timeline \
+        ${FIDELITY_ARGS:-}
+      code=$?
+      tar czf "$O/graphs.tgz" -C /tmp/graphs . && ls -l /tmp/graphs
+      echo "fidelity exit $code"; [ "$code" = 0 ] || rc=1 ;;
+    *) echo "unknown phase $ph (use sanity, pytest, fidelity)"; rc=2 ;;
+  esac
+done
+echo "== end $(date -u +%T) rc $rc"
+exit $rc
