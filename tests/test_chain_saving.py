@@ -87,8 +87,19 @@ def test_the_dp_with_options_is_exact_within_budget_and_never_worse(graphs) -> N
             assert run.peak_bytes <= budget and math.isclose(run.cost, lean.cost)
             layout = combined_layout(lin.layout, [o.layout for o in options], picks)
             sim = simulate(g, translate(g, layout, lean.ops))
-            assert sim.peak_bytes <= run.peak_bytes  # the chain model is exact or above
+            # The chain model is exact or above, but for an output of a multi-output op that
+            # the plan frees and takes again from the op in another segment (a dropout's mask):
+            # the runtime keeps it in the op's tuple meanwhile, which segment profiles cannot
+            # see (planner.sim.ledger_replay.kept_elements). At most one such output.
+            assert sim.peak_bytes <= run.peak_bytes + _largest_element_bytes(g)
     assert improved >= 2  # keeping less pays on these graphs
+
+
+def _largest_element_bytes(g: Graph) -> int:
+    from planner.sim.ledger import MemoryLedger
+
+    ledger = MemoryLedger.of(g)
+    return max((ledger.storage_bytes[u] for u in ledger.element_op), default=0)
 
 
 def test_rotor_method_option_and_its_check(graphs) -> None:

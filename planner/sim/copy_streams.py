@@ -37,7 +37,7 @@ from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp
 from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger, describe_missing, loss_rule_error
-from planner.sim.ledger_replay import born_bytes, handed_by_run
+from planner.sim.ledger_replay import born_bytes, handed_by_run, kept_by_run
 from planner.sim.result import (
     MemoryPoint,
     PlanError,
@@ -68,6 +68,8 @@ class _Streams:
         self.spans: list[StreamSpan] = []
         self.handed: dict[tuple[int, int], tuple[int, ...]] = {}  # set by run / place
         self.prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's run
+        self.kept: frozenset[tuple[int, int]] = frozenset()  # (element, free number) kept
+        self.frees: dict[int, int] = {}  # node -> frees so far
         self.compute_free = self.d2h_free = self.h2d_free = 0.0
         self.exposed = self.transfer = self.compute_total = 0.0
         self.resident: set[int] = set()
@@ -145,7 +147,8 @@ class _Streams:
         extra = ws + (self.held.get(v, 0) if not times else 0) - self.prepaid.pop(v, 0)
         self.emit(start, i, 1, extra, 0, primary=True)  # the timeline's point: while it runs
         handed = self.handed.get((v, times), ())
-        born = born_bytes(self.ledger, handed, self.computed, self.prepaid) if handed else 0
+        born = (born_bytes(self.own, self.held, handed, self.computed, self.prepaid)
+                if handed else 0)
         self.emit(end, i, 2, born - ws, 0)  # the workspace goes, handed elements stay
         self.ready_at[v] = end
         self.compute_free = end
@@ -163,6 +166,10 @@ class _Streams:
         r = self.root[v]
         self.refcount[r] -= 1
         shrink = self.own[r] if self.refcount[r] == 0 else 0
+        k = self.frees.get(v, 0)
+        self.frees[v] = k + 1
+        if shrink and (v, k) in self.kept and self.ledger.element_op[v] in self.resident:
+            self.prepaid[v], shrink = shrink, 0  # still in its op's tuple, handed over again
         # a copy still using v's storage: the compute stream waits for it, then releases
         t = max(self.compute_free, self.copy_busy.pop(v, 0.0))
         self.exposed += t - self.compute_free
@@ -241,6 +248,7 @@ class _Streams:
             ActionOp.drop: self.drop,
         }
         self.handed = handed_by_run(self.ledger, actions)
+        self.kept = kept_by_run(self.ledger, actions)
         for i, a in enumerate(actions):
             if a.node not in self.index.position:
                 raise self.fail(i, a, f"node {a.node} is not in the graph")

@@ -49,6 +49,7 @@ class ReplayFigures:
     fixed_bytes: int
     computed: Mapping[int, int]  # node -> how many times it was computed
     live_bytes: list[int] | None = None  # after each action (during it, for a compute)
+    end_bytes: int = 0  # live after the last action (the fast replay's)
 
 
 def control_predecessors(index: GraphIndex) -> dict[int, list[int]]:
@@ -82,20 +83,26 @@ def describe_missing(graph: Graph, missing: list[int]) -> str:
 
 
 def fast_replay(
-    ledger: MemoryLedger, actions: Sequence[Action], views: ViewRule, record: bool
+    ledger: MemoryLedger, actions: Sequence[Action], views: ViewRule, record: bool,
+    *, start_bytes: int | None = None, with_held: bool = True,
 ) -> ReplayFigures:
-    """The unchecked replay (the hot loop of solvers' own checks)."""
+    """The unchecked replay (the hot loop of solvers' own checks); from `start_bytes` (default:
+    the fixed bytes), held bytes left out unless `with_held`."""
     compute_op = ActionOp.compute
-    ws, held = ledger.workspace_bytes, ledger.held_bytes
+    ws = ledger.workspace_bytes
+    held: Mapping[int, int] = ledger.held_bytes if with_held else {}
     charge = views is not ViewRule.share_base  # per-node bytes, no storage sharing
     own = ledger.charged_bytes if views is ViewRule.charge_base else ledger.storage_bytes
     root = ledger.storage_root
     refcount: dict[int, int] = {}
     computed: dict[int, int] = {}
-    live = peak = ledger.fixed_bytes
+    live = peak = ledger.fixed_bytes if start_bytes is None else start_bytes
     peak_index = -1
     timeline: list[int] = []
     handed = handed_elements(ledger, actions)
+    kept = kept_elements(ledger, actions)
+    element_op = ledger.element_op
+    ops_resident: set[int] = set()  # resident ops with outputs of their own (for `kept`)
     prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's computation
     for i, a in enumerate(actions):
         v = a.node
@@ -112,26 +119,37 @@ def fast_replay(
                 refcount[r] = k + 1
                 if not k:
                     live += own[r]
-            if handed:
+            if prepaid:
                 live -= prepaid.pop(v, 0)  # an element taken at its op's computation
             during = live + ws[v]
             if i in handed:  # outputs of their own the plan takes from this run: live on
-                live += born_bytes(ledger, handed[i], computed, prepaid)
+                live += born_bytes(ledger.storage_bytes, held, handed[i], computed, prepaid)
+            if element_op and v in ledger.elements:
+                ops_resident.add(v)
             if during > peak:
                 peak, peak_index = during, i
             if record:
                 timeline.append(during)
         else:
+            ops_resident.discard(v)
+            stays = i in kept and element_op[v] in ops_resident  # still in its op's tuple
             if charge:
-                live -= own[v]
+                if stays:
+                    prepaid[v] = own[v]
+                else:
+                    live -= own[v]
             else:
                 r = root[v]
                 refcount[r] -= 1
                 if not refcount[r]:
-                    live -= own[r]
+                    if stays:
+                        prepaid[v] = own[r]
+                    else:
+                        live -= own[r]
             if record:
                 timeline.append(live)
-    return _figures(ledger, actions, peak, peak_index, computed, timeline if record else None)
+    return _figures(ledger, actions, peak, peak_index, computed, timeline if record else None,
+                    live)
 
 
 def _figures(
@@ -141,6 +159,7 @@ def _figures(
     peak_index: int,
     computed: dict[int, int],
     timeline: list[int] | None,
+    end_bytes: int = 0,
 ) -> ReplayFigures:
     return ReplayFigures(
         peak_bytes=peak,
@@ -151,6 +170,7 @@ def _figures(
         fixed_bytes=ledger.fixed_bytes,
         computed=computed,
         live_bytes=timeline,
+        end_bytes=end_bytes,
     )
 
 
@@ -170,6 +190,8 @@ def checked_replay(
     peak_index = -1
     timeline: list[int] = []
     handed = handed_elements(ledger, actions)
+    kept = kept_elements(ledger, actions)
+    element_op = ledger.element_op
     prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's computation
     for i, a in enumerate(actions):
         if deadline is not None and not i % CHECK_EVERY and time.perf_counter() > deadline:
@@ -199,12 +221,12 @@ def checked_replay(
             refcount[r] = k + 1
             if not k:
                 live += own[r]
-            if handed:
+            if prepaid:
                 live -= prepaid.pop(v, 0)  # an element taken at its op's computation
             during = live + ws
             computed[v] = times + 1
             if i in handed:  # outputs of their own the plan takes from this run: live on
-                live += born_bytes(ledger, handed[i], computed, prepaid)
+                live += born_bytes(ledger.storage_bytes, held, handed[i], computed, prepaid)
             if during > peak:
                 peak, peak_index = during, i
             if record:
@@ -217,7 +239,10 @@ def checked_replay(
             r = f[1]
             refcount[r] -= 1
             if not refcount[r]:
-                live -= own[r]
+                if i in kept and element_op[v] in resident:  # still in its op's tuple
+                    prepaid[v] = own[r]
+                else:
+                    live -= own[r]
             if record:
                 timeline.append(live)
         else:
@@ -259,6 +284,30 @@ def handed_elements(
     return out
 
 
+def kept_elements(ledger: MemoryLedger, actions: Sequence[Action]) -> frozenset[int]:
+    """Indices of the frees of element nodes that the plan computes again before it next
+    touches their op: while the op stays resident, the runtime keeps the element in the op's
+    tuple to hand it over again, so its bytes stay (and its next computation adds none)."""
+    element_op = ledger.element_op
+    if not element_op:
+        return frozenset()
+    compute_op, free_op = ActionOp.compute, ActionOp.free
+    end = len(actions)
+    next_touch: dict[int, int] = {}
+    next_compute: dict[int, int] = {}
+    out: set[int] = set()
+    for i in range(end - 1, -1, -1):
+        a = actions[i]
+        v = a.node
+        if a.op is free_op and v in element_op:
+            if next_compute.get(v, end) < next_touch.get(element_op[v], end):
+                out.add(i)
+        elif a.op is compute_op:
+            next_compute[v] = i
+        next_touch[v] = i
+    return frozenset(out)
+
+
 def handed_by_run(
     ledger: MemoryLedger, actions: Sequence[Action]
 ) -> dict[tuple[int, int], tuple[int, ...]]:
@@ -278,11 +327,27 @@ def handed_by_run(
     return out
 
 
-def born_bytes(ledger: MemoryLedger, elements: tuple[int, ...], computed: Mapping[int, int],
-          prepaid: dict[int, int]) -> int:
+def kept_by_run(ledger: MemoryLedger, actions: Sequence[Action]) -> frozenset[tuple[int, int]]:
+    """`kept_elements` as (element node, how many times it was freed before): stable when frees
+    move (planner.sim.free_placement)."""
+    kept = kept_elements(ledger, actions)
+    if not kept:
+        return frozenset()
+    frees: dict[int, int] = {}
+    out: set[tuple[int, int]] = set()
+    for i, a in enumerate(actions):
+        if a.op is ActionOp.free:
+            k = frees.get(a.node, 0)
+            frees[a.node] = k + 1
+            if i in kept:
+                out.add((a.node, k))
+    return frozenset(out)
+
+
+def born_bytes(storage: Mapping[int, int], held: Mapping[int, int], elements: tuple[int, ...],
+               computed: Mapping[int, int], prepaid: dict[int, int]) -> int:
     """Bytes the elements take now (their storage, or a gradient's held bytes the first
     time), noted in `prepaid` so that their own computation does not take them again."""
-    storage, held = ledger.storage_bytes, ledger.held_bytes
     total = 0
     for u in elements:
         b = storage[u] or (held.get(u, 0) if u not in computed else 0)

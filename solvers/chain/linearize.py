@@ -31,8 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.core.graph import Graph, Phase
-from planner.core.plan import Action, ActionOp
+from planner.core.plan import Action
 from planner.sim.ledger import MemoryLedger, ViewRule
+from planner.sim.ledger_replay import fast_replay
 from planner.solvers.baselines import joint_positions
 from planner.solvers.chain.layout import ChainLayout
 from planner.solvers.chain.model import Chain, Stage
@@ -193,13 +194,10 @@ def _profile(graph: Graph, actions: list[Action]) -> tuple[int, int]:
     """(peak, end) of live bytes relative to before the actions (values freed count negative):
     the memory ledger's live set from 0 bytes, each value its own storage (ViewRule.own_storage)
     and held bytes left out (the chain charges them for the whole step)."""
-    live = MemoryLedger.of(graph).live_set(ViewRule.own_storage, start_bytes=0, held=False)
-    for a in actions:
-        if a.op is ActionOp.compute:
-            live.compute(a.node)
-        else:
-            live.free(a.node)
-    return live.peak_bytes, live.live_bytes
+    # the fast replay: it knows which outputs of multi-output ops live from the op on
+    figures = fast_replay(MemoryLedger.of(graph), actions, ViewRule.own_storage, False,
+                          start_bytes=0, with_held=False)
+    return figures.peak_bytes, figures.end_bytes
 
 
 def chain_of_layout(graph: Graph, layout: ChainLayout) -> Chain:
