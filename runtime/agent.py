@@ -24,7 +24,6 @@ logger.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -38,15 +37,15 @@ from torch import nn
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
-from planner.core.io import plan_from_dict, write_json
-from planner.core.plan import Plan, PlanStatus
+from planner.core.io import plan_from_dict
+from planner.core.plan import Plan
 from planner.engine.request import ResolvedRequest, resolve_request
 from planner.runtime.apply import PlannedModule, apply
 from planner.runtime.grad_lifetime import kept_gradients, warn
+from planner.runtime.plan_cache import USABLE, PlanCache, default_cache_dir
 
 log = logging.getLogger("planner.runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
-USABLE = (PlanStatus.optimal, PlanStatus.feasible)
 MAX_REPLANS = 3  # tighter budgets tried when a measured step exceeds the budget
 # Request field -> plan_for's argument (planner.engine.request names fields).
 AGENT_FIELDS = {"time_limit": "time_limit_s"}
@@ -85,11 +84,6 @@ class AgentReport:
     def say(self, message: str) -> None:
         self.messages.append(message)
         log.info(message)
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("PLANNER_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "planner" / "plans"
 
 
 def plan_for(
@@ -325,41 +319,6 @@ def _cancel(client: Any, job_id: str) -> None:
         client.cancel_plan(job_id)
     except Exception as e:  # the fallback matters more than the cancel
         log.warning("could not cancel job %s: %s", job_id, e)
-
-
-class PlanCache:
-    """plan.json files under `root/<graph hash>/<method>-<budget>.json`."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def path_of(self, graph: Graph, budget_bytes: int, method: str) -> Path:
-        digest = graph.content_hash().split(":")[-1][:40]
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in method)
-        return self.root / digest / f"{safe}-{budget_bytes}.json"
-
-    def get(self, graph: Graph, budget_bytes: int, method: str) -> Plan | None:
-        path = self.path_of(graph, budget_bytes, method)
-        if not path.is_file():
-            return None
-        try:
-            import json
-
-            plan = plan_from_dict(json.loads(path.read_text()), where=str(path))
-        except (InputError, ValueError, OSError) as e:
-            log.warning("ignoring unreadable cached plan %s: %s", path, e)
-            return None
-        if plan.graph_hash != graph.content_hash() or plan.status not in USABLE:
-            return None
-        return plan
-
-    def put(self, graph: Graph, budget_bytes: int, method: str, plan: Plan) -> None:
-        path = self.path_of(graph, budget_bytes, method)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, plan)
-        except (InputError, OSError) as e:  # a cache that cannot be written is not fatal
-            log.warning("cannot cache the plan at %s: %s", path, e)
 
 
 # -- measuring ------------------------------------------------------------------------------------

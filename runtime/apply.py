@@ -18,7 +18,6 @@ they disagree, with the bytes the plan is off by.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from planner.runtime.grad_lifetime import GradientLifetimeCheck
 from planner.runtime.grad_lifetime import install as install_lifetime_check
 from planner.runtime.op_codegen import PlanExecutionError
 from planner.runtime.op_executor import JointProgram, PlanRun
+from planner.runtime.retrace import trace_as_planned
 from planner.sim.simulator import PlanError, simulate
 from planner.sim.step_memory import model_state_breakdown
 
@@ -91,7 +91,7 @@ def apply(
     offloads = plan.kind in (PlanKind.offload, PlanKind.remat_offload)
     machine = resources if resources is not None else plan.resources
     if trace is None:
-        trace = _trace_as_planned(model, inputs, loss_fn, plan, graph)
+        trace = trace_as_planned(model, inputs, loss_fn, plan, graph)
     if getattr(trace, "level", "op") == "module":
         if offloads:
             raise InputError(
@@ -124,55 +124,6 @@ def apply(
     # The training loop's gradients against the lifetime the plan was made for.
     install_lifetime_check(module, graph if graph is not None else traced)
     return module
-
-
-def _trace_as_planned(
-    model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any, plan: Plan, graph: Graph | None
-) -> Any:
-    """The model traced (op level) as the plan's graph was, when that can be told from its hash.
-
-    The runtime runs the joint graph, so masks are sized as it keeps them (bool); a plan solved
-    on an eager-sized trace (the CLI's default) is recognised as well, and so is either gradient
-    lifetime (the traced default "backward", or "step"). With `graph`, its lifetime is taken.
-    Autocast: the graph's recorded setting, else the caller's autocast block's, else each
-    setting in turn (planner.tracing.autocast.retrace_settings)."""
-    from planner.tracing.api import trace as trace_fn
-    from planner.tracing.autocast import retrace_settings
-
-    settings = retrace_settings(model, inputs, graph)
-    first = trace_fn(
-        model, inputs, loss_fn=loss_fn, level="op", dropout_masks="graph", autocast=settings[0]
-    )
-    if first.joint is None:
-        return first
-    if graph is not None:
-        state = graph.model_state
-        return _with_lifetime(first, state.gradient_lifetime if state else "step")
-    # Eager-sized masks differ only for dropout on CPU.
-    masks_differ = any(n.random for n in first.graph.nodes) and all(
-        p.device.type == "cpu" for p in model.parameters()
-    )
-    for setting in settings:
-        for masks in ("graph", "eager") if masks_differ else ("graph",):
-            result = first if (setting, masks) == (settings[0], "graph") else trace_fn(
-                model, inputs, loss_fn=loss_fn, dropout_masks=masks, autocast=setting
-            )
-            for lifetime in ("backward", "step"):
-                candidate = _with_lifetime(result, lifetime)
-                if candidate.graph.content_hash() == plan.graph_hash:
-                    return candidate
-    return first
-
-
-def _with_lifetime(result: Any, lifetime: str) -> Any:
-    """`result` (a TraceResult) whose graph holds gradients for `lifetime` (no re-trace)."""
-    state = result.graph.model_state
-    if state is None or state.gradient_lifetime == lifetime:
-        return result
-    graph = result.graph.model_copy(
-        update={"model_state": state.model_copy(update={"gradient_lifetime": lifetime})}
-    )
-    return dataclasses.replace(result, graph=graph)
 
 
 def _apply_blocks(
