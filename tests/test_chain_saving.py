@@ -90,7 +90,7 @@ def test_the_dp_with_options_is_exact_within_budget_and_never_worse(graphs) -> N
             # The chain model is exact or above, but for an output of a multi-output op that
             # the plan frees and takes again from the op in another segment (a dropout's mask):
             # the runtime keeps it in the op's tuple meanwhile, which segment profiles cannot
-            # see (planner.sim.ledger_replay.kept_elements). At most one such output.
+            # see (planner.sim.ledger_replay.ElementFlow.kept). At most one such output.
             assert sim.peak_bytes <= run.peak_bytes + _largest_element_bytes(g)
     assert improved >= 2  # keeping less pays on these graphs
 

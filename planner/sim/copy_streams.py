@@ -37,7 +37,7 @@ from planner.core.graph import Graph
 from planner.core.plan import Action, ActionOp
 from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger, describe_missing, loss_rule_error
-from planner.sim.ledger_replay import born_bytes, handed_by_run, kept_by_run
+from planner.sim.ledger_replay import born_bytes, flow_by_run
 from planner.sim.result import (
     MemoryPoint,
     PlanError,
@@ -247,8 +247,7 @@ class _Streams:
             ActionOp.prefetch: self.prefetch,
             ActionOp.drop: self.drop,
         }
-        self.handed = handed_by_run(self.ledger, actions)
-        self.kept = kept_by_run(self.ledger, actions)
+        self.handed, self.kept = flow_by_run(self.ledger, actions)
         for i, a in enumerate(actions):
             if a.node not in self.index.position:
                 raise self.fail(i, a, f"node {a.node} is not in the graph")

@@ -22,7 +22,7 @@ from planner.core.plan import Action, ActionOp
 from planner.core.resources import Resources
 from planner.sim.copy_streams import _Streams
 from planner.sim.ledger import describe_missing
-from planner.sim.ledger_replay import handed_by_run, kept_by_run
+from planner.sim.ledger_replay import flow_by_run
 from planner.sim.result import PlanError, SimulationResult
 from planner.sim.simulator import simulate
 
@@ -42,8 +42,7 @@ class _PlacingStreams(_Streams):
         }
         placed: list[Action] = []
         held: dict[int, Action] = {}  # node -> its free, held back while a copy uses v
-        self.handed = handed_by_run(self.ledger, actions)  # moving frees keeps them
-        self.kept = kept_by_run(self.ledger, actions)
+        self.handed, self.kept = flow_by_run(self.ledger, actions)  # frees move: still right
 
         def issue(a: Action) -> None:
             handlers[a.op](len(placed), a)

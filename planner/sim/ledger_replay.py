@@ -99,8 +99,8 @@ def fast_replay(
     live = peak = ledger.fixed_bytes if start_bytes is None else start_bytes
     peak_index = -1
     timeline: list[int] = []
-    handed = handed_elements(ledger, actions)
-    kept = kept_elements(ledger, actions)
+    flow = element_flow(ledger, actions)
+    handed, kept = flow.handed, flow.kept
     element_op = ledger.element_op
     ops_resident: set[int] = set()  # resident ops with outputs of their own (for `kept`)
     prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's computation
@@ -189,8 +189,8 @@ def checked_replay(
     live = peak = ledger.fixed_bytes
     peak_index = -1
     timeline: list[int] = []
-    handed = handed_elements(ledger, actions)
-    kept = kept_elements(ledger, actions)
+    flow = element_flow(ledger, actions)
+    handed, kept = flow.handed, flow.kept
     element_op = ledger.element_op
     prepaid: dict[int, int] = {}  # element node -> bytes taken at its op's computation
     for i, a in enumerate(actions):
@@ -254,94 +254,74 @@ def checked_replay(
     return _figures(ledger, actions, peak, peak_index, computed, timeline if record else None)
 
 
-def handed_elements(
-    ledger: MemoryLedger, actions: Sequence[Action]
-) -> dict[int, tuple[int, ...]]:
-    """Action index of a computation of an op with outputs of their own (`ledger.elements`)
-    -> those the plan computes next before it next touches the op again: the runtime hands
-    them from this run (planner.runtime.op_codegen keeps them in the op's tuple), so their
-    bytes are live from the op's computation on, not from their own. The others it drops
-    right after the op (charged while it runs: the ledger's workspace rule)."""
-    elements = ledger.elements
+@dataclass(frozen=True)
+class ElementFlow:
+    """Where the outputs of multi-output ops that are nodes of their own (`ledger.elements`)
+    live, for one action list. The runtime (planner.runtime.op_codegen) keeps such an output in
+    its op's tuple exactly when the plan computes its node next, before it next touches the op;
+    it drops the others right after the op (charged while the op runs: the ledger's workspace
+    rule)."""
+
+    # index of a computation of an op -> its outputs handed over from this run: their bytes
+    # are live from the op's computation on, not from their own
+    handed: dict[int, tuple[int, ...]]
+    # indices of frees of such outputs kept in their op's tuple (while the op is resident) to
+    # be handed over again: their bytes stay, and their next computation adds none
+    kept: frozenset[int]
+
+
+def element_flow(ledger: MemoryLedger, actions: Sequence[Action]) -> ElementFlow:
+    """The `ElementFlow` of `actions`, in one backward scan."""
+    elements, element_op = ledger.elements, ledger.element_op
     if not elements:
-        return {}
-    compute_op = ActionOp.compute
-    next_touch: dict[int, int] = {}  # node -> index of the next action on it (scan backward)
-    next_compute: dict[int, int] = {}
-    out: dict[int, tuple[int, ...]] = {}
-    for i in range(len(actions) - 1, -1, -1):
+        return ElementFlow({}, frozenset())
+    compute_op, free_op = ActionOp.compute, ActionOp.free
+    end = len(actions)
+    next_touch: dict[int, int] = {}  # node -> index of the next action on it
+    next_compute: dict[int, int] = {}  # node -> index of its next computation
+    handed: dict[int, tuple[int, ...]] = {}
+    kept: set[int] = set()
+    for i in range(end - 1, -1, -1):
         a = actions[i]
         v = a.node
         if a.op is compute_op:
             us = elements.get(v)
             if us is not None:
-                touch = next_touch.get(v, len(actions))
-                taken = tuple(u for u in us if next_compute.get(u, len(actions)) < touch)
+                touch = next_touch.get(v, end)
+                taken = tuple(u for u in us if next_compute.get(u, end) < touch)
                 if taken:
-                    out[i] = taken
+                    handed[i] = taken
             next_compute[v] = i
-        next_touch[v] = i
-    return out
-
-
-def kept_elements(ledger: MemoryLedger, actions: Sequence[Action]) -> frozenset[int]:
-    """Indices of the frees of element nodes that the plan computes again before it next
-    touches their op: while the op stays resident, the runtime keeps the element in the op's
-    tuple to hand it over again, so its bytes stay (and its next computation adds none)."""
-    element_op = ledger.element_op
-    if not element_op:
-        return frozenset()
-    compute_op, free_op = ActionOp.compute, ActionOp.free
-    end = len(actions)
-    next_touch: dict[int, int] = {}
-    next_compute: dict[int, int] = {}
-    out: set[int] = set()
-    for i in range(end - 1, -1, -1):
-        a = actions[i]
-        v = a.node
-        if a.op is free_op and v in element_op:
+        elif a.op is free_op and v in element_op:
             if next_compute.get(v, end) < next_touch.get(element_op[v], end):
-                out.add(i)
-        elif a.op is compute_op:
-            next_compute[v] = i
+                kept.add(i)
         next_touch[v] = i
-    return frozenset(out)
+    return ElementFlow(handed, frozenset(kept))
 
 
-def handed_by_run(
-    ledger: MemoryLedger, actions: Sequence[Action]
-) -> dict[tuple[int, int], tuple[int, ...]]:
-    """`handed_elements` keyed by (op node, how many times it was computed before): stable when
-    frees move (planner.sim.free_placement)."""
-    handed = handed_elements(ledger, actions)
-    if not handed:
-        return {}
-    runs: dict[int, int] = {}
-    out: dict[tuple[int, int], tuple[int, ...]] = {}
+def handed_elements(ledger: MemoryLedger, actions: Sequence[Action]) -> dict[int, tuple[int, ...]]:
+    """`ElementFlow.handed` of `actions`."""
+    return element_flow(ledger, actions).handed
+
+
+def flow_by_run(ledger: MemoryLedger, actions: Sequence[Action]) -> tuple[
+        dict[tuple[int, int], tuple[int, ...]], frozenset[tuple[int, int]]]:
+    """The element flow keyed by runs, stable when frees move (planner.sim.free_placement):
+    handed as (op node, its computations before), kept as (element node, its frees before)."""
+    flow = element_flow(ledger, actions)
+    if not flow.handed and not flow.kept:
+        return {}, frozenset()
+    runs: dict[tuple[ActionOp, int], int] = {}
+    handed: dict[tuple[int, int], tuple[int, ...]] = {}
+    kept: set[tuple[int, int]] = set()
     for i, a in enumerate(actions):
-        if a.op is ActionOp.compute:
-            k = runs.get(a.node, 0)
-            runs[a.node] = k + 1
-            if i in handed:
-                out[(a.node, k)] = handed[i]
-    return out
-
-
-def kept_by_run(ledger: MemoryLedger, actions: Sequence[Action]) -> frozenset[tuple[int, int]]:
-    """`kept_elements` as (element node, how many times it was freed before): stable when frees
-    move (planner.sim.free_placement)."""
-    kept = kept_elements(ledger, actions)
-    if not kept:
-        return frozenset()
-    frees: dict[int, int] = {}
-    out: set[tuple[int, int]] = set()
-    for i, a in enumerate(actions):
-        if a.op is ActionOp.free:
-            k = frees.get(a.node, 0)
-            frees[a.node] = k + 1
-            if i in kept:
-                out.add((a.node, k))
-    return frozenset(out)
+        k = runs.get((a.op, a.node), 0)
+        runs[(a.op, a.node)] = k + 1
+        if i in flow.handed:
+            handed[(a.node, k)] = flow.handed[i]
+        elif i in flow.kept:
+            kept.add((a.node, k))
+    return handed, frozenset(kept)
 
 
 def born_bytes(storage: Mapping[int, int], held: Mapping[int, int], elements: tuple[int, ...],
