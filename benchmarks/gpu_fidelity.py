@@ -163,7 +163,8 @@ def doc_page(info: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "the allocator's peak above the step's start (CUDA) or exact live storage (CPU), "
         "gradients included once (traced with gradient lifetime `backward`: the predicted peak "
         "minus the graph's fixed bytes holds them). Identical plans from several methods are "
-        "measured once.", "",
+        "measured once. CUDA allocator: expandable segments on (planner.tracing.cuda_allocator: "
+        "blocks split to the 512 B-rounded sizes the simulator counts).", "",
         "## Summary", "", *summary_table(rows), "", "## Every plan", "", *rows_table(rows),
     ]
     diagnosed = timeline_lines(rows)
@@ -196,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from planner.core.errors import InputError
 
+    if cuda:  # eager references measured under the setting the runtime uses
+        from planner.tracing.cuda_allocator import use_exact_allocator
+
+        use_exact_allocator()
     try:
         config = config_from(args, cuda)
     except InputError as e:

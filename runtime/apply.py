@@ -37,6 +37,7 @@ from planner.runtime.op_executor import JointProgram, PlanRun
 from planner.runtime.retrace import trace_as_planned
 from planner.sim.simulator import PlanError, simulate
 from planner.sim.step_memory import model_state_breakdown
+from planner.tracing.cuda_allocator import use_exact_allocator
 
 
 class PlanMismatch(InputError):
@@ -89,6 +90,8 @@ def apply(
             "(remat, offload, remat+offload): pipeline execution is not built yet"
         )
     offloads = plan.kind in (PlanKind.offload, PlanKind.remat_offload)
+    if _on_cuda(model, inputs):
+        use_exact_allocator()  # allocated bytes = the plan's rounded sizes
     machine = resources if resources is not None else plan.resources
     if trace is None:
         trace = trace_as_planned(model, inputs, loss_fn, plan, graph)
@@ -124,6 +127,11 @@ def apply(
     # The training loop's gradients against the lifetime the plan was made for.
     install_lifetime_check(module, graph if graph is not None else traced)
     return module
+
+
+def _on_cuda(model: nn.Module, inputs: tuple[Any, ...]) -> bool:
+    tensors = [*model.parameters(), *(x for x in inputs if isinstance(x, torch.Tensor))]
+    return any(t.device.type == "cuda" for t in tensors)
 
 
 def _apply_blocks(

@@ -131,10 +131,11 @@ class StepCopies:
 
     # -- the plan's actions ------------------------------------------------------------------
     def offload(
-        self, group: int, values: dict[str, Any], copy_also: frozenset[str] = frozenset()
+        self, group: int, values: dict[str, Any], copy_also: frozenset[str] = frozenset(),
+        left: frozenset[str] = frozenset(),
     ) -> None:
         s = self.streams
-        packed = pack(self.layouts[group], values, copy_also)
+        packed = pack(self.layouts[group], values, copy_also, left)
         taken = [self.pool.take(int(t.numel())) for t in packed.storages]
         buffers = [buf for buf, _ in taken]
         after = [s.compute_mark(), *(e for _, events in taken for e in events)]

@@ -14,8 +14,9 @@ device memory). An element of a tuple whose own getitem belongs to another node 
 with `dropout_masks="graph"`) is copied with the tuple when that node does not hold it at the
 offload (not computed yet, or freed), or when the plan frees that node before the prefetch and
 computes it again from the reloaded tuple (`copy_also`, decided by the offload compiler); else it
-is read back from that node at the prefetch. Such elements are bytes the graph does not count
-(as the remat executor keeps them inside a held tuple).
+is read back from that node at the prefetch. An element no node reads from the reloaded tuple
+(`left`, also the compiler's) is not copied at all: the copy would keep its device storage alive
+until the tuple's node is freed, past the free of its own node where the simulator releases it.
 """
 
 from __future__ import annotations
@@ -149,11 +150,13 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack(
-    layout: GroupLayout, values: Mapping[str, Any], copy_also: frozenset[str] = frozenset()
+    layout: GroupLayout, values: Mapping[str, Any], copy_also: frozenset[str] = frozenset(),
+    left: frozenset[str] = frozenset(),
 ) -> Packed:
     """What to copy for this node's values now held in `values` (an fx name -> value dict);
     `copy_also`: tuple elements to copy although their own node holds them now (the plan frees
-    that node before the prefetch and computes it again from the reloaded tuple)."""
+    that node before the prefetch and computes it again from the reloaded tuple); `left`: tuple
+    elements no node reads from the reloaded tuple (not copied, None after the prefetch)."""
     out = Packed(layout.group)
     slots: dict[int, int] = {}  # storage data pointer -> slot
 
@@ -177,6 +180,8 @@ def pack(
             for v, kind in zip(value, m.elements, strict=False):
                 if isinstance(v, torch.Tensor) and kind is True:
                     items.append(tensor(v, True))
+                elif isinstance(v, torch.Tensor) and kind in left:
+                    items.append(("val", None))
                 elif isinstance(v, torch.Tensor) and isinstance(kind, str):
                     # held by its own node now: read back from it; else (not computed yet, or
                     # freed) the tuple is what holds it: copied with the tuple

@@ -78,9 +78,12 @@ class _OffloadEmitter(_Emitter):
             if a.op is ActionOp.compute:
                 self.recomputes.setdefault(a.node, []).append(i)
 
-    def _drop_unused_elements(self, tup: str, group: int, index: int) -> None:
-        """Kept: a tuple offloaded and prefetched may hand an element to its node after the
-        round trip (`OffloadCompiler._copy_also`); the remat rule would drop it too early."""
+    def _taken_later(self, element_group: int, group: int, index: int) -> bool:
+        """An element stays unless its node is next computed after the op is computed again
+        (or never): one taken after the tuple's round trip through the host travels in it
+        (`OffloadCompiler._copy_also`), where the remat rule would drop it too early."""
+        return _next(self.recomputes.get(element_group, []), index) <= \
+            _next(self.recomputes.get(group, []), index)
 
     def _drop_allowed(self, tup: str, group: int, index: int) -> bool:
         """Whether an element of `tup` can leave the held tuple when `group` (its getitem's
@@ -136,9 +139,9 @@ class OffloadCompiler(SegmentCompiler):
             elif op is ActionOp.offload:
                 names = frozenset(m for m in self.program.members[v] if m in em.available)
                 self.offloaded_names[v] = names
-                also = self._copy_also(v, index)
-                em.lines.append(f"X.offload({v}, V, {em.const(also)})" if also
-                                else f"X.offload({v}, V)")
+                also, left = self._element_routes(v, index)
+                em.lines.append(f"X.offload({v}, V, {em.const(also)}, {em.const(left)})"
+                                if also or left else f"X.offload({v}, V)")
             elif op is ActionOp.prefetch:
                 held = self.offloaded_names.get(v)
                 if held is None:  # the simulator refuses this first
@@ -156,33 +159,47 @@ class OffloadCompiler(SegmentCompiler):
         exec(compile(source, "<offload plan segment>", "exec"), namespace)  # noqa: S102
         return CompiledSegment(namespace["segment"], computations, source)
 
-    def _copy_also(self, v: int, index: int) -> frozenset[str]:
-        """Elements of v's tuples held by their own node now, to copy all the same: the plan
-        frees that node, prefetches v while it is not resident, then computes it again from
-        the reloaded tuple (before computing v again)."""
+    def _element_routes(self, v: int, index: int) -> tuple[frozenset[str], frozenset[str]]:
+        """For the elements of v's tuples that other nodes own, at v's offload (action `index`):
+        those to copy although their own node holds them now (the plan frees that node, then
+        computes it again from the reloaded tuple before computing v again), and those no node
+        reads from a reloaded tuple (not copied: `offload_pack.pack`'s `left`)."""
         em = self.emitter
-        held = {k for m in self.program.layouts[v].members for k in m.elements or ()
-                if isinstance(k, str) and k in em.available}
-        out: set[str] = set()
-        for name in held:
+        kinds = {k for m in self.program.layouts[v].members for k in m.elements or ()
+                 if isinstance(k, str)}
+        also: set[str] = set()
+        left: set[str] = set()
+        for name in kinds:
             g = self.program.group_of.get(name)
             if g is None:
                 continue
-            resident, hollow = True, False
-            for i in sorted(j for j in {*em.on.get(v, []), *em.on.get(g, [])} if j > index):
-                a = em.plan[i]
-                if a.node == v and a.op is ActionOp.compute:
-                    break
-                if a.node == v and a.op is ActionOp.prefetch:
-                    hollow = not resident
-                if a.node == g and a.op is ActionOp.free:
-                    resident = False
-                elif a.node == g and a.op is ActionOp.compute:
-                    if hollow:
-                        out.add(name)
-                        break
-                    resident = True
-        return frozenset(out)
+            held = name in em.available
+            reread = self._read_after_reload(v, g, index, held)
+            if held and reread:
+                also.add(name)
+            elif not held and not reread:
+                left.add(name)
+        return frozenset(also), frozenset(left)
+
+    def _read_after_reload(self, v: int, g: int, index: int, held: bool) -> bool:
+        """Whether node g is computed from v's tuple as a prefetch rebuilt it, after `index`
+        and before v is computed again; `held`: g holds its element now (then only a compute
+        of g after g was freed before the prefetch reads the reloaded tuple)."""
+        em = self.emitter
+        resident, reloaded = held, False
+        for i in sorted(j for j in {*em.on.get(v, []), *em.on.get(g, [])} if j > index):
+            a = em.plan[i]
+            if a.node == v and a.op is ActionOp.compute:
+                return False
+            if a.node == v and a.op is ActionOp.prefetch:
+                reloaded = reloaded or not resident
+            if a.node == g and a.op is ActionOp.free:
+                resident = False
+            elif a.node == g and a.op is ActionOp.compute:
+                if reloaded:
+                    return True
+                resident = True
+        return False
 
 
 class OffloadRun(PlanRun):

@@ -28,6 +28,10 @@ SegmentFunction = Callable[
 ]
 
 
+# What the kept outputs hold for a buffer update the generated code already copied back.
+MUTATION_APPLIED = "applied"
+
+
 class PlanExecutionError(RuntimeError):
     """The plan asked for something the joint graph cannot do (names the action and node)."""
 
@@ -48,6 +52,7 @@ class _Emitter:
         self.resident: set[int] = set()
         self.lines: list[str] = []
         self.constants: list[Any] = []
+        self.mutations_applied: set[str] = set()  # buffer updates the code already copies back
         self.const_index: dict[int, int] = {}
         # Elements of multi-output ops (native_dropout's mask, ...): getitem fx name ->
         # (tuple fx name, index). The graph gives each element its own node, so an element
@@ -81,6 +86,8 @@ class _Emitter:
 
     def ref(self, node: fx.Node, where: str) -> str:
         name = node.name
+        if node.op == "get_attr":  # a tensor the trace lifted into the graph (torch.tensor(2.0))
+            return self.const(_attribute(node))
         if name not in self.available:
             if name not in self.program.derivable:
                 owner = self.program.group_of.get(name)
@@ -137,13 +144,18 @@ class _Emitter:
             owner = self.program.group_of.get(name)
             if owner is None or owner == group:
                 continue
-            if _next_after(self.computes.get(owner, ()), index) > \
-                    _next_after(self.touches.get(group, ()), index):
+            if not self._taken_later(owner, group, index):
                 drop.append(k)
         if drop:
             self.lines.append(
                 f"V[{tup!r}] = type(V[{tup!r}])(None if i in {tuple(drop)!r} else x "
                 f"for i, x in enumerate(V[{tup!r}]))")
+
+    def _taken_later(self, element_group: int, group: int, index: int) -> bool:
+        """Whether the element's node takes it from this run of the op: it is computed before
+        the plan's next action on the op (the simulator's rule, planner.sim.ledger_replay)."""
+        return _next_after(self.computes.get(element_group, ()), index) <= \
+            _next_after(self.touches.get(group, ()), index)
 
     def _drop_allowed(self, tup: str, group: int, index: int) -> bool:
         """Whether an element of `tup` can leave the held tuple when `group` (its getitem's
@@ -157,6 +169,16 @@ class _Emitter:
         # The first later action on the tuple's node decides, unless `group` is computed first.
         return _next_after(self.touches.get(owner, ()), index) <= \
             _next_after(self.computes.get(group, ()), index)
+
+    def _apply_mutation(self, name: str) -> None:
+        """A buffer's new value (BatchNorm running statistics) freed for the first time: copied
+        into the buffer there, so that it dies at its free as the plan counts it, not at the end
+        of the forward; marked applied so that neither a recomputation nor the step's end copies
+        it again."""
+        buffer = self.program.primals[self.program.mutations[name]]
+        self.lines.append(f"V[{buffer!r}].copy_(V.pop({name!r}))")
+        self.lines.append(f"K[{name!r}] = {self.const(MUTATION_APPLIED)}")
+        self.mutations_applied.add(name)
 
     def free(self, group: int, index: int) -> None:
         if group not in self.resident:
@@ -174,7 +196,9 @@ class _Emitter:
                 self.lines.append(
                     f"V[{tup!r}] = type(V[{tup!r}])(None if i == {k} else x "
                     f"for i, x in enumerate(V[{tup!r}]))")
-            if name in self.program.output_fx:  # handed back by the step even when freed
+            if name in self.program.mutations and name not in self.mutations_applied:
+                self._apply_mutation(name)
+            elif name in self.program.output_fx:  # handed back by the step even when freed
                 self.lines.append(f"K.setdefault({name!r}, V.pop({name!r}, None))")
             else:
                 self.lines.append(f"del V[{name!r}]")
@@ -241,3 +265,11 @@ def resident_sets(actions: Iterable[Any]) -> Iterable[frozenset[int]]:
     """The graph nodes a compiled remat plan holds after each action (the compiler checked the
     plan): the memory ledger's resident sets, built as they are iterated."""
     return resident_after(actions)
+
+
+def _attribute(node: fx.Node) -> Any:
+    """The value of a get_attr node: an attribute (dotted path) of the graph's module."""
+    value: Any = node.graph.owning_module
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    return value

@@ -26,6 +26,7 @@ from torch import fx
 from planner.core.plan import Action, ActionOp
 from planner.core.resources import Resources
 from planner.runtime.op_codegen import (
+    MUTATION_APPLIED,
     CompiledSegment,
     PlanExecutionError,
     SegmentCompiler,
@@ -242,6 +243,8 @@ class PlanRun:
         """Copy new buffer values (e.g. BatchNorm running stats) into the buffers once."""
         for name, primal_index in list(self.program.mutations.items()):
             value = self.kept_outputs.get(name, self.values.get(name))
+            if value is MUTATION_APPLIED:  # copied back at its first free by the plan's code
+                self.mutated.add(name)
             if value is None or name in self.mutated:
                 continue
             buffer = self.values.get(self.program.primals[primal_index])

@@ -218,3 +218,29 @@ def test_tuple_elements_of_other_nodes_survive_the_round_trip() -> None:
     assert plan.kind is PlanKind.remat_offload
     module = apply(t.model, plan, t.inputs, trace=t.trace)
     assert_parity(t, module, seed=22)
+
+
+def test_tensors_lifted_into_the_graph_are_read_where_needed() -> None:
+    """`torch.tensor(2.0)` in a forward becomes a get_attr constant of the joint graph (Hugging
+    Face GPT-2 on CUDA makes one): recomputed, offloaded or kept, its readers find it."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (self.b(torch.relu(self.a(x))) * torch.tensor(2.0)).sum()
+
+    from planner.solvers.baselines import recompute_all
+    from planner.tracing.api import trace
+
+    model, inputs = Scaled(), (torch.randn(4, 8),)
+    result = trace(model, inputs, dropout_masks="graph")
+    assert any(n.op == "get_attr" for n in result.joint.graph.nodes)
+    t = Traced("scaled", model, inputs, result, 0, 0)
+    graph = result.graph
+    for plan in (plain_plan(t, recompute_all(graph)),
+                 boundary_offload_plan(graph, store_all(graph), RESOURCES, min_bytes=0)):
+        assert_parity(t, apply(model, plan, inputs, trace=result), seed=1)

@@ -50,8 +50,9 @@ def setup() -> tuple[Any, ...]:
 @pytest.fixture(scope="module")
 def must_offload_budget(setup: tuple[Any, ...]) -> tuple[int, ...]:
     """A budget below the least remat plan's peak that offload-all's plan fits (no plan without
-    host copies fits it), then 0.6 and 0.8 of the store-all peak for a planner that finds none
-    there."""
+    host copies fits it) when there is one, then 0.6 and 0.8 of the store-all peak for a planner
+    that finds none there. (With the CUDA workspaces traced, an attention backward's buffers can
+    keep offload-all's peak above the least remat plan's: then only the larger budgets.)"""
     from planner.engine.solve import solve
     from planner.solvers.baselines import store_all_peak_bytes
     from planner.solvers.remat.min_budget import min_budget
@@ -62,8 +63,10 @@ def must_offload_budget(setup: tuple[Any, ...]) -> tuple[int, ...]:
     least_remat = min_budget(graph, time_limit_s=SOLVE_LIMIT_S).peak_bytes
     everything = solve(graph, store_all, "offload-all", resources=resources).predicted
     assert everything is not None
-    assert everything.peak_bytes < least_remat, "offload-all's plan no longer goes below remat"
-    return (everything.peak_bytes + least_remat) // 2, int(0.6 * store_all), int(0.8 * store_all)
+    larger = (int(0.6 * store_all), int(0.8 * store_all))
+    if everything.peak_bytes >= least_remat:
+        return (0, *larger)  # no must-offload budget: the first one finds no plan
+    return ((everything.peak_bytes + least_remat) // 2, *larger)
 
 
 def test_cuda_offload_matches_eager_and_the_prediction(setup: tuple[Any, ...]) -> None:
@@ -89,12 +92,12 @@ def test_cuda_every_offload_planner_holds(setup: tuple[Any, ...], method: str,
     from planner.engine.solve import solve
 
     model, inputs, result, resources = setup
-    for budget in must_offload_budget:
+    for budget in [b for b in must_offload_budget if b > 0]:
         plan = solve(result.graph, budget, method, time_limit_s=SOLVE_LIMIT_S,
                      resources=resources)
         if plan.status.value in ("optimal", "feasible"):
             break
-    forced = budget == must_offload_budget[0]
+    forced = budget == must_offload_budget[0] and budget > 0
     if forced:  # below the least remat peak only host copies can fit
         assert any(a.op is ActionOp.offload for a in plan.actions), plan.summary()
     module = check_plan_on_cuda(model, inputs, result, plan, steps=3)[0]

@@ -143,6 +143,7 @@ def _trace_ops(
         measure_fx_ms,
         measure_fx_workspace_bytes,
     )
+    from planner.tracing.cuda_allocator import use_exact_allocator
     from planner.tracing.fusion import group_records
     from planner.tracing.profiles import load_profile
     from planner.tracing.records import build_records
@@ -150,8 +151,10 @@ def _trace_ops(
     profile = load_profile(device_profile) if costs == "estimate" else None
     if progress:
         progress("capture", 0, 1)
-    cap = capture_joint(model, inputs, loss_fn, autocast=autocast)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    if not on_cpu:  # workspaces measured as the plan's runtime will allocate them
+        use_exact_allocator()
+    cap = capture_joint(model, inputs, loss_fn, autocast=autocast)
     records = build_records(cap, cpu_eager_dropout=dropout_masks == "eager" and on_cpu)
     if progress:
         progress("capture", 1, 1)
@@ -162,15 +165,17 @@ def _trace_ops(
         fx_ms = measure_fx_ms(
             cap, args, warmup=warmup, repeats=repeats, progress=report, clock=clock
         )
-        workspace = measure_fx_workspace_bytes(cap, args)  # CUDA only: {} on CPU
         source = CostSource.measured
         profile_name = f"measured:{args[0].device.type if args else 'cpu'}"
     else:
         assert profile is not None
         fx_ms = {r.name: estimate_record_ms(r, profile) for r in records}
-        workspace = {}
         source = CostSource.estimated
         profile_name = profile.name
+    # What each op allocates and frees while it runs is memory, not time: measured on CUDA
+    # whichever way the costs are found ({} on CPU, where nothing allocates beside outputs).
+    workspace = {} if on_cpu else measure_fx_workspace_bytes(
+        cap, joint_arguments(cap, model, inputs))
     groups = group_records(records, fuse=fuse)
     order = _execution_order(groups, by_name)
     ids = {g.primary: i for i, g in enumerate(order)}
