@@ -29,6 +29,9 @@ class ServiceTimeout(ServiceError):
     """The job was still unfinished when the caller's wait ran out."""
 
 
+CONNECT_RETRIES = 5  # about 7.5 s of refused connections before giving up
+
+
 class PlannerClient:
     """`with PlannerClient(url, token) as c: job = c.wait(c.submit_plan(body)["id"])`."""
 
@@ -37,7 +40,10 @@ class PlannerClient:
 
         self.server = server.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout_s)
+        # A service still starting (README: `serve &` then `submit`) refuses connections for a
+        # few seconds: httpx's transport retries those, with backoff (0.5, 1, 2, 4 s).
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout_s,
+                                  transport=httpx.HTTPTransport(retries=CONNECT_RETRIES))
 
     def __enter__(self) -> PlannerClient:
         return self

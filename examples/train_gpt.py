@@ -3,8 +3,11 @@
     .venv/bin/python examples/train_gpt.py                      # in-process solve
     .venv/bin/python examples/train_gpt.py --server http://127.0.0.1:8000
 
-The agent traces one step, gets a plan (service, cache or local solve), applies it, and the loop
-below is ordinary PyTorch: forward returns the loss, `loss.backward()`, `optimizer.step()`.
+The agent traces one step, gets a plan (service, cache or local solve; progress lines while it
+solves, PLANNER_PROGRESS_EVERY_S apart), applies it, measures one step and plans again, once,
+only when that step exceeds the budget by more than 0.5 % (at least 64 KiB): `--strict` makes
+a step still over after that an error (exit 3) instead of a warning. The loop below is ordinary
+PyTorch: forward returns the loss, `loss.backward()`, `optimizer.step()`.
 Every step is measured: loss, peak bytes the step allocated (exact live-storage accounting on
 CPU, the allocator's peak on CUDA) and wall time (on CPU the accounting slows each op: compare
 step times with `benchmarks/runtime_vs_torch.py`, which times without it).
@@ -34,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=20.0, help="solver seconds")
     parser.add_argument("--server", default=None, help="planner service URL (else solve here)")
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--strict", action="store_true",
+                        help="fail (exit 3) when the measured step exceeds the budget")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="agent: %(message)s")
     for noisy in ("httpx", "httpcore"):  # not one line per poll of the service (--server)
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         module = plan_for(
             model, inputs, budget, server=args.server, method=args.method,
             cache_dir=args.cache_dir, time_limit_s=args.time_limit, log_steps=0,
+            strict=args.strict,
         )
     except NoPlanFits as e:
         print(f"error: {e}", file=sys.stderr)

@@ -7,10 +7,11 @@
    failing, it falls back to the cache, then to a local baseline plan, and says so;
 3. caches the plan on disk by graph hash, budget and method;
 4. applies it and measures one calibration step (exact live storage on CPU, allocator peak on
-   CUDA; RNG and buffers restored afterwards); when that step measured more than the budget
-   allows (an allocation the traced graph does not see), it plans again for budgets
-   tightened by the measured excess (up to MAX_REPLANS times) and keeps the plan that
-   measured least;
+   CUDA; RNG and buffers restored afterwards); only when that step measured more than the
+   budget plus a tolerance (`replan_tolerance_bytes`: 0.5 % of the budget, at least 64 KiB)
+   it plans once more, for the budget less what the trace did not see and less a margin as
+   large as the excess (`tighter_budget`), and keeps the plan that measured least. Never a
+   third solve: a step still over says so in one warning (or raises NoPlanFits with `strict`);
 5. logs the measured step time of the first training steps next to the prediction.
 
 The gradient lifetime traced is the one asked for (`gradient_lifetime`, or "step" with
@@ -18,7 +19,8 @@ The gradient lifetime traced is the one asked for (`gradient_lifetime`, or "step
 already hold gradients, else torch's default "backward". The module then checks the loop's
 gradients at its steps (planner.runtime.grad_lifetime) and says when they disagree.
 Every decision is a line in `module.agent_report.messages` and on the `planner.runtime.agent`
-logger.
+logger, and so is the progress of a solve (planner.runtime.agent_solve); httpx's line per
+request is kept to WARNING unless its level was set.
 """
 
 from __future__ import annotations
@@ -37,22 +39,21 @@ from torch import nn
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
-from planner.core.io import plan_from_dict
 from planner.core.plan import Plan
 from planner.engine.request import ResolvedRequest, resolve_request
+from planner.runtime.agent_solve import ServiceUnavailable, ask_service, plan_outcome, solve_here
 from planner.runtime.apply import PlannedModule, apply
 from planner.runtime.grad_lifetime import kept_gradients, warn
 from planner.runtime.plan_cache import USABLE, PlanCache, default_cache_dir
 
 log = logging.getLogger("planner.runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
-MAX_REPLANS = 3  # tighter budgets tried when a measured step exceeds the budget
+# A measured step may exceed the budget by this much without a re-plan (see
+# replan_tolerance_bytes).
+REPLAN_TOLERANCE_FRACTION = 0.005
+REPLAN_TOLERANCE_MIN_BYTES = 64 * 1024
 # Request field -> plan_for's argument (planner.engine.request names fields).
 AGENT_FIELDS = {"time_limit": "time_limit_s"}
-
-
-class ServiceUnavailable(RuntimeError):
-    """The service could not give a plan in time (unreachable, slow, failing)."""
 
 
 @dataclass
@@ -81,9 +82,9 @@ class AgentReport:
             return None
         return self.plan.predicted.peak_bytes - self.graph.fixed_bytes
 
-    def say(self, message: str) -> None:
+    def say(self, message: str, level: int = logging.INFO) -> None:
         self.messages.append(message)
-        log.info(message)
+        log.log(level, message)
 
 
 def plan_for(
@@ -103,12 +104,15 @@ def plan_for(
     log_steps: int = 3,
     gradient_lifetime: str | None = None,
     grad_accumulation_steps: int = 1,
+    strict: bool = False,
 ) -> PlannedModule:
     """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all).
 
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
-    measured more than the budget allows is planned again for tighter budgets (see
-    `tighter_budget`, at most MAX_REPLANS times), and the plan that measured least is kept.
+    measured more than the budget plus `replan_tolerance_bytes` is planned once more for
+    `tighter_budget`, and the plan that measured least is kept (and cached for this budget, so
+    the next run starts from it). A step still over the budget plus the tolerance is one
+    warning with the numbers, or NoPlanFits with `strict`.
 
     `gradient_lifetime` / `grad_accumulation_steps` as for planner.tracing.trace; neither given,
     parameters that already hold gradients mean "step" (the loop keeps them)."""
@@ -159,6 +163,9 @@ def plan_for(
         _calibrate(module, model, inputs, report)
         if replan and tighter_budget(report) is not None:
             module, report = _replan(planned, module, report, model, inputs)
+            if report.budget_bytes != request.budget_bytes:  # the retry was kept
+                cache.put(graph, request.budget_bytes, method, report.plan)
+        _judge_fit(report, strict)
     if log_steps > 0:
         _StepTimer(module, report, log_steps).install()
     return module
@@ -172,24 +179,41 @@ def _both(*sinks: Callable[[str], None]) -> Callable[[str], None]:
     return say
 
 
-def tighter_budget(report: AgentReport) -> int | None:
-    """A planning budget that should bring the measured step within the user's budget, when
-    the calibration step measured more activation memory than the budget leaves (the traced
-    graph missed some allocation); None when the step fits or nothing tighter is possible.
+def replan_tolerance_bytes(budget_bytes: int) -> int:
+    """How far a measured step may exceed the budget without a re-plan: 0.5 % of the budget,
+    at least 64 KiB. Less buys nothing a user sees (CUDA's caching allocator reserves several
+    % above what it allocates) and costs a full solve; the floor covers the small tensors a
+    trace does not see (the loss, RNG state, 512 B blocks on CUDA)."""
+    return max(int(REPLAN_TOLERANCE_FRACTION * budget_bytes), REPLAN_TOLERANCE_MIN_BYTES)
 
-    The excess is assumed to be either a fixed amount or proportional to the prediction;
-    the tighter of the two corrections is taken."""
+
+def measured_excess_bytes(report: AgentReport) -> int | None:
+    """How far the calibration step measured above the user's budget (< 0: below it)."""
+    measured = report.measured_activation_peak_bytes
+    if measured is None:
+        return None
+    return measured - (report.requested_budget_bytes - report.graph.fixed_bytes)
+
+
+def tighter_budget(report: AgentReport) -> int | None:
+    """The one re-plan's budget when the calibration step exceeded the user's budget by more
+    than `replan_tolerance_bytes`; None when it did not or nothing tighter is possible.
+
+    budget - (measured - predicted) - (measured - budget): the first term takes off what the
+    traced graph does not see, so that the new plan measures its prediction plus that; the
+    margin, as large as the excess measured, covers that amount changing with a plan that
+    recomputes other nodes (so the new plan aims as far below the budget as the first measured
+    above it)."""
+    over = measured_excess_bytes(report)
     measured = report.measured_activation_peak_bytes
     predicted = report.predicted_activation_bytes
-    allowed = report.requested_budget_bytes - report.graph.fixed_bytes
-    if measured is None or predicted is None or measured <= allowed or predicted <= 0:
+    if (over is None or measured is None or predicted is None
+            or over <= replan_tolerance_bytes(report.requested_budget_bytes)):
         return None
-    by_amount = allowed - (measured - predicted)
-    by_ratio = allowed * predicted // measured
-    activations = min(by_amount, by_ratio)
-    if activations <= 0:
+    unseen = max(0, measured - predicted)
+    tighter = report.requested_budget_bytes - unseen - over
+    if tighter <= report.graph.fixed_bytes:
         return None
-    tighter = report.graph.fixed_bytes + activations
     return tighter if tighter < report.budget_bytes else None
 
 
@@ -200,39 +224,60 @@ def _replan(
     model: nn.Module,
     inputs: tuple[Any, ...],
 ) -> tuple[PlannedModule, AgentReport]:
-    """Plan again for tighter budgets while the measured step exceeds the user's budget (at most
-    MAX_REPLANS times); keep the plan whose step measured least."""
-    allowed = report.requested_budget_bytes - report.graph.fixed_bytes
-    latest = report
-    for _ in range(MAX_REPLANS):
-        tighter = tighter_budget(latest)
-        if tighter is None:
-            break
-        over = (latest.measured_activation_peak_bytes or 0) - allowed
-        report.say(
-            f"the measured step exceeds the budget by {format_bytes(over)}: planning again "
-            f"for {format_bytes(tighter)}"
-        )
-        try:
-            retry_module, latest = planned(tighter)
-        except NoPlanFits as e:
-            report.say(f"no plan fits the tighter budget ({e})")
-            break
-        latest.requested_budget_bytes = report.requested_budget_bytes
-        report.messages.extend(latest.messages)
-        latest.messages = report.messages  # one log for every attempt
-        _calibrate(retry_module, model, inputs, latest)
-        if (latest.measured_activation_peak_bytes or 0) < (
-                report.measured_activation_peak_bytes or 0):
-            module, report = retry_module, latest
-    fits = (report.measured_activation_peak_bytes or 0) <= allowed
+    """Plan once more for `tighter_budget(report)`; keep the plan whose step measured least."""
+    tighter = tighter_budget(report)
+    assert tighter is not None
+    over = measured_excess_bytes(report) or 0
+    unseen = (report.measured_activation_peak_bytes or 0) - (
+        report.predicted_activation_bytes or 0)
     report.say(
-        f"kept the plan for {format_bytes(report.budget_bytes)}: the step fits the budget as "
-        "measured" if fits else
-        f"kept the plan for {format_bytes(report.budget_bytes)}: the step still exceeds the "
-        "budget as measured"
+        f"the measured step exceeds the budget by {format_bytes(over)} (tolerance "
+        f"{format_bytes(replan_tolerance_bytes(report.requested_budget_bytes))}): planning "
+        f"again, once, for {format_bytes(tighter)} (the budget less the "
+        f"{format_bytes(unseen)} the trace does not see, less a {format_bytes(over)} margin)"
     )
+    try:
+        retry_module, retry = planned(tighter)
+    except NoPlanFits as e:
+        report.say(f"no plan fits the tighter budget ({e})")
+        return module, report
+    retry.requested_budget_bytes = report.requested_budget_bytes
+    report.messages.extend(retry.messages)
+    retry.messages = report.messages  # one log for both attempts
+    _calibrate(retry_module, model, inputs, retry)
+    if (retry.measured_activation_peak_bytes or 0) < (report.measured_activation_peak_bytes or 0):
+        return retry_module, retry
+    report.say("kept the first plan: the step measured less with it")
     return module, report
+
+
+def _judge_fit(report: AgentReport, strict: bool) -> None:
+    """One line on how the kept plan's measured step compares with the user's budget: a warning
+    when it exceeds it by more than the tolerance (NoPlanFits with `strict`)."""
+    over = measured_excess_bytes(report)
+    if over is None or over <= 0:
+        if over is not None and report.budget_bytes != report.requested_budget_bytes:
+            report.say(f"kept the plan for {format_bytes(report.budget_bytes)}: the step fits "
+                       "the budget as measured")
+        return
+    budget = report.requested_budget_bytes
+    tolerance = replan_tolerance_bytes(budget)
+    measured = report.graph.fixed_bytes + (report.measured_activation_peak_bytes or 0)
+    predicted = report.plan.predicted
+    numbers = (f"measured {format_bytes(measured)}, predicted "
+               f"{format_bytes(predicted.peak_bytes if predicted else None)}, budget "
+               f"{format_bytes(budget)} ({format_bytes(over)} over, tolerance "
+               f"{format_bytes(tolerance)})")
+    if over <= tolerance:
+        report.say(f"the measured step is within the re-plan tolerance: {numbers}")
+    elif strict:
+        message = (f"the measured step exceeds the budget: {numbers}; give a budget of at least "
+                   f"{format_bytes(measured)}, or strict=False to run with this plan")
+        report.say(message, logging.ERROR)
+        raise NoPlanFits(message, measured)
+    else:
+        report.say(f"the measured step exceeds the budget: {numbers}; running with this plan",
+                   logging.WARNING)
 
 
 # -- getting a plan ------------------------------------------------------------------------------
@@ -246,11 +291,13 @@ def _obtain(
         return AgentReport(source, plan, graph, budget_bytes)
 
     if server is not None:
+        started = time.monotonic()
         try:
             plan = ask_service(server, graph, budget_bytes, method, timeout_s,
                                request.time_limit_s, token)
             out = report("service", plan)
-            out.say(f"plan from the service at {server}")
+            out.say(f"plan from the service at {server}: "
+                    f"{plan_outcome(plan, time.monotonic() - started)}")
             return out
         except ServiceUnavailable as e:
             reason = str(e)
@@ -260,7 +307,8 @@ def _obtain(
             path = cache.path_of(graph, budget_bytes, method)
             out.say(f"service unavailable ({reason}); using the cached plan {path}")
             return out
-        plan = replace(request, method=FALLBACK_METHOD, options={}).solve()
+        baseline = replace(request, method=FALLBACK_METHOD, options={})
+        plan, _ = solve_here(baseline, f"service unavailable: solving with {FALLBACK_METHOD}")
         out = report("fallback-baseline", plan)
         out.say(
             f"service unavailable ({reason}); no cached plan: using the local baseline "
@@ -272,53 +320,10 @@ def _obtain(
         out = report("cache", cached)
         out.say(f"cached plan {cache.path_of(graph, budget_bytes, method)}")
         return out
-    started = time.perf_counter()
-    plan = request.solve()
+    plan, outcome = solve_here(request, f"solving in-process with {method}")
     out = report("local", plan)
-    out.say(f"solved in-process with {method} in {time.perf_counter() - started:.2f} s")
+    out.say(f"solved in-process with {method}: {outcome}")
     return out
-
-
-def ask_service(
-    server: str, graph: Graph, budget_bytes: int, method: str, timeout_s: float,
-    time_limit_s: float, token: str | None = None,
-) -> Plan:
-    """POST /v1/plans and poll until the job finishes; ServiceUnavailable on any failure."""
-    from planner.service.client import PlannerClient, ServiceError, ServiceTimeout
-
-    body = {
-        "graph": graph.model_dump(mode="json"),
-        # explicit bytes: the budget grammar refuses small bare numbers as ambiguous
-        "budget": f"{budget_bytes}B",
-        "method": method,
-        "time_limit": time_limit_s,
-    }
-    try:
-        with PlannerClient(server, token, timeout_s=min(timeout_s, 30)) as client:
-            _, job = client.submit_plan(body)
-            try:
-                job = client.wait(str(job["id"]), timeout_s=timeout_s,
-                                  on_change=lambda j: log.debug("job %s: %s", j.get("id"),
-                                                                j.get("status")))
-            except ServiceTimeout as e:
-                _cancel(client, str(job.get("id")))
-                raise ServiceUnavailable(f"{e}, cancelled") from None
-    except ServiceError as e:
-        raise ServiceUnavailable(str(e)) from None
-    if job["status"] in ("failed", "cancelled") or not job.get("plan"):
-        raise ServiceUnavailable(f"job {job.get('id')} {job['status']}: {job.get('error') or ''}")
-    plan = plan_from_dict(job["plan"], where=f"{server} job {job.get('id')}")
-    if plan.graph_hash != graph.content_hash():
-        raise ServiceUnavailable("the service answered with a plan for another graph")
-    return plan
-
-
-def _cancel(client: Any, job_id: str) -> None:
-    """Best effort: a solve nobody waits for should not keep a service worker busy."""
-    try:
-        client.cancel_plan(job_id)
-    except Exception as e:  # the fallback matters more than the cancel
-        log.warning("could not cancel job %s: %s", job_id, e)
 
 
 # -- measuring ------------------------------------------------------------------------------------

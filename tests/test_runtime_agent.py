@@ -96,10 +96,12 @@ def test_against_a_real_service(tmp_path: Path) -> None:
         assert "cancelled" in slow.agent_report.messages[0]
 
 
+@pytest.mark.slow
 def test_a_step_measured_over_budget_is_planned_again(tmp_path: Path, monkeypatch) -> None:
     """An allocation the traced graph does not see (simulated: a constant extra on every
-    measured step) pushes the first plan over the budget; the agent plans again for budgets
-    tightened by the excess, and the step then fits as measured."""
+    measured step) pushes the first plan over the budget by more than the re-plan tolerance;
+    the agent plans again, once, for a budget tightened by the excess, and the step then fits
+    as measured."""
     import dataclasses
 
     import planner.runtime.measure as measure
@@ -107,8 +109,9 @@ def test_a_step_measured_over_budget_is_planned_again(tmp_path: Path, monkeypatc
     from planner.solvers.baselines import store_all_peak_bytes
     from planner.tracing.api import trace
 
-    # Activations well above fixed memory, so that tighter plans exist.
-    model, inputs = zoo.mlp(batch_size=64, in_features=16, hidden=32, depth=4)
+    # Activations well above fixed memory, so that tighter plans exist, and a tenth of them
+    # above the tolerance's 64 KiB floor.
+    model, inputs = zoo.mlp(batch_size=256, in_features=64, hidden=128, depth=4)
     graph = trace(model, inputs, level="op", dropout_masks="graph").graph
     budget = store_all_peak_bytes(graph)
     allowed = budget - graph.fixed_bytes
@@ -137,7 +140,7 @@ def test_a_step_measured_over_budget_is_planned_again(tmp_path: Path, monkeypatc
     report = module.agent_report
     assert report.requested_budget_bytes == budget
     assert report.budget_bytes < budget, report.messages
-    assert any("planning again" in m for m in report.messages)
+    assert sum("planning again" in m for m in report.messages) == 1
     assert report.plan.predicted.peak_bytes <= report.budget_bytes
     assert report.measured_activation_peak_bytes <= allowed, "\n".join(report.messages)
     assert any("the step fits the budget as measured" in m for m in report.messages)
