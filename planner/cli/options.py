@@ -5,8 +5,9 @@ validated once by `planner.core.limits`); and the CLI's words for the request's 
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -33,6 +34,7 @@ CLI_FIELDS = {
     "dp": "--dp",
     "optimizer": "--optimizer",
     "precision": "--precision",
+    "config_overrides": "--config",  # trace: a Hugging Face model's config fields
 }
 # Whole fields with a flag of their own: `solve --backend` gives options.backend.
 CLI_WHOLE_FIELDS = {"options.backend": "--backend"}
@@ -100,3 +102,58 @@ def resolve_resources(value: str | None) -> Resources | None:
     from planner.engine.request import resolve_resources as resolve
 
     return resolve(resources_input(value))
+
+
+# `trace`: sizing the model (planner.cli.trace_cmd.FactoryCall).
+FactoryArgsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--arg", metavar="KEY=VALUE",
+        help="A keyword argument of the factory, repeatable; the value is a Python literal "
+        "(12, 0.1, (8, 16), True), else a string. E.g. planner.zoo:gpt --arg layers=12 "
+        "--arg dim=768",
+    ),
+]
+ConfigOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--config", metavar="KEY=VALUE",
+        help="A field of the Hugging Face config (any field of the model type's AutoConfig), "
+        "repeatable: for hf:MODEL_TYPE, or a factory taking config_overrides "
+        "(planner.zoo:hf_gpt2). E.g. hf:gpt2 --config n_layer=12 --config n_embd=768",
+    ),
+]
+BatchSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Sequences per step: hf:MODEL_TYPE (default 1), else the factory's "
+        "batch_size. E.g. hf:gpt2 --batch-size 8",
+    ),
+]
+SeqLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Tokens per sequence: hf:MODEL_TYPE (default 128), else the factory's "
+        "seq_len or context. E.g. hf:gpt2 --seq-len 1024",
+    ),
+]
+
+
+def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
+    """['layers=12', 'act=gelu'] -> {'layers': 12, 'act': 'gelu'}: each value a Python literal
+    (ast.literal_eval: 12, 0.1, (8, 16), None, True), else the text as a string."""
+    from planner.core.errors import InputError
+
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise InputError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} layers=12")
+        if key in parsed:
+            raise InputError(f"{flag} {key}: given twice")
+        try:
+            parsed[key] = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            parsed[key] = text.strip()
+    return parsed

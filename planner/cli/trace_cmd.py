@@ -3,19 +3,45 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
 
+from planner.cli.options import (
+    BatchSizeOpt,
+    ConfigOpt,
+    FactoryArgsOpt,
+    SeqLenOpt,
+    parse_assignments,
+)
 from planner.cli.output import console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError
 from planner.core.model_state import Optimizer
 
 _INPUT_SPEC = re.compile(r"^\s*(\w+)\[([\d,\s]*)\](?::(\d+))?\s*$")
+HF_PREFIX = "hf:"  # hf:MODEL_TYPE: a transformers model built from its config (planner.zoo.hf)
+# Factory parameters --seq-len fills, in this order of preference (the zoo says `context`).
+SEQ_LEN_PARAMETERS = ("seq_len", "context")
+
+
+@dataclass(frozen=True)
+class FactoryCall:
+    """How `trace` sizes the model: --arg (factory keywords), --config (Hugging Face config
+    fields), --batch-size and --seq-len."""
+
+    args: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    batch_size: int | None = None
+    seq_len: int | None = None
+
+    def is_empty(self) -> bool:
+        return not (self.args or self.config or self.batch_size or self.seq_len)
 
 
 def register(app: typer.Typer) -> None:
@@ -61,12 +87,27 @@ def load_object(target: str, what: str) -> Any:
     return obj
 
 
-def resolve_model(target: str, input_specs: list[str]) -> tuple[Any, tuple[Any, ...]]:
-    """Call the factory; --input specs replace the sample inputs it returns."""
+def resolve_model(
+    target: str, input_specs: list[str], call: FactoryCall | None = None
+) -> tuple[Any, tuple[Any, ...]]:
+    """Build the model: hf:MODEL_TYPE from its config, else call MODULE:FACTORY with `call`'s
+    keywords; --input specs replace the sample inputs it returns."""
     import torch
 
-    factory = load_object(target, "model")
-    made = factory() if callable(factory) and not isinstance(factory, torch.nn.Module) else factory
+    call = call or FactoryCall()
+    if target.startswith(HF_PREFIX):
+        made = _hf_model(target, call)
+    else:
+        factory = load_object(target, "model")
+        if isinstance(factory, torch.nn.Module) or not callable(factory):
+            if not call.is_empty():
+                raise InputError(
+                    f"model {target!r} is a model, not a factory: --arg, --config, --batch-size "
+                    "and --seq-len need MODULE:FACTORY"
+                )
+            made = factory
+        else:
+            made = factory(**factory_kwargs(factory, target, call))
     model, inputs = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(model, torch.nn.Module):
         raise InputError(
@@ -78,6 +119,89 @@ def resolve_model(target: str, input_specs: list[str]) -> tuple[Any, tuple[Any, 
     if inputs is None:
         raise InputError(f"model {target!r}: give sample inputs with --input float32[8,3,224,224]")
     return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _hf_model(target: str, call: FactoryCall) -> Any:
+    from planner.zoo.hf import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN, hf_model
+
+    model_type = target[len(HF_PREFIX):].strip()
+    if not model_type:
+        raise InputError(f"model {target!r}: expected hf:MODEL_TYPE, e.g. hf:gpt2 or hf:llama")
+    if call.args:
+        raise InputError(
+            f"--arg {next(iter(call.args))}: {target} is built from its config; give its "
+            "fields with --config (e.g. --config n_layer=12)"
+        )
+    return hf_model(model_type, call.batch_size or DEFAULT_BATCH_SIZE,
+                    call.seq_len or DEFAULT_SEQ_LEN, call.config)
+
+
+def factory_kwargs(factory: Any, target: str, call: FactoryCall) -> dict[str, Any]:
+    """The keywords for `factory` from --arg, --config (its `config_overrides`),
+    --batch-size and --seq-len, each checked against its signature: a key it does not take
+    is one line naming the key and the factory's parameters."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to check against: the call decides
+        params = None
+    named = {
+        n: p for n, p in (params or {}).items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    takes_any = params is None or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    listing = ", ".join(named) or "none"
+
+    def parameter(flag: str, *candidates: str) -> str:
+        found = next((c for c in candidates if c in named), None)
+        if found is None and takes_any:
+            found = candidates[0]
+        if found is None:
+            raise InputError(
+                f"{flag}: {target} has no parameter {' or '.join(candidates)}; "
+                f"its parameters: {listing}"
+            )
+        return found
+
+    kwargs = dict(call.args)
+    for key, value in call.args.items():
+        if key == "config_overrides":
+            raise InputError("--arg config_overrides: give config fields with --config KEY=VALUE")
+        parameter(f"--arg {key}", key)
+        if key in named:
+            _check_like_default(key, value, named[key].default, target)
+    for flag, value, candidates in (
+        ("--config", call.config or None, ("config_overrides",)),
+        ("--batch-size", call.batch_size, ("batch_size",)),
+        ("--seq-len", call.seq_len, SEQ_LEN_PARAMETERS),
+    ):
+        if value is None:
+            continue
+        key = parameter(flag, *candidates)
+        if key in kwargs:
+            raise InputError(f"{flag} and --arg {key} give the same parameter: keep one")
+        kwargs[key] = value
+    return kwargs
+
+
+def _check_like_default(key: str, value: Any, default: Any, target: str) -> None:
+    """A value of another kind than the parameter's default (text for a count) is refused
+    here, in one line, rather than as a traceback from inside the factory."""
+    if default is inspect.Parameter.empty or default is None or value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    fits = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: number,
+        str: isinstance(value, str),
+        tuple: isinstance(value, tuple | list),
+        list: isinstance(value, tuple | list),
+    }.get(type(default), True)
+    if not fits:
+        raise InputError(
+            f"--arg {key}={value!r}: {target} expects {type(default).__name__} here "
+            f"(default {default!r})"
+        )
 
 
 def resolve_loss(spec: str | None) -> Any:
@@ -132,9 +256,15 @@ def trace_cmd(
     target: Annotated[
         str,
         typer.Argument(
-            help="MODULE:FACTORY returning a model or (model, inputs), e.g. planner.zoo:gpt"
+            help="MODULE:FACTORY returning a model or (model, inputs), e.g. planner.zoo:gpt; "
+            "or hf:MODEL_TYPE, a Hugging Face transformers language model built from its "
+            "config with random weights (nothing downloaded), e.g. hf:gpt2, hf:llama"
         ),
     ],
+    factory_args: FactoryArgsOpt = None,
+    config: ConfigOpt = None,
+    batch_size: BatchSizeOpt = None,
+    seq_len: SeqLenOpt = None,
     input_spec: Annotated[
         list[str] | None,
         typer.Option("--input", help="Sample input DTYPE[dims][:high], repeatable."),
@@ -214,7 +344,11 @@ def trace_cmd(
 
     # a contradictory --gradient-lifetime / --grad-accumulation-steps pair: one line, no work
     resolve_gradient_lifetime(gradient_lifetime, grad_accumulation_steps)
-    model, inputs = resolve_model(target, input_spec or [])
+    call = FactoryCall(
+        parse_assignments(factory_args or [], "--arg"), parse_assignments(config or [], "--config"),
+        batch_size, seq_len,
+    )
+    model, inputs = resolve_model(target, input_spec or [], call)
     result = _trace_with_status(
         trace, model, inputs, loss_fn=resolve_loss(loss), level=level, block_pattern=block_pattern,
         costs=costs, device_profile=device_profile, optimizer=optimizer, fuse=fuse,

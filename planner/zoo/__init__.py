@@ -1,6 +1,8 @@
 """Model zoo: factories returning (model, sample inputs), e.g. `planner-cli trace planner.zoo:mlp`.
 
-Each factory takes `batch_size` and size keywords; torch is imported only when one is called.
+Each factory takes `batch_size` and size keywords (`planner-cli trace planner.zoo:gpt --arg
+layers=12`); the Hugging Face ones (`hf_model`, `hf_gpt2`, ...) also any config field as
+`config_overrides` (`--config n_layer=12`). torch is imported only when one is called.
 Models return their training loss, so the default loss (the output itself) applies.
 """
 
@@ -102,13 +104,14 @@ def densenet(batch_size: int = 8, image: int = 32, growth: int = 12,
 
 
 def llama_like(batch_size: int = 2, context: int = 32, dim: int = 64, layers: int = 32,
-               vocab: int = 256) -> Any:
-    """A Llama-like decoder (RMSNorm, rotary embeddings, SwiGLU), 32 layers at a small width."""
+               vocab: int = 256, config_overrides: dict[str, Any] | None = None) -> Any:
+    """A Llama-like decoder (RMSNorm, rotary embeddings, SwiGLU), 32 layers at a small width;
+    `config_overrides` sets any LlamaConfig field (transformers installed)."""
     _seed()
     from planner.zoo import models
 
     return models.llama_like(batch_size=batch_size, context=context, dim=dim, layers=layers,
-                             vocab=vocab)
+                             vocab=vocab, config_overrides=config_overrides)
 
 
 def resnet50_like(batch_size: int = 4, image: int = 32, base: int = 8) -> Any:
@@ -119,61 +122,47 @@ def resnet50_like(batch_size: int = 4, image: int = 32, base: int = 8) -> Any:
     return models.resnet50_like(batch_size=batch_size, image=image, base=base)
 
 
-def hf_gpt2(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128) -> Any:
-    """transformers GPT-2 from a config with random weights (no network)."""
-    return _hf("gpt2", batch_size, context, layers, dim)
+def hf_model(model_type: str, batch_size: int = 1, seq_len: int = 128,
+             config_overrides: dict[str, Any] | None = None) -> Any:
+    """Any transformers LM from `AutoConfig.for_model(model_type, **config_overrides)` with
+    random weights (no network): `hf_model("gpt2", 8, 1024, {"n_layer": 12})` is
+    `planner-cli trace hf:gpt2 --batch-size 8 --seq-len 1024 --config n_layer=12`. The default
+    sizes are planner.zoo.hf's (not imported here: it imports torch)."""
+    from planner.zoo.hf import hf_model as build
+
+    return build(model_type, batch_size, seq_len, config_overrides)
 
 
-def hf_llama(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128) -> Any:
-    """transformers Llama from a config with random weights (no network)."""
-    return _hf("llama", batch_size, context, layers, dim)
+def hf_gpt2(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128,
+            config_overrides: dict[str, Any] | None = None) -> Any:
+    """transformers GPT-2 from a config with random weights (no network); `config_overrides`
+    sets any GPT2Config field (n_head, vocab_size, ...) over these sizes."""
+    sizes = dict(n_positions=context, n_embd=dim, n_layer=layers, n_head=4, bos_token_id=0,
+                 eos_token_id=0)
+    return _hf("gpt2", batch_size, context, sizes, config_overrides)
 
 
-def hf_bert(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128) -> Any:
-    """transformers BERT (masked LM) from a config with random weights (no network)."""
-    return _hf("bert", batch_size, context, layers, dim)
+def hf_llama(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128,
+             config_overrides: dict[str, Any] | None = None) -> Any:
+    """transformers Llama from a config with random weights (no network); `config_overrides`
+    sets any LlamaConfig field (num_key_value_heads, rope_theta, ...) over these sizes."""
+    sizes = dict(hidden_size=dim, intermediate_size=4 * dim, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=context)
+    return _hf("llama", batch_size, context, sizes, config_overrides)
 
 
-def _hf(kind: str, batch_size: int, context: int, layers: int, dim: int) -> Any:
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch = _seed()
-    import transformers as tf
-
-    vocab = 1000
-    common: dict[str, Any] = {"vocab_size": vocab, "attn_implementation": "eager"}
-    model: Any
-    if kind == "gpt2":
-        model = tf.GPT2LMHeadModel(tf.GPT2Config(
-            n_positions=context, n_embd=dim, n_layer=layers, n_head=4, bos_token_id=0,
-            eos_token_id=0, **common,
-        ))
-    elif kind == "llama":
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(
-            hidden_size=dim, intermediate_size=4 * dim, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=context,
-            **common,
-        ))
-    else:
-        model = tf.BertForMaskedLM(tf.BertConfig(
-            hidden_size=dim, num_hidden_layers=layers, num_attention_heads=4,
-            intermediate_size=4 * dim, max_position_embeddings=max(context, 64), **common,
-        ))
-    ids = torch.randint(0, vocab, (batch_size, context))
-    return _LabelsWrapper(model), (ids,)
+def hf_bert(batch_size: int = 4, context: int = 64, layers: int = 2, dim: int = 128,
+            config_overrides: dict[str, Any] | None = None) -> Any:
+    """transformers BERT (masked LM) from a config with random weights (no network);
+    `config_overrides` sets any BertConfig field over these sizes."""
+    sizes = dict(hidden_size=dim, num_hidden_layers=layers, num_attention_heads=4,
+                 intermediate_size=4 * dim, max_position_embeddings=max(context, 64))
+    return _hf("bert", batch_size, context, sizes, config_overrides)
 
 
-def _LabelsWrapper(model: Any) -> Any:  # noqa: N802 - a factory for a Module subclass
-    """Calls model(input_ids, labels=input_ids) so the model computes its own loss."""
-    from torch import nn
+def _hf(kind: str, batch_size: int, context: int, sizes: dict[str, Any],
+        config_overrides: dict[str, Any] | None) -> Any:
+    from planner.zoo.hf import hf_model as build
 
-    class HFWithLabels(nn.Module):
-        def __init__(self, inner: nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.inner(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-
-    return HFWithLabels(model)
+    overrides = {"vocab_size": 1000, **sizes, **(config_overrides or {})}
+    return build(kind, batch_size, context, overrides)

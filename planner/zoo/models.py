@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from planner.core.errors import InputError
+
 
 class MLP(nn.Module):
     def __init__(
@@ -458,34 +460,31 @@ class LlamaLike(nn.Module):
 
 
 def llama_like(batch_size: int = 2, context: int = 32, dim: int = 64, layers: int = 32,
-               vocab: int = 256) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+               vocab: int = 256, config_overrides: dict[str, Any] | None = None
+               ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """(model, inputs) of a 32-layer Llama-like decoder at a small width: transformers'
-    LlamaForCausalLM from a LlamaConfig (random weights, no download) when transformers is
-    installed, else `LlamaLike` (the same structure written here)."""
+    LlamaForCausalLM from a LlamaConfig (random weights, no download; `config_overrides` sets
+    any LlamaConfig field over these sizes) when transformers is installed, else `LlamaLike`
+    (the same structure written here)."""
     torch.manual_seed(0)
     idx = torch.randint(0, vocab, (batch_size, context))
     try:
         import transformers
     except ImportError:
+        if config_overrides:
+            raise InputError(
+                "config overrides need transformers (pip install transformers)",
+                field="config_overrides",
+            ) from None
         return LlamaLike(vocab, dim, layers, 4, int(8 * dim / 3), context), (idx, idx.roll(-1, 1))
-    options: dict[str, Any] = {"attn_implementation": "eager"}  # plain ops, traceable
-    config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=dim, intermediate_size=int(8 * dim / 3),
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=context, **options,
-    )
-    return _CausalLMLoss(transformers.LlamaForCausalLM(config)), (idx,)
+    from planner.zoo.hf import TRACEABLE_CONFIG, LMLoss, hf_config
 
-
-class _CausalLMLoss(nn.Module):
-    """Calls a transformers causal LM with labels = inputs: the model returns its loss."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.inner(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+    config = hf_config("llama", {
+        "vocab_size": vocab, "hidden_size": dim, "intermediate_size": int(8 * dim / 3),
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": context, **TRACEABLE_CONFIG, **(config_overrides or {}),
+    })
+    return LMLoss(transformers.LlamaForCausalLM(config)), (idx,)
 
 
 def resnet50_like(batch_size: int = 4, image: int = 32, base: int = 8
