@@ -34,7 +34,7 @@ from planner.runtime.grad_lifetime import GradientLifetimeCheck
 from planner.runtime.grad_lifetime import install as install_lifetime_check
 from planner.runtime.op_codegen import PlanExecutionError
 from planner.runtime.op_executor import JointProgram, PlanRun
-from planner.runtime.retrace import trace_as_planned
+from planner.runtime.retrace import graph_as_planned, mismatch_detail, trace_as_planned
 from planner.sim.simulator import PlanError, simulate
 from planner.sim.step_memory import model_state_breakdown
 from planner.tracing.cuda_allocator import use_exact_allocator
@@ -74,6 +74,8 @@ def apply(
 
     `graph` is the graph the plan was solved for when it is not the freshly traced one (e.g. a
     graph with measured costs): it must then match the trace in structure (ops, sizes, edges).
+    Without `trace`, the model is traced once with the options the plan's graph was traced
+    with (`Plan.trace_options`; planner.runtime.retrace).
 
     `resources` (default: the plan's own) is the machine an offload plan is checked on.
     """
@@ -107,7 +109,8 @@ def apply(
     if trace.joint is None:
         raise InputError("trace: an op-level TraceResult is needed for an op-level plan")
     traced = trace.graph
-    check_plan_graph(plan, traced, graph)
+    # Masks sized as the plan's trace sized them (eager on CPU): the runtime's are no larger.
+    check_plan_graph(plan, graph_as_planned(trace, plan, graph), graph, loss_fn)
     try:
         simulate(traced, plan.actions, machine if offloads else None)
     except PlanError as e:
@@ -140,17 +143,22 @@ def _apply_blocks(
     """A chain solver's plan on a module-level trace: checkpointed segments of blocks."""
     from planner.runtime.block_executor import BlockPlannedModule, check_simulates, stage_names_of
 
-    check_plan_graph(plan, trace.graph, graph)
+    check_plan_graph(plan, trace.graph, graph, loss_fn)
     check_simulates(plan, trace.graph)
     return BlockPlannedModule(model, plan, stage_names_of(trace), loss_fn)
 
 
 # -- mismatch checks ---------------------------------------------------------------------------
-def check_plan_graph(plan: Plan, traced: Graph, graph: Graph | None = None) -> None:
+def check_plan_graph(
+    plan: Plan, traced: Graph, graph: Graph | None = None, loss_fn: Any = None
+) -> None:
     """Raise PlanMismatch unless `plan` is for `traced` (directly or via `graph`)."""
     if plan.graph_hash == traced.content_hash():
         return
     if graph is None:
+        detail = mismatch_detail(plan, traced, loss_fn)
+        if detail is not None:
+            raise PlanMismatch(detail)
         raise PlanMismatch(
             f"the plan is for graph {plan.graph_hash[:19]}…, but the model now traces to "
             f"{traced.content_hash()[:19]}… ({len(traced.nodes)} nodes, "

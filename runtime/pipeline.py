@@ -57,7 +57,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.core.errors import InputError
 from planner.core.pipeline_actions import rank_actions_to_csv
 from planner.core.plan import Plan, PlanKind, PlanStatus
-from planner.runtime.pipeline_split import SplitModel, StageProgram, split_model
+from planner.runtime.pipeline_split import SplitModel, StageProgram, check_plan_model, split_model
 from planner.solvers.pipeline.schedules import SCHEDULE_CLASSES
 from planner.tracing.memory import StorageTracker
 
@@ -140,6 +140,7 @@ class PipelineRun:
             raise InputError(f"plan ({plan.method}): not a pipeline plan (kind {plan.kind})")
         if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
             raise InputError(f"plan ({plan.method}): status {plan.status.value}: cannot be run")
+        check_plan_model(plan, model)  # a plan for another model: said before any fx tracing
         if not dist.is_initialized():
             raise InputError(
                 "planner.runtime.pipeline: call torch.distributed.init_process_group first"

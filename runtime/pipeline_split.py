@@ -35,6 +35,7 @@ from torch import fx, nn
 
 from planner.core.errors import InputError
 from planner.core.pipeline_actions import Partition
+from planner.core.plan import Plan
 
 
 class PipelineSplitError(InputError):
@@ -106,6 +107,60 @@ def _module_stage(partition: Partition, model: nn.Module) -> dict[str, int]:
                     )
             out[name] = s.stage_index
     return out
+
+
+def check_plan_model(plan: Plan, model: nn.Module) -> None:
+    """Refuse, in one line naming the model the plan is for, a plan made for another model,
+    before any torch.fx tracing: by its graph summary (parameter tensors and bytes) when the
+    plan has one, else when its stages name some blocks of a container (`h.0`, `h.1`) and not
+    others that hold parameters (`h.2` .. `h.7`: a deeper model)."""
+    if plan.partition is None:
+        return
+    params = dict(model.named_parameters())
+    summary = plan.graph_summary
+    if summary is not None and summary.parameters is not None:
+        count = len(params)
+        size = sum(p.numel() * p.element_size() for p in params.values())
+        same_bytes = summary.precision != "fp32" or summary.parameters_bytes == size
+        if summary.parameters != count or not same_bytes:
+            raise PipelineSplitError(
+                f"plan: this plan is for {summary.describe()}, not for this model "
+                f"({type(model).__name__}, {count} parameter tensors of {size} bytes): trace "
+                "this model and partition its graph"
+            )
+    named = [m for s in plan.partition.stages for m in s.modules]
+    for parent, missing, total in _unnamed_blocks(model, named, params):
+        plan_for = f" ({summary.describe()})" if summary is not None else ""
+        raise PipelineSplitError(
+            f"plan: this plan is for another model{plan_for}: its stages name "
+            f"{total - len(missing)} of this model's {total} blocks {parent}.* "
+            f"({type(model).__name__}), not "
+            f"{_span(parent, missing)}: trace this model and partition its graph"
+        )
+
+
+def _unnamed_blocks(
+    model: nn.Module, named: Sequence[str], params: dict[str, Any]
+) -> list[tuple[str, list[str], int]]:
+    """(container, its indexed children holding parameters that no stage names, how many it
+    has) for each container some of whose indexed children a stage names."""
+    out = []
+    for parent in sorted({n.rpartition(".")[0] for n in named if n.rpartition(".")[2].isdigit()}):
+        children = [k for k, _ in model.get_submodule(parent).named_children() if k.isdigit()]
+        paths = [f"{parent}.{k}" if parent else k for k in children]
+        missing = [
+            p for p in paths
+            if owner_of(p, named) is None and any(owner_of(q, [p]) for q in params)
+        ]
+        if missing:
+            out.append((parent, missing, len(paths)))
+    return out
+
+
+def _span(parent: str, missing: list[str]) -> str:
+    if len(missing) <= 2:
+        return " and ".join(missing)
+    return f"{missing[0]} .. {missing[-1]} ({len(missing)})"
 
 
 def trace_model(model: nn.Module, named: Sequence[str]) -> fx.GraphModule:

@@ -121,6 +121,14 @@ class Graph(BaseModel):
     def total_compute_ms(self) -> float:
         return math.fsum(n.compute_ms for n in self.nodes)
 
+    @property
+    def trace_options(self) -> dict[str, Any] | None:
+        """The options planner.tracing.trace shaped this graph with (`metadata.extra
+        ["trace_options"]`: optimizer, gradient lifetime, dropout masks, autocast, level, loss
+        ...); None for graphs from elsewhere or traced before they were recorded."""
+        options = self.metadata.extra.get("trace_options")
+        return dict(options) if isinstance(options, dict) else None
+
     def node(self, node_id: int) -> Node:
         return self.index.node(node_id)
 

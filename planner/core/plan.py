@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -36,11 +36,14 @@ from planner.core.pipeline_actions import (
 )
 from planner.core.resources import Resources
 
+if TYPE_CHECKING:
+    from planner.core.graph import Graph
+
 __all__ = [
-    "BLOCK_PLAN_SCHEMA", "Action", "ActionOp", "BlockPlan", "Partition", "PipelineAction",
-    "PipelineOp", "PipelineStage", "Plan", "PlanKind", "PlanStatus", "Predicted",
-    "actions_from_text", "actions_to_text", "compute", "drop", "free", "offload", "plan_nodes",
-    "prefetch", "relative_gap",
+    "BLOCK_PLAN_SCHEMA", "Action", "ActionOp", "BlockPlan", "GraphSummary", "Partition",
+    "PipelineAction", "PipelineOp", "PipelineStage", "Plan", "PlanKind", "PlanStatus", "Predicted",
+    "actions_from_text", "actions_to_text", "compute", "drop", "free", "graph_reference",
+    "offload", "plan_nodes", "prefetch", "relative_gap",
 ]
 
 PLAN_SCHEMA_VERSION: Literal["2"] = "2"
@@ -162,6 +165,48 @@ class Predicted(BaseModel):
     )
 
 
+class GraphSummary(BaseModel):
+    """What the plan's graph was traced from, so that a plan met with another model can say
+    which model it is for (the graph itself is named by hash only)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_name: str = ""
+    nodes: int = Field(ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    dtype: str = ""
+    inputs_bytes: int = Field(default=0, ge=0)
+    parameters: int | None = Field(default=None, ge=0, description="Parameter tensors.")
+    parameters_bytes: int | None = Field(
+        default=None, ge=0, description="Their bytes as the model computes with them, unsharded."
+    )
+    precision: str | None = Field(default=None, description="The model state's precision.")
+
+    @classmethod
+    def of(cls, graph: Graph) -> GraphSummary:
+        meta, state = graph.metadata, graph.model_state
+        return cls(
+            model_name=meta.model_name, nodes=len(graph.nodes), batch_size=meta.batch_size,
+            dtype=meta.dtype, inputs_bytes=graph.fixed.inputs_bytes,
+            parameters=None if state is None else len(state.parameters),
+            parameters_bytes=None if state is None else sum(p.bytes for p in state.parameters),
+            precision=None if state is None else state.precision,
+        )
+
+    def describe(self) -> str:
+        """'GPT (91 nodes, batch 2, float32, 16 parameter tensors of 17856 bytes)'."""
+        parts = [f"{self.nodes} nodes", f"batch {self.batch_size or '?'}", self.dtype or "?"]
+        if self.parameters is not None:
+            parts.append(f"{self.parameters} parameter tensors of {self.parameters_bytes} bytes")
+        return f"{self.model_name or 'a model'} ({', '.join(parts)})"
+
+
+def graph_reference(graph: Graph) -> dict[str, Any]:
+    """The Plan fields that say how its graph was traced and from which model, so the runtime
+    re-traces as planned and names the model a plan is for (planner.runtime.retrace)."""
+    return {"trace_options": graph.trace_options, "graph_summary": GraphSummary.of(graph)}
+
+
 def _coerce_actions(value: object) -> object:
     return actions_from_text(value) if isinstance(value, str) else value
 
@@ -215,6 +260,15 @@ class Plan(BaseModel):
     )
     notes: list[str] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict, description="Free-form solver notes.")
+    trace_options: dict[str, Any] | None = Field(
+        default=None,
+        description="The options the plan's graph was traced with (planner.tracing.trace: "
+        "optimizer, gradient_lifetime, dropout_masks, autocast, level, loss ...): the runtime "
+        "re-traces the model with them. Absent: not a traced graph, or an older plan.",
+    )
+    graph_summary: GraphSummary | None = Field(
+        default=None, description="The model the plan's graph was traced from (for messages)."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from planner.core.budget import format_bytes, parse_budget_spec
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
-from planner.core.plan import Plan, PlanKind, PlanStatus, relative_gap
+from planner.core.plan import Plan, PlanKind, PlanStatus, graph_reference, relative_gap
 from planner.core.resources import Resources
 from planner.engine.registry import method_spec, method_specs
 from planner.sim.simulator import simulate
@@ -308,7 +308,8 @@ def solve_pipeline(
         return Plan(graph_hash=graph.content_hash(), budget_bytes=budget_bytes,
                     resources=machine_resources, method=partitioner_name(spec.name),
                     status=PlanStatus.infeasible, wall_seconds=time.perf_counter() - started,
-                    notes=[str(e)], details={"smallest_feasible_bytes": e.smallest_feasible_bytes})
+                    notes=[str(e)], details={"smallest_feasible_bytes": e.smallest_feasible_bytes},
+                    **graph_reference(graph))
 
 
 def _report(graph: Graph, problem: PipelineProblem, outcome: PartitionOutcome, cand: Candidate,
@@ -322,6 +323,7 @@ def _report(graph: Graph, problem: PipelineProblem, outcome: PartitionOutcome, c
     plan = Plan(
         kind=PlanKind.pipeline,
         graph_hash=graph.content_hash(),
+        **graph_reference(graph),
         budget_bytes=problem.memory_bytes,
         resources=resources,
         method=outcome.method,

@@ -23,7 +23,15 @@ from typing import Any
 from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.limits import check_time_limit
-from planner.core.plan import Action, ActionOp, Plan, PlanStatus, Predicted, relative_gap
+from planner.core.plan import (
+    Action,
+    ActionOp,
+    Plan,
+    PlanStatus,
+    Predicted,
+    graph_reference,
+    relative_gap,
+)
 from planner.core.resources import Resources
 from planner.engine.deadline import (
     ANSWER_MARGIN_S,
@@ -305,6 +313,7 @@ def checked_plan(
         notes=list(result.notes),
         details=dict(result.details),
         resources=resources,
+        **graph_reference(graph),
     )
     _block_plan_fields(graph, budget_bytes, result, common)
     baseline_cost = graph.total_compute_ms

@@ -85,19 +85,30 @@ def trace(
         )
     model.train()
     name = model_name or type(model).__name__
+    options: dict[str, Any] = {
+        "level": level, "block_pattern": block_pattern, "costs": costs,
+        "device_profile": device_profile, "optimizer": optimizer, "fuse": fuse,
+        "dropout_masks": dropout_masks, "gradient_lifetime": lifetime,
+        "grad_accumulation_steps": grad_accumulation_steps, "autocast": autocast,
+        "loss": loss_name(loss_fn),
+    }
     if level == "module":
         from planner.tracing.modules import trace_modules
 
-        return trace_modules(
+        result = trace_modules(
             model, inputs, loss_fn=loss_fn, block_pattern=block_pattern, costs=costs,
             device_profile=device_profile, optimizer=optimizer, repeats=repeats, warmup=warmup,
             model_name=name, progress=progress, clock=clock,
         )
+        return _with_metadata(result, {**options, "dropout_masks": "graph"})
     with autocast_off(device_type):  # the capture sets it; measuring runs the graph's casts
         result = _trace_ops(
             model, inputs, loss_fn, costs, device_profile, optimizer, fuse, dropout_masks,
             repeats, warmup, name, progress, clock, autocast=autocast,
         )
+    # What the masks were sized as: eager sizes exist on CPU only.
+    options["dropout_masks"] = result.graph.metadata.extra.get("dropout_masks", dropout_masks)
+    result = _with_metadata(result, options)
     state = result.graph.model_state
     if state is None:
         return result
@@ -106,6 +117,30 @@ def trace(
         update={"model_state": state.model_copy(update={"gradient_lifetime": lifetime})}
     )
     return dataclasses.replace(result, graph=graph)
+
+
+# The keyword arguments of `trace` that shape the graph, recorded in
+# `graph.metadata.extra["trace_options"]` (with "loss", the loss function's name) so that the
+# runtime re-traces a plan's model as its graph was traced (planner.runtime.retrace).
+TRACE_OPTION_NAMES = (
+    "level", "block_pattern", "costs", "device_profile", "optimizer", "fuse", "dropout_masks",
+    "gradient_lifetime", "grad_accumulation_steps", "autocast",
+)
+
+
+def loss_name(loss_fn: Any) -> str | None:
+    """'module:qualname' of a loss function (None: the model's own loss), for messages."""
+    if loss_fn is None:
+        return None
+    named = loss_fn if hasattr(loss_fn, "__qualname__") else type(loss_fn)
+    return f"{getattr(named, '__module__', '?')}:{named.__qualname__}"
+
+
+def _with_metadata(result: TraceResult, options: dict[str, Any]) -> TraceResult:
+    """`result` whose graph records `options` (metadata: the content hash is unchanged)."""
+    meta = result.graph.metadata
+    metadata = meta.model_copy(update={"extra": {**meta.extra, "trace_options": options}})
+    return dataclasses.replace(result, graph=result.graph.model_copy(update={"metadata": metadata}))
 
 
 def resolve_gradient_lifetime(lifetime: str | None, grad_accumulation_steps: int = 1) -> str:
