@@ -198,6 +198,11 @@ def build_records(cap: JointCapture, cpu_eager_dropout: bool = False) -> list[Op
                 else {"identity_dropout": True} if identity else {}
             ),
         )
+    loss = records.get(cap.loss_node)
+    if loss is not None and not any(r.phase == "loss" for r in records.values()):
+        # The model computed its own loss (a transformers model given labels): no op ran
+        # outside it, but the backward must still start after the loss, so its op is the loss.
+        loss.phase = "loss"
     return list(records.values())
 
 
