@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from planner.core.budget import MAX_BUDGET_BYTES
 from planner.engine.options import METHOD_OPTIONS, describe_options
@@ -196,6 +206,24 @@ class JobSummary(BaseModel):
     progress: Progress | None = None
     error: str | None = None
     instance: str | None = None
+    peak_bytes: int | None = Field(
+        default=None, description="A finished plan's peak device memory (its report's)."
+    )
+    overhead_percent: float | None = Field(
+        default=None, description="A finished plan's extra compute in % (its report's)."
+    )
+    # The list route builds a summary from the job's view: its report is read for the two
+    # figures above and never sent (lists stay small).
+    report: SkipJsonSchema[dict[str, Any] | None] = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _figures_from_report(self) -> JobSummary:
+        if self.report:
+            if self.peak_bytes is None:
+                self.peak_bytes = self.report.get("peak_bytes")
+            if self.overhead_percent is None:
+                self.overhead_percent = self.report.get("overhead_percent")
+        return self
 
 
 class JobList(BaseModel):
@@ -209,6 +237,9 @@ class SweepSummary(BaseModel):
     method: str
     created_at: str
     plans: int = Field(description="Number of budgets (plans) in the sweep.")
+    finished: int | None = Field(
+        default=None, description="How many of its plans are finished (done, infeasible, ...)."
+    )
 
 
 class SweepList(BaseModel):

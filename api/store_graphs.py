@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from planner.service.models import GraphRow, Job, JobRow, SweepRow
+from planner.service.models import FINISHED, GraphRow, Job, JobRow, SweepRow
 from planner.service.store_db import StoreBase, new_id
 
 
@@ -46,13 +46,19 @@ class GraphsAndSweeps(StoreBase):
             return None if row is None else row.document
 
     def list_sweeps(self, limit: int) -> list[dict[str, Any]]:
-        """The newest sweeps: id, graph hash, method, created_at, number of plans."""
+        """The newest sweeps: id, graph hash, method, created_at, number of plans and how
+        many of them are finished."""
         with self.session() as s:
             rows = s.scalars(
                 select(SweepRow).order_by(SweepRow.created_at.desc()).limit(limit)
             ).all()
+            ids = {r.id: json.loads(r.job_ids) for r in rows}
+            wanted = {job_id for job_ids in ids.values() for job_id in job_ids}
+            finished = set(s.scalars(select(JobRow.id).where(
+                JobRow.id.in_(wanted), JobRow.status.in_(FINISHED))).all()) if wanted else set()
             return [{"id": r.id, "graph_id": r.graph_hash, "method": r.method,
-                     "created_at": r.created_at, "plans": len(json.loads(r.job_ids))}
+                     "created_at": r.created_at, "plans": len(ids[r.id]),
+                     "finished": sum(job_id in finished for job_id in ids[r.id])}
                     for r in rows]
 
     def create_sweep(self, graph_hash: str, method: str, job_ids: list[str]) -> str:

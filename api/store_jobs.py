@@ -106,15 +106,15 @@ class JobQueue(StoreBase):
             return None if row is None else Job.from_row(row)
 
     def list_jobs(self, limit: int, status: str | None = None) -> list[Job]:
-        """The newest jobs (optionally of one status), without their plans and reports."""
-        columns = [c for c in JobRow.__table__.columns
-                   if c.name not in ("plan", "report")]
+        """The newest jobs (optionally of one status), without their plans: the report (a
+        short summary) stays, so a list can show each finished plan's peak and overhead."""
+        columns = [c for c in JobRow.__table__.columns if c.name != "plan"]
         query = select(*columns).order_by(JobRow.created_at.desc()).limit(limit)
         if status is not None:
             query = query.where(JobRow.status == status)
         with self.session() as s:
             rows = s.execute(query).mappings().all()
-        return [Job.from_row(JobRow(**dict(row), plan=None, report=None)) for row in rows]
+        return [Job.from_row(JobRow(**dict(row), plan=None)) for row in rows]
 
     def statuses(self, job_ids: list[str]) -> dict[str, str]:
         if not job_ids:

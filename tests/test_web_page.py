@@ -67,7 +67,7 @@ def test_page_and_docs_are_served_from_the_package(server: ServerProcess) -> Non
         assert "/docs-assets/" in html and "cdn" not in html.lower(), html
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js"):
         assert httpx.get(f"{server.url}/docs-assets/{asset}").status_code == 200
-    for asset in ("core.js", "charts.js", "views.js", "app.js", "app.css"):
+    for asset in ("core.js", "charts.js", "views.js", "forms.js", "app.js", "app.css"):
         assert httpx.get(f"{server.url}/web/static/{asset}").status_code == 200
     assert httpx.get(server.url + "/web/examples/resnet24.json").json()["nodes"]
     assert httpx.get(server.url + "/web/config.json").json()["auth_required"] is True
@@ -93,6 +93,17 @@ def test_timeline_json_is_the_simulators_and_needs_the_key(
     missing = httpx.get(f"{server.url}/web/plans/nope/timeline.json",
                         headers={"Authorization": f"Bearer {KEY}"})
     assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
+
+
+def test_what_the_page_lists_needs_the_key(server: ServerProcess, jobs: dict[str, Any]) -> None:
+    """The lists and the presets the page reads are the API's, behind the same key."""
+    for path in ("/v1/plans", "/v1/sweeps", "/v1/resources/presets"):
+        assert httpx.get(server.url + path).status_code == 401, path
+        answer = httpx.get(server.url + path, headers={"Authorization": f"Bearer {KEY}"})
+        assert answer.status_code == 200, path
+    sweeps = httpx.get(server.url + "/v1/sweeps",
+                       headers={"Authorization": f"Bearer {KEY}"}).json()["sweeps"]
+    assert [s["finished"] for s in sweeps if s["id"] == jobs["sweep"]["id"]] == [3]
 
 
 # -- in the browser --------------------------------------------------------------------------
@@ -272,4 +283,122 @@ def test_page_follows_a_running_job_live(page: Any, server: ServerProcess,
     page.wait_for_selector(f"#jobs tr[data-id='{job['id']}'][data-status='done']")
     page.wait_for_selector(f"#detail[data-ready='plan/{job['id']}'] svg.memory-chart")
     assert page.locator("[data-view=progress]").count() == 0
+    assert page.errors == [], page.errors
+
+
+def percent_text(x: float) -> str:
+    """fmt.percent of core.js: '+0.57 %'."""
+    return f"{'+' if x >= 0 else ''}{x:.2f} %"
+
+
+def test_page_lists_the_servers_sweeps_and_each_finished_plans_overhead(
+    page: Any, server: ServerProcess, jobs: dict[str, Any], tmp_path: Path
+) -> None:
+    """A fresh browser (nothing tracked in its storage) lists what the server has: the sweep
+    made through the API, and the plan's overhead and peak without opening it."""
+    enter_key(page, server)
+    plan_id, sweep = jobs["plan"]["id"], jobs["sweep"]
+    row = page.locator(f"#sweeps tr[data-id='{sweep['id']}']")
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1:] == ["chen-greedy", "3", "3"], cells
+    job_row = page.locator(f"#jobs tr[data-id='{plan_id}'][data-status='done']")
+    job_row.wait_for()
+    report = jobs["plan"]["report"]
+    assert job_row.locator(".overhead").inner_text() == percent_text(report["overhead_percent"])
+    assert job_row.locator(".peak").count() == 1
+    assert page.locator("#detail[data-ready]").count() == 0  # nothing was opened
+    keep(page.screenshot(full_page=True), tmp_path, "lists.png")
+    row.click()
+    page.wait_for_selector(f"#detail[data-ready='sweep/{sweep['id']}'] svg.pareto-chart")
+    assert page.errors == [], page.errors
+
+
+def test_page_downloads_the_plan_json_and_the_pictures(
+    page: Any, server: ServerProcess, jobs: dict[str, Any], tmp_path: Path
+) -> None:
+    from xml.etree import ElementTree
+
+    from PIL import Image
+
+    enter_key(page, server)
+    plan_id = jobs["plan"]["id"]
+    page.fill("#open-id", plan_id)
+    page.click("#open-form button")
+    page.wait_for_selector(f"#detail[data-ready='plan/{plan_id}'] svg.memory-chart")
+    with page.expect_download() as download:
+        page.click("#download-plan")
+    assert download.value.suggested_filename == f"plan-{plan_id[:8]}.json"
+    saved = json.loads(Path(download.value.path()).read_text())
+    assert saved == jobs["plan"]["plan"]
+    Plan.model_validate(saved)  # what `planner-cli validate` and runtime.apply read
+
+    chart = page.locator("svg.memory-chart")
+    width, height = int(chart.get_attribute("width")), int(chart.get_attribute("height"))
+    with page.expect_download() as download:
+        page.click("[data-view=timeline] .save-png")
+    png = Path(download.value.path()).read_bytes()
+    keep(png, tmp_path, "timeline-download.png")
+    assert Image.open(io.BytesIO(png)).size == (2 * width, 2 * height)
+    assert ink(png, LINE_BLUE) > 0.002 and ink(png) > 0.15, "the saved PNG has no chart"
+    with page.expect_download() as download:
+        page.click("[data-view=timeline] .save-svg")
+    root = ElementTree.parse(download.value.path()).getroot()
+    namespace = "{http://www.w3.org/2000/svg}"
+    assert root.tag == namespace + "svg"
+    lines = [e for e in root.iter(namespace + "path") if e.get("class") == "line"]
+    assert len(lines) == 1 and lines[0].get("d") == chart.locator("path.line").get_attribute("d")
+    assert page.errors == [], page.errors
+
+
+def test_page_submits_an_offload_plan_on_a_preset_machine(
+    page: Any, server: ServerProcess, tmp_path: Path
+) -> None:
+    enter_key(page, server)
+    page.wait_for_selector("#resources-preset option[value='h100-pcie-gen5']", state="attached")
+    page.select_option("#resources-preset", "h100-pcie-gen5")
+    page.fill("#host-memory", "16GiB")
+    page.select_option("#method", "offload-greedy")
+    page.fill("#budget", "0.8")
+    page.click("#submit-plan")
+    page.wait_for_selector("#detail[data-ready^='plan/']")
+    plan_id = page.get_attribute("#detail", "data-ready").split("/")[1]
+    page.wait_for_selector(f"#jobs tr[data-id='{plan_id}'][data-status='done']")
+    page.wait_for_selector(f"#detail[data-ready='plan/{plan_id}'] svg.memory-chart")
+    keep(page.screenshot(full_page=True), tmp_path, "offload.png")
+    with server.client(token=KEY) as c:
+        view = c.get(f"/v1/plans/{plan_id}").json()
+    assert view["status"] == "done" and view["method"] == "offload-greedy"
+    assert view["resources"]["host_memory_bytes"] == 16 * 2**30
+    assert view["plan"]["kind"] in ("offload", "remat+offload")
+    assert "host peak" in page.locator("[data-view=summary]").inner_text()
+    # A host memory without a machine is refused in the page, before any request.
+    page.select_option("#resources-preset", "")
+    page.click("#submit-plan")
+    page.wait_for_selector("#submit-message.error-text")
+    assert "pick a machine" in page.locator("#submit-message").inner_text()
+    assert page.errors == [], page.errors
+
+
+def test_page_submits_a_partition_and_shows_its_stages(
+    page: Any, server: ServerProcess, tmp_path: Path
+) -> None:
+    enter_key(page, server)
+    page.wait_for_selector("#pp-method option[value='dp']", state="attached")
+    page.fill("#pp-devices", "2")
+    page.fill("#pp-device-memory", "256MiB")
+    page.fill("#pp-microbatches", "4")
+    page.select_option("#pp-schedule", "1f1b")
+    page.click("#submit-partition")
+    page.wait_for_selector("#detail[data-ready^='plan/']")
+    plan_id = page.get_attribute("#detail", "data-ready").split("/")[1]
+    stages = page.locator(f"#detail[data-ready='plan/{plan_id}'] [data-view=stages] tr[data-stage]")
+    stages.first.wait_for()
+    keep(page.screenshot(full_page=True), tmp_path, "partition.png")
+    with server.client(token=KEY) as c:
+        view = c.get(f"/v1/plans/{plan_id}").json()
+    assert view["status"] == "done" and view["method"] == "pipeline-dp", view["status"]
+    assert view["resources"]["device_count"] == 2 and view["budget_bytes"] == 256 * 2**20
+    assert stages.count() == len(view["plan"]["partition"]["stages"]) == 2
+    assert "1f1b" in page.locator("[data-view=stages]").inner_text()
     assert page.errors == [], page.errors

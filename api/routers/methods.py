@@ -1,5 +1,6 @@
 """/v1/methods: the planning methods this server runs, each as its spec says (what it does, the
-plans it returns, its options with their types, defaults and help); plugins by target."""
+plans it returns, its options with their types, defaults and help); plugins by target. And
+/v1/resources/presets: the machines a request may name by preset (`"resources": "h100-sxm"`)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,26 @@ def list_methods() -> list[dict[str, object]]:
     from planner.engine.registry import describe_methods
 
     return describe_methods()
+
+
+class ResourcePreset(BaseModel):
+    name: str = Field(description="Give it as resources (or resources.preset, with overrides "
+                      "such as host_memory_bytes).")
+    device_memory_bytes: int
+    summary: str = Field(description="The machine in one line: memory and links.")
+    resources: dict[str, Any] = Field(description="The resources.json it expands to; host memory "
+                                      "is the server's, not the device's: presets leave it unset.")
+
+
+@router.get("/resources/presets", response_model=list[ResourcePreset],
+            responses=error_responses(*AUTH_ERRORS), summary="The machines named by preset")
+def list_resource_presets() -> list[ResourcePreset]:
+    from planner.core.resources import preset_names, resources_preset
+
+    presets = []
+    for name in preset_names():
+        machine = resources_preset(name)
+        presets.append(ResourcePreset(
+            name=name, device_memory_bytes=machine.device_memory_bytes or 0,
+            summary=str(machine), resources=machine.model_dump(mode="json")))
+    return presets

@@ -1,5 +1,6 @@
-// The page: the key field, the submit form, the job lists (polled while anything runs) and the
-// detail pane (a plan's or a sweep's views from the registry), routed by the URL's #hash.
+// The page: the key field, the job and sweep lists (the server's newest, polled while anything
+// runs) and the detail pane (a plan's or a sweep's views from the registry), routed by the URL's
+// #hash. The submit forms are forms.js.
 "use strict";
 
 (() => {
@@ -11,8 +12,10 @@
   const state = {
     config: { auth_required: false },
     listEndpoint: null, // null: not tried yet; false: the server has none (use tracked ids)
+    sweepListEndpoint: null,
     jobs: new Map(), // id -> job view (finished ones never change)
-    sweeps: new Map(),
+    sweeps: new Map(), // id -> sweep view (with its plans)
+    sweepList: new Map(), // id -> the server's list item (counts only)
     timelines: new Map(), // id -> promise of the replay
     detailKey: null,
     detailStatus: null,
@@ -62,6 +65,34 @@
     }
   }
 
+  async function loadSweepList() {
+    if (state.sweepListEndpoint === false) return [];
+    try {
+      const items = (await api.get("v1/sweeps?limit=50")).sweeps || [];
+      state.sweepListEndpoint = true;
+      state.sweepList = new Map(items.map((item) => [item.id, item]));
+      return items.map((s) => s.id);
+    } catch (error) {
+      if (error instanceof ApiFailure && [404, 405].includes(error.status)) {
+        state.sweepListEndpoint = false;
+        return [];
+      }
+      throw error;
+    }
+  }
+
+  // A sweep's row: the server's list item, or counted from its view (opened, or an old server).
+  function sweepRow(id) {
+    const item = state.sweepList.get(id);
+    const view = state.sweeps.get(id);
+    if (item && (item.finished !== undefined && item.finished !== null || !view)) {
+      return { id, method: item.method, created_at: item.created_at, plans: item.plans, finished: item.finished };
+    }
+    if (!view) return null;
+    return { id, method: view.method, created_at: (item || {}).created_at, plans: view.plans.length,
+      finished: view.plans.filter((p) => FINISHED.has(p.status)).length };
+  }
+
   async function refreshJob(id) {
     const known = state.jobs.get(id);
     if (known && FINISHED.has(known.status) && known.full) return known;
@@ -79,23 +110,24 @@
   }
 
   async function refreshLists() {
-    const listed = await loadJobList();
+    const [listed, sweepsListed] = await Promise.all([loadJobList(), loadSweepList()]);
     const mine = tracked.all();
     const planIds = [...new Set([...listed, ...mine.filter((t) => t.kind === "plan").map((t) => t.id)])];
     await Promise.all(mine.filter((t) => t.kind === "plan").map((t) => refreshJob(t.id).catch((e) => {
       if (e instanceof ApiFailure && e.status === 404) tracked.remove(t.id);
       else throw e;
     })));
-    const sweepIds = mine.filter((t) => t.kind === "sweep").map((t) => t.id);
-    await Promise.all(sweepIds.map((id) => refreshSweep(id).catch((e) => {
+    // Tracked sweeps the server's list leaves out (older ones opened here) are fetched whole.
+    const mySweeps = mine.filter((t) => t.kind === "sweep" && !state.sweepList.has(t.id)).map((t) => t.id);
+    await Promise.all(mySweeps.map((id) => refreshSweep(id).catch((e) => {
       if (e instanceof ApiFailure && e.status === 404) tracked.remove(id);
       else throw e;
     })));
     $("jobs-source").textContent = state.listEndpoint
-      ? "The server's newest jobs, with those opened here."
+      ? "The server's newest jobs and sweeps, with those opened here."
       : "Jobs submitted or opened in this browser.";
     drawJobs(planIds.map((id) => state.jobs.get(id)).filter(Boolean));
-    drawSweeps(sweepIds.map((id) => state.sweeps.get(id)).filter(Boolean));
+    drawSweeps([...new Set([...sweepsListed, ...mySweeps])].map(sweepRow).filter(Boolean));
   }
 
   function progressCell(job) {
@@ -108,8 +140,13 @@
         best !== null && best !== undefined ? el("span", { class: "small muted" }, "best " + fmt.number(best)) : null);
     }
     if (job.status === "done") {
-      const overhead = job.report && job.report.overhead_percent;
-      return overhead === undefined || overhead === null ? "" : fmt.percent(overhead);
+      // List items carry the figures; a full view (opened, or an old server) has its report.
+      const report = job.report || {};
+      const overhead = job.overhead_percent ?? report.overhead_percent;
+      const peak = job.peak_bytes ?? report.peak_bytes;
+      return el("span", { title: "extra compute; peak device memory" },
+        el("span", { class: "overhead" }, overhead === undefined || overhead === null ? "" : fmt.percent(overhead)),
+        peak === undefined || peak === null ? null : el("div", { class: "peak small muted" }, "peak " + fmt.bytes(peak)));
     }
     if (job.status === "infeasible") return "no plan fits";
     if (job.status === "queued") return "waiting";
@@ -125,22 +162,23 @@
     },
     el("td", { class: "mono", title: job.id }, fmt.shortId(job.id)),
     el("td", {}, el("span", { class: "status " + job.status }, job.status)),
-    el("td", {}, job.method),
+    el("td", { class: "method", title: job.method }, job.method),
     el("td", { class: "num" }, fmt.bytes(job.budget_bytes)),
-    el("td", {}, progressCell(job))));
+    el("td", { class: "progress" }, progressCell(job))));
     $("jobs").tBodies[0].replaceChildren(...(rows.length ? rows
       : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, "no jobs yet"))]));
   }
 
   function drawSweeps(sweeps) {
+    sweeps.sort((a, b) => (b.created_at || "").localeCompare(a.created_at || ""));
     const rows = sweeps.map((s) => el("tr", {
       "data-id": s.id, class: state.detailKey === "sweep/" + s.id ? "selected" : null,
       onclick: () => open("sweep", s.id),
     },
     el("td", { class: "mono", title: s.id }, fmt.shortId(s.id)),
     el("td", {}, s.method),
-    el("td", { class: "num" }, String(s.plans.length)),
-    el("td", { class: "num" }, String(s.plans.filter((p) => FINISHED.has(p.status)).length))));
+    el("td", { class: "num" }, String(s.plans)),
+    el("td", { class: "num" }, s.finished === undefined || s.finished === null ? "–" : String(s.finished))));
     $("sweeps").tBodies[0].replaceChildren(...(rows.length ? rows
       : [el("tr", {}, el("td", { colspan: 4, class: "muted" }, "no sweeps yet"))]));
   }
@@ -218,64 +256,12 @@
     pane.dataset.ready = key; // tests and scripts wait for this
   }
 
-  // -- submitting -----------------------------------------------------------------------------
-  function budgetValue(text) {
-    const t = text.trim();
-    if (/^\d+$/.test(t)) return Number(t);
-    if (/^\d*\.\d+$/.test(t)) return Number(t);
-    return t;
-  }
-
-  async function graphPart() {
-    const source = $("graph-source").value;
-    if (source === "id") return { graph_id: $("graph-id").value.trim() };
-    if (source === "file") {
-      const file = $("graph-file").files[0];
-      if (!file) throw new Error("choose a graph.json file first");
-      try { return { graph: JSON.parse(await file.text()) }; } catch (e) {
-        throw new Error(`${file.name}: not JSON (${e.message})`);
-      }
-    }
-    const response = await fetch("web/examples/resnet24.json");
-    return { graph: await response.json() };
-  }
-
-  async function submit(kind) {
-    const message = $("submit-message");
-    message.className = "muted";
-    message.textContent = "sending…";
-    for (const b of document.querySelectorAll("#submit-form button")) b.disabled = true;
-    try {
-      const body = { ...(await graphPart()), method: $("method").value };
-      const limit = Number($("time-limit").value);
-      if (limit > 0) body.time_limit = limit;
-      if (kind === "plan") {
-        body.budget = budgetValue($("budget").value);
-        const { data } = await api.post("v1/plans", body);
-        message.textContent = data.status === "done" ? `plan ${fmt.shortId(data.id)}: answered from the store`
-          : `plan ${fmt.shortId(data.id)} sent`;
-        if (data.plan !== undefined) state.jobs.set(data.id, { ...data, full: true });
-        open("plan", data.id);
-      } else {
-        const budgets = $("sweep-budgets").value.split(",").map((s) => s.trim()).filter(Boolean);
-        if (!budgets.length) throw new Error("list the sweep's budgets, e.g. 0.5, 0.7, 0.9");
-        body.budgets = budgets.map(budgetValue);
-        const { data } = await api.post("v1/sweeps", body);
-        message.textContent = `sweep ${fmt.shortId(data.id)} of ${data.plans.length} budgets sent`;
-        state.sweeps.set(data.id, data);
-        open("sweep", data.id);
-      }
-      tick(true);
-    } catch (error) {
-      if (!explain(error)) {
-        message.className = "error-text";
-        message.textContent = error.message;
-      } else {
-        message.textContent = "";
-      }
-    } finally {
-      for (const b of document.querySelectorAll("#submit-form button")) b.disabled = false;
-    }
+  // -- submitting (forms.js) ------------------------------------------------------------------
+  function opened(kind, answer) {
+    if (kind === "plan" && answer.plan !== undefined) state.jobs.set(answer.id, { ...answer, full: true });
+    if (kind === "sweep") state.sweeps.set(answer.id, answer);
+    open(kind, answer.id);
+    tick(true);
   }
 
   async function openById(id) {
@@ -302,6 +288,7 @@
   function anythingRunning() {
     for (const job of state.jobs.values()) if (!FINISHED.has(job.status)) return true;
     for (const s of state.sweeps.values()) if (s.plans.some((p) => !FINISHED.has(p.status))) return true;
+    for (const s of state.sweepList.values()) if (s.finished !== null && s.finished < s.plans) return true;
     return false;
   }
 
@@ -333,18 +320,10 @@
     }
   }
 
-  async function loadMethods() {
-    try {
-      const methods = await api.get("v1/methods");
-      const select = $("method");
-      // The form plans for one device: pipeline partitioners need a machine of several.
-      const oneDevice = methods.filter((m) => !(m.plan_kinds || []).includes("pipeline"));
-      select.replaceChildren(...oneDevice.map((m) => el("option",
-        { value: m.name, selected: m.name === "auto", title: m.summary || m.plugin || "" }, m.name)));
-    } catch (error) { explain(error); }
-  }
+  let forms = null;
 
   async function init() {
+    forms = Planner.forms.install({ explain, opened });
     try {
       state.config = await fetch("web/config.json").then((r) => r.json());
     } catch (_) { /* defaults */ }
@@ -358,22 +337,17 @@
       api.setKey($("api-key").value.trim());
       banner(null);
       state.listEndpoint = null;
-      loadMethods();
+      state.sweepListEndpoint = null;
+      forms.reload();
       tick(true);
     });
     $("key-forget").addEventListener("click", () => { api.setKey(""); $("api-key").value = ""; });
-    $("graph-source").addEventListener("change", () => {
-      $("graph-file").hidden = $("graph-source").value !== "file";
-      $("graph-id").hidden = $("graph-source").value !== "id";
-    });
-    $("submit-form").addEventListener("submit", (event) => { event.preventDefault(); submit("plan"); });
-    $("submit-sweep").addEventListener("click", () => submit("sweep"));
     $("open-form").addEventListener("submit", (event) => { event.preventDefault(); openById($("open-id").value); });
     window.addEventListener("hashchange", () => showDetail(true));
     document.addEventListener("visibilitychange", () => { if (!document.hidden) tick(true); });
     serverStatus();
     setInterval(serverStatus, 10000);
-    await loadMethods();
+    await forms.reload();
     tick(true);
   }
 

@@ -1,5 +1,6 @@
 // Small SVG charts (no library): a step line of memory over actions and a scatter/step of
-// overhead over budget. Each returns an element; sizes follow the container's width.
+// overhead over budget. Each returns an element; sizes follow the container's width. Each can
+// be saved as an SVG or a PNG file (saveButtons).
 "use strict";
 
 Planner.charts = (() => {
@@ -211,5 +212,52 @@ Planner.charts = (() => {
     return root;
   }
 
-  return { svg, memoryStepChart, paretoChart, ticks, downsample };
+  // -- pictures to keep: a chart as a standalone SVG file, or as a PNG drawn from it ----------
+  // The page's stylesheet does not travel with the file: the rules the charts use go inside.
+  const EXPORT_STYLE = "text { font: 11px system-ui, 'DejaVu Sans', sans-serif; fill: #475569; } " +
+    ".grid { stroke: #eef0f3; } .axis { stroke: #94a3b8; }";
+
+  function svgBlob(root) {
+    const copy = root.cloneNode(true);
+    copy.setAttribute("xmlns", NS);
+    copy.prepend(svg("style", {}, EXPORT_STYLE));
+    for (const hidden of copy.querySelectorAll("[visibility=hidden]")) hidden.remove();
+    const text = '<?xml version="1.0" encoding="UTF-8"?>\n' + new XMLSerializer().serializeToString(copy);
+    return new Blob([text], { type: "image/svg+xml" });
+  }
+
+  // Twice the chart's size, so that the picture stays sharp on a slide.
+  async function pngBlob(root, scale = 2) {
+    const url = URL.createObjectURL(svgBlob(root));
+    try {
+      const image = new Image();
+      image.src = url;
+      await image.decode();
+      const canvas = document.createElement("canvas");
+      canvas.width = Number(root.getAttribute("width")) * scale;
+      canvas.height = Number(root.getAttribute("height")) * scale;
+      const context = canvas.getContext("2d");
+      context.scale(scale, scale);
+      context.drawImage(image, 0, 0);
+      return await new Promise((resolve, reject) => canvas.toBlob(
+        (blob) => (blob ? resolve(blob) : reject(new Error("the browser drew no PNG"))), "image/png"));
+    } finally {
+      URL.revokeObjectURL(url);
+    }
+  }
+
+  // Buttons that save `root` as name.svg and name.png.
+  function saveButtons(root, name) {
+    const { el, saveBlob } = Planner;
+    const png = el("button", { type: "button", class: "save-png" }, "PNG");
+    png.addEventListener("click", async () => {
+      png.disabled = true;
+      try { saveBlob(await pngBlob(root), name + ".png"); } finally { png.disabled = false; }
+    });
+    return el("span", { class: "save small muted" }, "Save the picture: ",
+      el("button", { type: "button", class: "save-svg", onclick: () => saveBlob(svgBlob(root), name + ".svg") }, "SVG"),
+      " ", png);
+  }
+
+  return { svg, memoryStepChart, paretoChart, ticks, downsample, svgBlob, pngBlob, saveButtons };
 })();

@@ -44,7 +44,8 @@ const Planner = (() => {
     post(path, body) { return api.call("POST", path, body); },
   };
 
-  // Ids this browser submitted or opened: the job list when the server has no list endpoint.
+  // Ids this browser submitted or opened: listed with the server's newest (which may have
+  // scrolled past them), and the lists themselves when the server has no list endpoints.
   const tracked = {
     all() {
       try { return JSON.parse(localStorage.getItem(TRACKED_STORAGE) || "[]"); } catch (_) { return []; }
@@ -105,6 +106,25 @@ const Planner = (() => {
     },
   };
 
+  // "64GiB", "900 MB", "1e9", "12000000000" -> bytes (the budget grammar's units); Error else.
+  const SIZE_UNITS = { B: 1, KB: 1e3, MB: 1e6, GB: 1e9, TB: 1e12,
+    KIB: 2 ** 10, MIB: 2 ** 20, GIB: 2 ** 30, TIB: 2 ** 40 };
+  function parseSize(text, what) {
+    const match = /^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-z]*)\s*$/i.exec(text || "");
+    const unit = match && (match[2] ? SIZE_UNITS[match[2].toUpperCase()] : 1);
+    if (!unit) throw new Error(`${what}: ${JSON.stringify(text)} is not a size; write e.g. 64GiB or 900MB`);
+    return Math.round(Number(match[1]) * unit);
+  }
+
+  // Hands a Blob to the browser as a download named `name`.
+  function saveBlob(blob, name) {
+    const link = el("a", { href: URL.createObjectURL(blob), download: name, hidden: true });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  }
+
   // A view is one function per kind of thing drawn: {title, applies(ctx), render(container, ctx)}.
   // ctx = {job, plan, sweep, timeline (a promise of the simulator's replay)}.
   const views = [];
@@ -117,5 +137,6 @@ const Planner = (() => {
 
   const FINISHED = new Set(["done", "infeasible", "failed", "cancelled"]);
 
-  return { api, ApiFailure, tracked, el, fmt, registerView, viewsFor, views, FINISHED };
+  return { api, ApiFailure, tracked, el, fmt, parseSize, saveBlob, registerView, viewsFor, views,
+    FINISHED };
 })();

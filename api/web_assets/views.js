@@ -52,10 +52,26 @@
       );
       box.append(figures);
       if (job.error) box.append(el("p", { class: "error-text" }, job.error));
+      // Why nothing fits and the least memory that would, how a partition was chosen, ...
+      for (const note of (plan && plan.notes) || report.notes || []) box.append(el("p", { class: "note small" }, note));
       const graphLine = el("p", { class: "muted small" }, "graph ", el("code", {}, job.graph_id),
         " · created ", new Date(job.created_at).toLocaleString(),
         job.cached ? " · answered from the store" : "");
       box.append(graphLine);
+    },
+  });
+
+  registerView("downloads", {
+    title: null,
+    applies: (ctx) => Boolean(ctx.plan),
+    render(box, { job, plan }) {
+      // The plan.json that `planner-cli validate` and `runtime.apply` read, from the view the
+      // page already holds (a link to the API could not send the key).
+      const blob = new Blob([JSON.stringify(plan, null, 2) + "\n"], { type: "application/json" });
+      box.append(el("p", { class: "small" }, "Download ",
+        el("a", { href: URL.createObjectURL(blob), download: `plan-${fmt.shortId(job.id)}.json`,
+          id: "download-plan" }, "plan.json"),
+        el("span", { class: "muted" }, ` (${fmt.bytes(blob.size)})`)));
     },
   });
 
@@ -111,7 +127,7 @@
           return `${p[0]}: ${p[1]}${name ? " (" + name + ")" : ""} · ${fmt.bytes(p[2])}`;
         },
       });
-      holder.replaceChildren(chart,
+      holder.replaceChildren(chart, charts.saveButtons(chart, `memory-${fmt.shortId(job.id)}`),
         el("div", { class: "legend" },
           el("span", { style: "--c: #2563eb" }, "live memory"),
           el("span", { style: "--c: #dc2626" }, "budget"),
@@ -131,6 +147,38 @@
     const url = URL.createObjectURL(await response.blob());
     return el("img", { src: url, alt: "memory timeline", class: "chart timeline-png" });
   }
+
+  // A pipeline partition: each rank's stages (their layers) and its peak against the device.
+  registerView("stages", {
+    title: "Pipeline stages",
+    applies: (ctx) => Boolean(ctx.plan && ctx.plan.partition),
+    render(box, { plan }) {
+      const predicted = plan.predicted || {};
+      const peaks = predicted.per_rank_peak_bytes || [];
+      const device = (plan.resources || {}).device_memory_bytes;
+      const details = plan.details || {};
+      box.append(el("p", { class: "muted" },
+        `${(plan.resources || {}).device_count || "?"} devices of ${fmt.bytes(device)}, ` +
+        `${details.microbatches ?? "?"} micro-batches, ${details.schedule || "?"}` +
+        (predicted.bubble_fraction !== undefined && predicted.bubble_fraction !== null
+          ? ` · bubble ${(100 * predicted.bubble_fraction).toFixed(1)} %` : "") +
+        (predicted.makespan_ms ? ` · step ${fmt.number(predicted.makespan_ms, 1)} ms` : "")));
+      const rows = plan.partition.stages.map((stage) => {
+        const layers = stage.modules.length ? stage.modules : stage.nodes.map(String);
+        const peak = peaks[stage.rank];
+        return el("tr", { "data-stage": stage.stage_index },
+          el("td", { class: "num" }, String(stage.stage_index)),
+          el("td", { class: "num" }, String(stage.rank)),
+          el("td", { title: layers.join(" ") }, layers.length > 2
+            ? `${layers[0]} … ${layers[layers.length - 1]} (${layers.length})` : layers.join(", ")),
+          el("td", { class: "num" }, peak === undefined ? "–" : fmt.bytes(peak)));
+      });
+      box.append(el("table", { class: "stages-table" },
+        el("thead", {}, el("tr", {}, el("th", { class: "num" }, "stage"), el("th", { class: "num" }, "rank"),
+          el("th", {}, "layers"), el("th", { class: "num" }, "rank peak"))),
+        el("tbody", {}, rows)));
+    },
+  });
 
   registerView("actions", {
     title: "Actions",
@@ -180,8 +228,9 @@
       box.append(el("p", { class: "muted" }, `${sweep.method} on graph `, el("code", {}, sweep.graph_id),
         ` · ${done} of ${plans.length} finished`));
       if (done > 0) {
-        box.append(charts.paretoChart({ points, width: chartWidth(box),
-          onClick: (p) => open("plan", p.id) }));
+        const chart = charts.paretoChart({ points, width: chartWidth(box),
+          onClick: (p) => open("plan", p.id) });
+        box.append(chart, charts.saveButtons(chart, `sweep-${fmt.shortId(sweep.id)}`));
         box.append(el("div", { class: "legend" },
           el("span", { style: "--c: #2563eb" }, "frontier (overhead never rises with the budget)"),
           el("span", { class: "hollow" }, "answered by a smaller budget's plan"),
