@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 from planner.core.errors import InputError
-from planner.solvers import auto_method, baseline_methods
+from planner.solvers import auto_method, baseline_methods, handwritten
 from planner.solvers.chain import methods as chain_methods
 from planner.solvers.offload import methods as offload_methods
 from planner.solvers.pipeline import methods as pipeline_methods
@@ -27,7 +27,7 @@ __all__ = ["BUILTIN_METHODS", "MethodFn", "MethodResult", "SolveRequest", "descr
 
 _SPECS: dict[str, MethodSpec] = {
     spec.name: spec
-    for module in (baseline_methods, auto_method, remat_methods, chain_methods,
+    for module in (baseline_methods, handwritten, auto_method, remat_methods, chain_methods,
                    offload_methods, pipeline_methods)
     for spec in module.SPECS
 }

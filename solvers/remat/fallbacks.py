@@ -1,5 +1,6 @@
-"""The portfolio's candidates from simpler methods: Chen's √n checkpoints, the baselines and
-dynamic eviction (DTR-style). `Portfolio.run` decides when each runs; these offer the plans.
+"""The portfolio's candidates from simpler methods: Chen's √n checkpoints, the baselines, the
+hand-written policies and dynamic eviction (DTR-style). `Portfolio.run` decides when each runs;
+these offer the plans.
 
 Each takes the running `Portfolio` for its graph, budget, deadline, `offer`, the orders it
 knows and their problems, and records the order of each plan that became the best in
@@ -40,6 +41,23 @@ def baseline_candidates(p: Portfolio) -> bool:
         if p.offer(actions, f"baseline:{name}"):
             found = True
             p.order_of[f"baseline:{name}"] = p.orders["given"]
+    return found
+
+
+def handwritten_candidates(p: Portfolio) -> bool:
+    """What users write by hand (`planner.solvers.handwritten`: torch's checkpoint around
+    every k-th block, torchtitan's selective matmul saving), built once per graph in
+    milliseconds: at each of their own peaks auto is then at least as fast as they are;
+    whether one became the best plan."""
+    from planner.solvers.handwritten import handwritten_plans
+
+    found = False
+    for name, actions in handwritten_plans(p.graph, deadline=p.share(0.2)):
+        if time.perf_counter() > p.deadline:
+            break
+        if p.offer(actions, f"handwritten:{name}"):
+            found = True
+            p.order_of[f"handwritten:{name}"] = p.orders["given"]
     return found
 
 

@@ -13,7 +13,9 @@ so none of them starves the others:
    the order across the store-all peak) and greedy eviction in the lowered orders; while
    nothing fits, iterated local search in chunks of a few kicks, retention checkpointing
    (`retention.tight_budget_plan`) tried on each new lowest order near the budget;
-3. the baselines (linear ones at any size, recompute-all only while affordable);
+3. the baselines (linear ones at any size, recompute-all only while affordable); the
+   hand-written policies (checkpoint every k-th block, selective matmul saving) early, at
+   any size: at their own peaks auto is never slower than them;
 4. dynamic eviction (DTR-style) in the best order, when nothing fits yet;
 5. the module-level chain DP (rotor on a linearisation, translated to op-level actions) on
    training graphs: on stacks of identical blocks op-level auto is then never worse than it.
@@ -37,6 +39,7 @@ from planner.solvers.remat.fallbacks import (
     baseline_candidates,
     chen_sqrt_candidate,
     dtr_candidates,
+    handwritten_candidates,
 )
 from planner.solvers.remat.greedy import improve, reduce_peak, sweep
 from planner.solvers.remat.late_orders import KICK_MOVES, lowered_order
@@ -123,6 +126,7 @@ class Portfolio:
             return optimal
         self.first = min(self.store_all, key=lambda k: self.store_all[k].peak_bytes,
                          default=None)
+        handwritten_candidates(self)
         if (optimal := self.large_graph_start()) is not None:
             return optimal
         if self.first is not None:  # the first plan: greedy in the order with the lowest peak
