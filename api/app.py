@@ -60,8 +60,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     app.state.parts = parts
+    app.state.storage_health = parts.manager.health  # the 503 handler's (errors.py)
     app.state.settings, app.state.store, app.state.manager = settings, parts.store, parts.manager
-    identity = [identity_dependency(settings)]
+    identity = [identity_dependency(settings, parts)]
     for resource in (graphs, plans, sweeps, partitions, methods):
         app.include_router(resource.router, dependencies=identity)
     install_web(app)  # the page's files and the API docs, served offline

@@ -1,6 +1,7 @@
 """What every router shares, built once per app (`ServiceParts`: settings, store, metrics, the
 job manager, the plan service, authentication, the rate limit), and the FastAPI dependencies
-that hand them to a route: `Parts`, `Service`, `StoreDep`, `SettingsDep`, `Identity`.
+that hand them to a route: `Parts`, `Service`, `StoreDep`, `SettingsDep`, `Identity` (the
+`Caller`: its tenant, whether it is an admin).
 
 Routers are module-level (planner.service.routers); `create_app` keeps the parts on
 `app.state.parts` and includes every /v1 router with `identity_dependency(settings)`: with API
@@ -14,12 +15,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 
 from planner.service.jobs import JobManager
 from planner.service.metrics import Metrics
 from planner.service.schemas import ErrorBody
-from planner.service.security import Authenticator, RateLimiter
+from planner.service.security import Authenticator, Caller, RateLimiter
 from planner.service.service import PlanService
 from planner.service.settings import Settings
 from planner.service.store import Store
@@ -50,8 +53,18 @@ class ServiceParts:
         manager = JobManager(store, settings, metrics)
         service = PlanService(store, settings, metrics, manager)
         manager.on_finished = service.remember_finished
-        return cls(settings, store, metrics, manager, service, Authenticator(settings),
+        return cls(settings, store, metrics, manager, service, Authenticator(settings, store),
                    RateLimiter(settings.submissions_per_minute))
+
+    def keys_declared(self) -> bool:
+        """Whether the OpenAPI document declares the bearer scheme: keys in the settings, or in
+        the database when the app is made (keys added later are enforced all the same)."""
+        if self.auth.declared:
+            return True
+        try:
+            return self.store.has_keys()
+        except SQLAlchemyError:  # no schema yet (a new store), or unreachable: start-up says
+            return False
 
 
 def parts_of(request: Request) -> ServiceParts:
@@ -81,41 +94,49 @@ async def get_settings(request: Request) -> Settings:
 # API's own error shape, so the scheme itself never refuses (auto_error=False).
 bearer = HTTPBearer(
     auto_error=False,
-    description="An API key from the server's PLANNER_API_KEYS: `Authorization: Bearer <key>`.",
+    description="An API key (`planner-cli keys add`, or the server's PLANNER_API_KEYS): "
+    "`Authorization: Bearer <key>`.",
 )
 
 
-def _identity(request: Request) -> str:
-    """Who asks: worked out once per request (cheap: stays on the event loop)."""
-    known: str | None = getattr(request.state, "identity", None)
+async def _caller(request: Request) -> Caller:
+    """Who asks: worked out once per request, from memory on the event loop when the key cache
+    knows the key, else from the database in a thread."""
+    known: Caller | None = getattr(request.state, "caller", None)
     if known is None:
-        known = parts_of(request).auth.identity(request)
-        request.state.identity = known
+        auth = parts_of(request).auth
+        known = auth.caller_cached(request)
+        if known is None:
+            known = await run_in_threadpool(auth.caller, request)
+        request.state.caller = known
     return known
 
 
 async def identity_with_key(
     request: Request, _: HTTPAuthorizationCredentials | None = Depends(bearer)
-) -> str:
-    return _identity(request)
+) -> Caller:
+    return await _caller(request)
 
 
-async def identity_open(request: Request) -> str:
-    return _identity(request)
+async def identity_open(request: Request) -> Caller:
+    return await _caller(request)
 
 
-async def current_identity(request: Request) -> str:
-    """The identity the router's dependency established (a route that rate-limits needs it)."""
-    return _identity(request)
+async def current_identity(request: Request) -> Caller:
+    """The caller the router's dependency established (every route that reads or writes a
+    tenant's objects needs it)."""
+    return await _caller(request)
 
 
-def identity_dependency(settings: Settings) -> Any:
-    """What each /v1 router is included with (see the module docstring)."""
-    return Depends(identity_with_key if settings.auth_enabled else identity_open)
+def identity_dependency(settings: Settings, parts: ServiceParts | None = None) -> Any:
+    """What each /v1 router is included with (see the module docstring). Either way every
+    route learns its caller the same way; only the OpenAPI document differs."""
+    declared = settings.auth_enabled or (parts is not None and parts.keys_declared())
+    return Depends(identity_with_key if declared else identity_open)
 
 
 Parts = Annotated[ServiceParts, Depends(get_parts)]
 Service = Annotated[PlanService, Depends(get_service)]
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-Identity = Annotated[str, Depends(current_identity)]
+Identity = Annotated[Caller, Depends(current_identity)]

@@ -3,17 +3,22 @@
 Every error is `{"error": {"code", "message", "details"}}` with one line of message that names
 the field, node or limit, whatever raised it: our own ApiError, planner's InputError (the
 request field at fault, as the body names it, also in `details.field`), FastAPI's request
-validation, Starlette's 404/405, or a bug (500, no traceback).
+validation, Starlette's 404/405, a storage fault (503 naming its cause: see StorageHealth), or
+a bug (500, no traceback).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -65,6 +70,106 @@ def error_response(
     body = {"error": {"code": code or CODES.get(status, "error"), "message": message,
                       "details": details}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+# Storage faults: cause -> what it means to a person. Classified from the driver's own error.
+DISK_FULL, READ_ONLY, UNREACHABLE, BUSY, FAILING = (
+    "disk_full", "read_only", "unreachable", "busy", "failing")
+STORAGE_CAUSES = {
+    DISK_FULL: "the database's disk is full",
+    READ_ONLY: "the database is read-only",
+    UNREACHABLE: "the database cannot be opened or reached",
+    BUSY: "the database is locked by another writer",
+    FAILING: "the database failed",
+}
+STORAGE_RETRY_AFTER_S = 5
+# sqlite3's messages and PostgreSQL's SQLSTATEs (psycopg puts them on `sqlstate`).
+_SQLITE_TEXT = (("database or disk is full", DISK_FULL), ("no space left", DISK_FULL),
+                ("readonly database", READ_ONLY), ("read-only", READ_ONLY),
+                ("unable to open", UNREACHABLE), ("database is locked", BUSY))
+_SQLSTATES = {"53100": DISK_FULL, "25006": READ_ONLY, "57P01": UNREACHABLE,
+              "57P02": UNREACHABLE, "57P03": UNREACHABLE}
+
+
+def classify_storage_error(exc: BaseException) -> str | None:
+    """The storage cause of a database error (a key of STORAGE_CAUSES), or None when it is not
+    the storage's fault (a constraint, a bug in a statement: those stay 500s)."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig
+    state = str(getattr(orig, "sqlstate", "") or "")
+    if state in _SQLSTATES:
+        return _SQLSTATES[state]
+    if state.startswith("08") or exc.connection_invalidated:  # connection exceptions
+        return UNREACHABLE
+    text = str(orig if orig is not None else exc).lower()
+    for needle, cause in _SQLITE_TEXT:
+        if needle in text:
+            return cause
+    if isinstance(exc, OperationalError):  # psycopg: "connection failed", "server closed", ...
+        return UNREACHABLE if "connect" in text or "server closed" in text else FAILING
+    return None
+
+
+class StorageHealth:
+    """Whether the store takes writes: set by any storage error (request handlers, the job
+    dispatcher), cleared by the next write that succeeds (the dispatcher's heartbeat, /readyz's
+    probe). Logs one line per cause per minute, however many requests fail."""
+
+    LOG_INTERVAL_S = 60.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.cause: str | None = None
+        self.detail = ""
+        self._logged_at: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def failed(self, exc: BaseException) -> str | None:
+        """Record a storage error; its cause, or None when `exc` is no storage error."""
+        cause = classify_storage_error(exc)
+        if cause is None:
+            return None
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        detail = " ".join(str(orig).split())[:200]
+        now = self._clock()
+        with self._lock:
+            self.cause, self.detail = cause, detail
+            last = self._logged_at.get(cause)
+            if last is not None and now - last < self.LOG_INTERVAL_S:
+                self._suppressed[cause] = self._suppressed.get(cause, 0) + 1
+                return cause
+            self._logged_at[cause] = now
+            repeats = self._suppressed.pop(cause, 0)
+        more = f" ({repeats} more since the last report)" if repeats else ""
+        log.error("storage fault: %s (%s)%s; writes answer 503 until one succeeds",
+                  STORAGE_CAUSES[cause], detail, more)
+        return cause
+
+    def recovered(self) -> None:
+        """A write succeeded: ready again."""
+        with self._lock:
+            cause, self.cause, self.detail = self.cause, None, ""
+        if cause is not None:
+            log.warning("storage recovered: writes succeed again (was: %s)",
+                        STORAGE_CAUSES[cause])
+
+    def problem(self) -> tuple[str, str] | None:
+        """(cause, one-line message) while the store refuses writes, else None."""
+        with self._lock:
+            cause, detail = self.cause, self.detail
+        if cause is None:
+            return None
+        return cause, f"{STORAGE_CAUSES[cause]} ({detail})"
+
+
+def storage_error_response(cause: str, message: str) -> JSONResponse:
+    return error_response(
+        503, f"storage unavailable: {message}; retry later",
+        code="storage_" + cause, details={"cause": cause},
+        headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
+    )
 
 
 def describe_request_error(exc: RequestValidationError) -> str:
@@ -121,6 +226,15 @@ def install_error_handlers(app: FastAPI) -> None:
                 ", ".join(allowed)
             headers = {**(headers or {}), "Allow": ", ".join(allowed)}
         return error_response(exc.status_code, message, headers=headers)
+
+    @app.exception_handler(DBAPIError)
+    async def _storage_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        health: StorageHealth = request.app.state.storage_health
+        cause = health.failed(exc)  # logs once per cause and minute
+        problem = health.problem()
+        if cause is None or problem is None:
+            return await _bug(request, exc)
+        return storage_error_response(cause, problem[1])
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:

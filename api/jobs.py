@@ -10,6 +10,11 @@ jobs it runs carry its id. Jobs of an instance whose lease expired (it died, or 
 database for longer than the lease) are re-queued or failed by whichever instance notices first
 (Store.reap), at start-up and then every heartbeat; a live instance's jobs are never touched.
 At a clean shutdown, running jobs are re-queued without counting the interrupted attempt.
+
+Storage faults (disk full, read-only, unreachable) go to `health` (one log line per cause and
+minute); a result that cannot be written is kept and written once the store takes writes again,
+and while the store is unhealthy every loop tries the heartbeat, whose success clears it. A job
+whose solver process cannot start is re-queued once, then failed with the reason.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from planner.service.errors import StorageHealth
 from planner.service.metrics import Metrics
 from planner.service.models import CANCELLED, DONE, FAILED, INFEASIBLE, RUNNING, Job
 from planner.service.settings import Settings
@@ -67,6 +74,9 @@ class JobManager:
         on_finished: Callable[[str], None] | None = None,
     ) -> None:
         self.on_finished = on_finished  # called with a job id once its result is stored
+        self.health = StorageHealth()
+        # Store writes that failed on a storage fault, retried in order once it takes writes.
+        self._unsaved: deque[Callable[[], object]] = deque()
         self.store = store
         self.settings = settings
         self.metrics = metrics
@@ -149,9 +159,10 @@ class JobManager:
         lost (this instance was presumed dead) means its jobs are others' now: their solver
         processes are killed and the instance registers again under a new id."""
         now = time.monotonic()
-        if now - self._last_heartbeat < self.heartbeat_interval_s:
+        unhealthy = self.health.problem() is not None
+        if now - self._last_heartbeat < self.heartbeat_interval_s and not unhealthy:
             return
-        if self.store.heartbeat(self.instance_id, self.settings.instance_lease_s):
+        if self.heartbeat_now():
             self._last_heartbeat = now
         else:
             log.error("instance %s lost its lease (no heartbeat for %g s): its jobs were taken "
@@ -166,6 +177,13 @@ class JobManager:
             self.instance_id = new_id()
             self._register()
         self._reap()
+
+    def heartbeat_now(self) -> bool:
+        """Renew the lease now: a write, so its success means the store is healthy again
+        (/readyz calls it while not ready). False: the lease was lost."""
+        kept = self.store.heartbeat(self.instance_id, self.settings.instance_lease_s)
+        self.health.recovered()
+        return kept
 
     def wake(self) -> None:
         if self._stop.is_set() and self._thread is None:
@@ -201,11 +219,36 @@ class JobManager:
         while not self._stop.is_set():
             try:
                 self._keep_lease()
+                self._save_unsaved()
                 self._dispatch()
                 self._poll()
-            except Exception:  # keep dispatching; the store may be briefly unavailable
-                log.exception("job dispatcher error")
+            except Exception as e:  # keep dispatching; the store may be briefly unavailable
+                if self.health.failed(e) is None:  # not the storage: a bug, with its traceback
+                    log.exception("job dispatcher error")
                 time.sleep(IDLE_POLL_S)
+
+    def _save_unsaved(self) -> None:
+        """Write what a storage fault held back, oldest first; stop at the first failure."""
+        while self._unsaved:
+            try:
+                self._unsaved[0]()
+            except Exception as e:
+                if self.health.failed(e) is not None:
+                    return  # the store still fails: next loop
+                log.exception("a held-back store write failed; dropped")
+            self._unsaved.popleft()
+
+    def _write_or_keep(self, write: Callable[[], object]) -> None:
+        """Run a store write; on a storage fault keep it for later (the job is not lost)."""
+        if self._unsaved:  # keep the order: an earlier write is still waiting
+            self._unsaved.append(write)
+            return
+        try:
+            write()
+        except Exception as e:
+            if self.health.failed(e) is None:
+                raise
+            self._unsaved.append(write)
 
     def _dispatch(self) -> None:
         free = self.settings.workers - len(self._running)
@@ -217,6 +260,28 @@ class JobManager:
                 self._start(job)
 
     def _start(self, job: Job) -> None:
+        """Start a claimed job's solver process; a job that cannot start never stays running:
+        it is re-queued once (a passing fork failure), then failed with the reason."""
+        try:
+            self._spawn(job)
+        except Exception as e:
+            if self.health.failed(e) is not None:
+                reason = f"the store failed before its solver started: {self.health.detail}"
+            else:
+                reason = f"its solver process could not start: {type(e).__name__}: {e}"
+                log.error("job %s: %s", job.id, reason)
+            self._not_started(job, reason)
+
+    def _not_started(self, job: Job, reason: str) -> None:
+        instance_id = self.instance_id
+        if job.attempts < self.settings.max_attempts:
+            self._write_or_keep(lambda: self.store.requeue(
+                job.id, reason + "; re-queued", instance_id))
+            self.wake()
+        else:
+            self._finish(job, FAILED, error=reason + f" (attempt {job.attempts})")
+
+    def _spawn(self, job: Job) -> None:
         document = self.store.get_graph_document(job.graph_hash)
         if document is None:
             self._finish(job, FAILED, error=f"graph {job.graph_hash} is missing from the store")
@@ -239,7 +304,12 @@ class JobManager:
             name=f"planner-job-{job.id}",
             daemon=True,
         )
-        process.start()
+        try:
+            process.start()
+        except BaseException:
+            for conn in (results_r, results_w, lifeline_r, lifeline_w):
+                conn.close()
+            raise
         results_w.close()  # the child holds the only writer: EOF once it exits
         lifeline_r.close()
         now = time.monotonic()
@@ -253,7 +323,11 @@ class JobManager:
         )
         with self._lock:
             self._running[job.id] = running
-        self.store.set_worker(job.id, process.pid)
+        try:
+            self.store.set_worker(job.id, process.pid)
+        except Exception as e:  # the solve runs on; its pid is only shown while it runs
+            if self.health.failed(e) is None:
+                raise
         log.info("job %s started in process %s", job.id, process.pid)
 
     def _kill_cancelled_elsewhere(self) -> None:
@@ -358,10 +432,14 @@ class JobManager:
         seconds: float | None = None,
     ) -> None:
         proven = report is not None and proven_answer(status, report)
-        if self.store.finish(
-            job.id, status, plan=plan, report=report, error=error, solve_seconds=seconds,
-            instance_id=self.instance_id, proven=proven,
-        ):
+        instance_id = self.instance_id
+
+        def write() -> None:
+            if not self.store.finish(
+                job.id, status, plan=plan, report=report, error=error, solve_seconds=seconds,
+                instance_id=instance_id, proven=proven,
+            ):
+                return
             self.metrics.solves.labels(status=status).inc()
             if seconds is not None:
                 self.metrics.solve_seconds.observe(seconds)
@@ -371,6 +449,8 @@ class JobManager:
                     self.on_finished(job.id)
                 except Exception:  # a cache warm-up must never stop the dispatcher
                     log.exception("on_finished hook failed for job %s", job.id)
+
+        self._write_or_keep(write)
 
     def _forget(self, r: _Running) -> None:
         with self._lock:

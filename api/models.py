@@ -24,6 +24,9 @@ ACTIVE_CONDITION = "status IN ('queued', 'running')"
 FINISHED = (DONE, INFEASIBLE, FAILED, CANCELLED)
 # A request with one of these results is answered from the store instead of solved again.
 CACHEABLE = (DONE, INFEASIBLE)
+# Whose rows are whose (planner.service.store_tenants): rows from before tenants, and every row
+# of a service without API keys, belong to this one.
+DEFAULT_TENANT = "default"
 
 
 class Base(DeclarativeBase):
@@ -97,6 +100,8 @@ class JobRow(Base):
     # True when more search cannot change the answer (optimal, or infeasible by proof): it then
     # answers requests with any time limit; otherwise only those allowing no more time than it had.
     proven: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # The tenant that submitted it (NULL only before create_schema adopts an old store's rows).
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
 
 class SweepRow(Base):
@@ -107,6 +112,7 @@ class SweepRow(Base):
     method: Mapped[str] = mapped_column(String(64))
     job_ids: Mapped[str] = mapped_column(Text)  # JSON list, in budget order (cache hits too)
     created_at: Mapped[float] = mapped_column(Float)
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,7 @@ class Job:
     resources: dict[str, Any] | None = None
     owner_instance: str | None = None
     proven: bool = False
+    tenant: str = DEFAULT_TENANT
 
     @classmethod
     def from_row(cls, row: JobRow) -> Job:
@@ -161,4 +168,5 @@ class Job:
             resources=json.loads(row.resources) if row.resources else None,
             owner_instance=row.owner_instance,
             proven=bool(row.proven),
+            tenant=row.tenant or DEFAULT_TENANT,
         )

@@ -36,6 +36,14 @@ GRAPH_XOR_GRAPH_ID: dict[str, Any] = {
         {"required": ["graph_id"], "properties": {"graph_id": {"type": "string"}}},
     ]
 }
+# What the server requires of any graph document (graph.json or Checkmate node-link): a
+# non-empty `nodes` list of objects. (Acyclicity and edge ends are checked on submission: 422.)
+# Schema only: the graph's own parser refuses the rest with a 422 naming the field.
+GRAPH_SHAPE: dict[str, Any] = {
+    "minProperties": 1,
+    "required": ["nodes"],
+    "properties": {"nodes": {"type": "array", "minItems": 1, "items": {"type": "object"}}},
+}
 GRAPH_DESCRIPTION = (
     "A graph.json document (or a Checkmate node-link graph). Give exactly one of graph and "
     "graph_id."
@@ -90,7 +98,8 @@ class PlanRequest(BaseModel):
         },
     )
 
-    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION)
+    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION,
+                                         json_schema_extra=GRAPH_SHAPE)
     graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
     budget: Budget | None = Field(
         default=None, description=BUDGET_DESCRIPTION + " Optional when resources name a device."
@@ -118,7 +127,8 @@ class SweepRequest(BaseModel):
         },
     )
 
-    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION)
+    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION,
+                                         json_schema_extra=GRAPH_SHAPE)
     graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
     budgets: list[Budget] = Field(min_length=1, description=BUDGET_DESCRIPTION)
     resources: dict[str, Any] | StrictStr | None = Field(

@@ -1,84 +1,169 @@
-"""Optional bearer-token authentication and a per-key submission rate limit."""
+"""Who asks (`Caller`: a tenant, perhaps an admin), from bearer API keys; and the per-tenant
+submission rate limit (the `limits` library's moving window).
+
+Keys come from the database (`planner-cli keys add`, stored as sha256 digests, read through a
+short cache so a revoked key stops working within `api_key_cache_s` without a restart) and from
+`PLANNER_API_KEYS` (`"KEY"` belongs to the default tenant, `"TENANT:KEY"` to TENANT) and
+`PLANNER_ADMIN_API_KEY`. Authentication is on when any of them holds a key; without keys every
+caller is the default tenant, as before tenants existed.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import math
 import threading
 import time
-from collections import deque
+from dataclasses import dataclass
 
 from fastapi import Request
+from limits import RateLimitItemPerMinute
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 
 from planner.service.errors import ApiError
+from planner.service.models import DEFAULT_TENANT
 from planner.service.settings import Settings
+from planner.service.store import Store
+from planner.service.store_tenants import ApiKey, check_tenant_name, key_digest
+
+MAX_CACHED_KEYS = 10_000  # beyond this the key cache starts over (unknown keys are cached too)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the tenant that owns what it creates; an admin sees every tenant's objects."""
+
+    tenant: str = DEFAULT_TENANT
+    admin: bool = False
+    identity: str = "tenant:" + DEFAULT_TENANT  # whom the rate limit counts
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant whose objects this caller may see; None: every tenant's."""
+        return None if self.admin else self.tenant
+
+
+def env_keys(settings: Settings) -> dict[str, Caller]:
+    """digest -> caller for the keys in the settings (see the module docstring)."""
+    callers: dict[str, Caller] = {}
+    for secret in settings.api_keys:
+        text = secret.get_secret_value()
+        tenant, sep, key = text.partition(":")
+        if not sep:
+            tenant, key = DEFAULT_TENANT, text
+        check_tenant_name(tenant, "PLANNER_API_KEYS")
+        callers[key_digest(key)] = Caller(tenant, False, "tenant:" + tenant)
+    if settings.admin_api_key is not None:
+        callers[key_digest(settings.admin_api_key.get_secret_value())] = Caller(
+            DEFAULT_TENANT, True, "tenant:" + DEFAULT_TENANT)
+    return callers
+
+
+def _bearer_token(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise ApiError(401, "missing credentials: send 'Authorization: Bearer <api key>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "malformed Authorization header: expected 'Bearer <api key>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return token.strip()
 
 
 class Authenticator:
-    """Keys from settings; every key is compared (in constant time) so timing tells nothing."""
+    """Resolves a request's caller. `caller_cached` answers from memory (the event loop);
+    when it cannot, `caller` asks the database (call it from a thread)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self._env = env_keys(settings)
+        self._store = store
+        self._ttl_s = settings.api_key_cache_s
+        self._lock = threading.Lock()
+        self._keys: dict[str, tuple[float, ApiKey | None]] = {}  # digest -> (read at, key)
+        self._db_has_keys: tuple[float, bool] = (-math.inf, False)
 
     @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
+    def declared(self) -> bool:
+        """Keys in the settings: the OpenAPI document declares the bearer scheme."""
+        return bool(self._env)
 
-    def identity(self, request: Request) -> str:
-        """Who is asking: a digest of the token, or the client address when auth is off."""
-        if not self.enabled:
-            return "addr:" + (request.client.host if request.client else "unknown")
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not header:
-            raise ApiError(
-                401,
-                "missing credentials: send 'Authorization: Bearer <api key>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(
-                401,
-                "malformed Authorization header: expected 'Bearer <api key>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        presented = token.strip().encode()
-        matched = False
-        for key in self._keys:
-            matched |= hmac.compare_digest(presented, key)
-        if not matched:
+    def _fresh(self, read_at: float) -> bool:
+        return time.monotonic() - read_at < self._ttl_s
+
+    def enabled(self) -> bool:
+        if self._env:
+            return True
+        read_at, has = self._db_has_keys
+        if not self._fresh(read_at) and not has:  # once on, stays on (keys are never deleted)
+            has = self._store.has_keys()
+            self._db_has_keys = (time.monotonic(), has)
+        return has
+
+    def caller_cached(self, request: Request) -> Caller | None:
+        """The caller from memory, or None when the database must be asked."""
+        read_at, has = self._db_has_keys
+        if not self._env and not has and not self._fresh(read_at):
+            return None
+        if not self._env and not has:
+            return self._open_caller(request)
+        digest = key_digest(_bearer_token(request))
+        if digest in self._env:
+            return self._env[digest]
+        cached = self._keys.get(digest)
+        if cached is None or not self._fresh(cached[0]):
+            return None
+        return self._from_key(cached[1])
+
+    def caller(self, request: Request) -> Caller:
+        """The caller, reading the database where the cache has nothing fresh (a thread)."""
+        if not self.enabled():
+            return self._open_caller(request)
+        digest = key_digest(_bearer_token(request))
+        if digest in self._env:
+            return self._env[digest]
+        key = self._store.find_key_by_digest(digest)
+        with self._lock:
+            if len(self._keys) >= MAX_CACHED_KEYS:
+                self._keys.clear()
+            self._keys[digest] = (time.monotonic(), key)
+        return self._from_key(key)
+
+    @staticmethod
+    def _open_caller(request: Request) -> Caller:
+        host = request.client.host if request.client else "unknown"
+        return Caller(DEFAULT_TENANT, False, "addr:" + host)
+
+    @staticmethod
+    def _from_key(key: ApiKey | None) -> Caller:
+        if key is None:
             raise ApiError(403, "the API key is not valid for this server")
-        return "key:" + hashlib.sha256(presented).hexdigest()[:16]
+        if key.revoked_at is not None:
+            raise ApiError(401, f"the API key {key.prefix}... (id {key.id}) was revoked; ask "
+                           "the operator for a new one", headers={"WWW-Authenticate": "Bearer"})
+        return Caller(key.tenant, key.admin, "tenant:" + key.tenant)
 
 
 class RateLimiter:
-    """At most `per_minute` submissions per identity in any sliding 60-second window."""
-
-    WINDOW_S = 60.0
-    MAX_IDENTITIES = 10_000  # beyond this, idle identities are forgotten
+    """At most `per_minute` submissions per caller identity (its tenant; its address without
+    keys) in any moving 60-second window. In memory: each service instance counts its own."""
 
     def __init__(self, per_minute: int) -> None:
         self.per_minute = per_minute
-        self._events: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
+        self._item = RateLimitItemPerMinute(per_minute)
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
 
-    def check(self, identity: str, cost: int = 1) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if len(self._events) > self.MAX_IDENTITIES:
-                self._events = {
-                    k: v for k, v in self._events.items() if v and now - v[-1] <= self.WINDOW_S
-                }
-            events = self._events.setdefault(identity, deque())
-            while events and now - events[0] > self.WINDOW_S:
-                events.popleft()
-            if len(events) + cost > self.per_minute:
-                retry = max(1, int(self.WINDOW_S - (now - events[0])) + 1) if events else 60
-                raise ApiError(
-                    429,
-                    f"over this server's limit of submissions_per_minute={self.per_minute} "
-                    f"for this client; retry in {retry} s",
-                    details={"limit": "submissions_per_minute", "retry_after_s": retry},
-                    headers={"Retry-After": str(retry)},
-                )
-            events.extend([now] * cost)
+    def check(self, caller: Caller, cost: int = 1) -> None:
+        if self._limiter.hit(self._item, caller.identity, cost=cost):
+            return
+        stats = self._limiter.get_window_stats(self._item, caller.identity)
+        retry_s = max(1, math.ceil(stats.reset_time - time.time()))
+        who = "tenant " + caller.tenant if caller.identity.startswith("tenant:") else \
+            "this client"
+        raise ApiError(
+            429,
+            f"over this server's limit of submissions_per_minute={self.per_minute} for "
+            f"{who}; retry in {retry_s} s",
+            details={"limit": "submissions_per_minute", "retry_after_s": retry_s},
+            headers={"Retry-After": str(retry_s)},
+        )

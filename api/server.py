@@ -5,23 +5,30 @@ of dead instances) before it binds its port; a second server started on a busy p
 all that and only then fail. Binding here first makes that a one-line error with its own exit
 code, before anything touches the database.
 
+The database is tried next (schema, then one write): a read-only file, a missing directory or
+an unreachable PostgreSQL is one line on stderr and exit 5, not a traceback from the start-up.
+Only then does `on_ready` run (the CLI's banner), so a failed start prints no banner.
+
 Exit codes: 0 stopped cleanly, 4 the port is in use (or cannot be bound), 5 the service could
-not start (say, the database is unreachable; the log says why). 2 and 3 keep their CLI meanings
-(bad input, no plan fits).
+not start (say, the database is unreachable). 2 and 3 keep their CLI meanings (bad input, no
+plan fits).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import sys
+from collections.abc import Callable
 
 from planner.service.settings import Settings
 
 EXIT_PORT_IN_USE = 4
 EXIT_START_FAILED = 5
 
-__all__ = ["EXIT_PORT_IN_USE", "EXIT_START_FAILED", "PortUnavailable", "bind_socket", "serve"]
+__all__ = ["EXIT_PORT_IN_USE", "EXIT_START_FAILED", "PortUnavailable", "bind_socket",
+           "check_database", "serve"]
 
 
 class PortUnavailable(OSError):
@@ -49,8 +56,34 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings) -> int:
-    """Serve until stopped; the exit code (see the module docstring)."""
+def check_database(url: str) -> str | None:
+    """None when the store at `url` opens, has its schema and takes a write; else one line
+    saying why not (read-only, disk full, cannot be opened or reached)."""
+    from planner.service.errors import STORAGE_CAUSES, classify_storage_error
+    from planner.service.store import Store, new_id
+
+    store = Store(url)
+    probe_id = new_id()
+    try:
+        store.create_schema()
+        # A lease row written and removed: a read-only store fails only on a write.
+        store.register_instance(probe_id, 1.0, hostname=socket.gethostname(), pid=os.getpid(),
+                                address="start-up check")
+        store.deregister_instance(probe_id)
+    except Exception as e:
+        cause = classify_storage_error(e)
+        reason = STORAGE_CAUSES[cause] if cause else f"{type(e).__name__}"
+        orig = getattr(e, "orig", None) or e
+        detail = " ".join(str(orig).split())[:200]
+        return f"{reason} ({detail})"
+    finally:
+        store.dispose()
+    return None
+
+
+def serve(settings: Settings, on_ready: Callable[[], None] | None = None) -> int:
+    """Serve until stopped; the exit code (see the module docstring). `on_ready` runs once the
+    port is bound and the database usable, just before serving."""
     import uvicorn
 
     from planner.service.app import create_app
@@ -60,6 +93,14 @@ def serve(settings: Settings) -> int:
     except PortUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_PORT_IN_USE
+    problem = check_database(settings.database_url)
+    if problem is not None:
+        sock.close()
+        print(f"error: the database cannot be used: {problem}; fix it or serve another one "
+              "(--database-url, PLANNER_DATABASE_URL)", file=sys.stderr)
+        return EXIT_START_FAILED
+    if on_ready is not None:
+        on_ready()
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level,

@@ -20,7 +20,7 @@ from planner.service.cache import KeyIndex, RenderedCache
 from planner.service.errors import ApiError
 from planner.service.jobs import JobManager
 from planner.service.metrics import Metrics
-from planner.service.models import CACHEABLE, FINISHED, RUNNING, Job
+from planner.service.models import CACHEABLE, CANCELLED, DEFAULT_TENANT, FINISHED, RUNNING, Job
 from planner.service.schemas import JobView, Progress
 from planner.service.settings import Settings
 from planner.service.store import Store
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 # pyplot keeps global state: one timeline drawn at a time.
 _PLOT_LOCK = threading.Lock()
+ACTIVE_CAP_RETRY_S = 5  # Retry-After when a tenant is at its cap of active jobs
 
 
 def request_key(
@@ -39,12 +40,15 @@ def request_key(
     method: str,
     options: dict[str, Any],
     resources: dict[str, Any] | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> str:
     body: dict[str, Any] = {
         "graph": graph_hash, "budget": budget_bytes, "method": method, "options": options
     }
     if resources is not None:  # absent from keys made before resources existed: they still match
         body["resources"] = resources
+    if tenant != DEFAULT_TENANT:  # likewise: a tenant's questions and answers are its own
+        body["tenant"] = tenant
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -93,22 +97,23 @@ class PlanService:
         check_graph_bounds(graph)
         return graph
 
-    def put_graph(self, graph: Graph) -> tuple[str, bool]:
+    def put_graph(self, graph: Graph, tenant: str = DEFAULT_TENANT) -> tuple[str, bool]:
         graph_hash = graph.content_hash()
         created = self.store.put_graph(
-            graph_hash, graph.model_dump_json(), len(graph.nodes), len(graph.edges)
+            graph_hash, graph.model_dump_json(), len(graph.nodes), len(graph.edges), tenant
         )
         return graph_hash, created
 
-    def stored_graph(self, graph_id: str) -> Graph:
-        document = self.store.get_graph_document(graph_id)
+    def stored_graph(self, graph_id: str, tenant: str | None = None) -> Graph:
+        document = self.store.get_graph_document(graph_id, tenant)
         if document is None:
             raise ApiError(
                 404, f"graph_id {graph_id!r}: no such graph; upload it with POST /v1/graphs"
             )
         return Graph.model_validate_json(document)
 
-    def request_graph(self, graph: dict[str, Any] | None, graph_id: str | None) -> RequestGraph:
+    def request_graph(self, graph: dict[str, Any] | None, graph_id: str | None,
+                      tenant: str = DEFAULT_TENANT) -> RequestGraph:
         """The request's graph: sent inline (validated and stored now) or named by its id (read
         from the store only when the request needs it: a relative budget, an offload check)."""
         from planner.engine.request import RequestGraph
@@ -117,13 +122,14 @@ class PlanService:
             raise ApiError(422, "give exactly one of 'graph' (a graph.json) or 'graph_id'")
         if graph is not None:
             parsed = self.parse_graph(graph)
-            self.put_graph(parsed)
+            self.put_graph(parsed, tenant)
             return RequestGraph.given(parsed)
         assert graph_id is not None
-        if self.known_graphs.get(graph_id) is None:
-            if not self.store.graph_exists(graph_id):
-                self.stored_graph(graph_id)  # raises the 404
-            self.known_graphs.put(graph_id, graph_id)
+        held = f"{tenant}/{graph_id}"
+        if self.known_graphs.get(held) is None:
+            if not self.store.graph_exists(graph_id, tenant):
+                self.stored_graph(graph_id, tenant)  # raises the 404
+            self.known_graphs.put(held, graph_id)
         return RequestGraph(graph_id, lambda: self.stored_graph(graph_id))
 
     # -- plans --------------------------------------------------------------------------------
@@ -157,18 +163,20 @@ class PlanService:
             )
         return request
 
-    def resolve_plan(self, body: PlanRequest) -> ResolvedRequest:
+    def resolve_plan(self, body: PlanRequest, tenant: str = DEFAULT_TENANT) -> ResolvedRequest:
         return self.resolve(
-            self.request_graph(body.graph, body.graph_id), body.budget, method=body.method,
+            self.request_graph(body.graph, body.graph_id, tenant), body.budget,
+            method=body.method,
             options=body.options, resources=body.resources, time_limit=body.time_limit,
         )
 
-    def resolve_sweep(self, body: SweepRequest) -> list[ResolvedRequest]:
+    def resolve_sweep(self, body: SweepRequest,
+                      tenant: str = DEFAULT_TENANT) -> list[ResolvedRequest]:
         """One request per distinct budget, smallest first; a budget's errors name it
         (`budgets[2]`)."""
         from planner.engine.request import resolve_budget
 
-        source = self.request_graph(body.graph, body.graph_id)
+        source = self.request_graph(body.graph, body.graph_id, tenant)
         try:
             first = self.resolve(source, body.budgets[0], method=body.method,
                                  options=body.options, resources=body.resources,
@@ -183,14 +191,16 @@ class PlanService:
                 raise e.renamed({"budget": f"budgets[{i}]"}) from None
         return [replace(first, budget_bytes=b) for b in sorted(budgets)]
 
-    def submit(self, request: ResolvedRequest, *, force: bool = False) -> tuple[Job, bool]:
+    def submit(self, request: ResolvedRequest, *, force: bool = False,
+               tenant: str = DEFAULT_TENANT) -> tuple[Job, bool]:
         """(job, answered from the store at once). A finished answer serves the request when no
         more search could improve it (proven, or solved with at least this time limit), unless
-        `force`; identical active requests (same key and time limit) share one job."""
+        `force`; identical active requests (same key and time limit) share one job. All of it
+        within `tenant`: another tenant's answers and jobs are never its."""
         resources = request.resources_document()
         options = dict(request.options)
         key = request_key(request.graph_hash, request.budget_bytes, request.method, options,
-                          resources)
+                          resources, tenant)
         if not force:
             done = self._known_answer(key, request.time_limit_s)
             if done is None:
@@ -199,6 +209,8 @@ class PlanService:
                 self._remember_answer(key, done)
                 self.metrics.cache_hits.inc()
                 return done, True
+        if self.store.find_active(key, request.time_limit_s) is None:
+            self.check_active_cap(tenant)
         job, created = self.store.create_or_join_job(
             request_key=key,
             graph_hash=request.graph_hash,
@@ -207,11 +219,27 @@ class PlanService:
             options=options,
             time_limit_s=request.time_limit_s,
             resources=resources,
+            tenant=tenant,
         )
         if created:
             self.metrics.submissions.inc()
             self.manager.wake()
         return job, False
+
+    def check_active_cap(self, tenant: str, adding: int = 1) -> None:
+        """429 when `adding` more jobs would put the tenant over max_active_jobs_per_tenant
+        (checked, then created: concurrent submissions may pass it by a few)."""
+        cap = self.settings.max_active_jobs_per_tenant
+        active = self.store.active_count(tenant)
+        if active + adding > cap:
+            raise ApiError(
+                429,
+                f"tenant {tenant} has {active} queued or running jobs, this server's limit is "
+                f"max_active_jobs_per_tenant={cap}; retry when some finish",
+                details={"limit": "max_active_jobs_per_tenant", "max": cap, "active": active,
+                         "retry_after_s": ACTIVE_CAP_RETRY_S},
+                headers={"Retry-After": str(ACTIVE_CAP_RETRY_S)},
+            )
 
     def _known_answer(self, key: str, time_limit_s: float) -> Job | None:
         known = self.answered.get(key)
@@ -232,14 +260,19 @@ class PlanService:
                 return
         self.answered.put(key, (job.id, job.time_limit_s, job.proven))
 
-    def get(self, job_id: str) -> Job:
-        job = self.store.get_job(job_id)
+    def get(self, job_id: str, tenant: str | None = None) -> Job:
+        """The job, if `tenant` (None: any) may see it; another tenant's is a 404 like a
+        missing one, so its existence does not leak."""
+        job = self.store.get_job(job_id, tenant)
         if job is None:
             raise ApiError(404, f"plan {job_id!r}: no such plan job")
+        if job.status == CANCELLED:  # DELETE removed it from reads (its row stays, recorded)
+            raise ApiError(404, f"plan {job_id!r}: deleted (cancelled by DELETE); POST the "
+                           "request again to plan it")
         return job
 
-    def cancel(self, job_id: str) -> Job:
-        job = self.get(job_id)
+    def cancel(self, job_id: str, tenant: str | None = None) -> Job:
+        job = self.get(job_id, tenant)
         if job.status in FINISHED:
             raise ApiError(
                 409,
@@ -250,7 +283,10 @@ class PlanService:
         before = self.store.cancel(job_id)
         if before == RUNNING:
             self.manager.cancel(job_id)
-        return self.get(job_id)
+        final = self.store.get_job(job_id)  # its last view: reads answer 404 from now on
+        if final is None:
+            raise ApiError(404, f"plan {job_id!r}: no such plan job")
+        return final
 
     def timeline_png(self, job: Job) -> bytes:
         if job.plan is None or not job.plan.get("actions"):
@@ -284,7 +320,8 @@ class PlanService:
     # -- views --------------------------------------------------------------------------------
     def cached_answer(self, graph_id: str | None, budget: object, method: str,
                       options: dict[str, Any], resources: object = None,
-                      time_limit: float | None = None, force: bool = False) -> bytes | None:
+                      time_limit: float | None = None, force: bool = False,
+                      tenant: str = DEFAULT_TENANT) -> bytes | None:
         """The rendered 200 answer of a request solved before, from memory only (no database,
         no thread): graph by id, budget in bytes. None when the slow path must decide."""
         from planner.core.budget import MAX_BUDGET_BYTES, MIN_PLAIN_BYTES
@@ -297,19 +334,19 @@ class PlanService:
             else time_limit
         if requested_s > cap:
             return None  # the slow path says why
-        known = self.answered.get(request_key(graph_id, budget, method, options))
+        known = self.answered.get(request_key(graph_id, budget, method, options, None, tenant))
         if known is None:
             return None
         job_id, solved_with_s, proven = known
         if not proven and solved_with_s < requested_s:
             return None
-        body = self.rendered.get((job_id, True))
+        body = self.rendered.get((job_id, True, tenant))
         if body is not None:
             self.metrics.cache_hits.inc()
         return body
 
     def render(self, job: Job, *, cached: bool = False) -> bytes:
-        key = (job.id, cached)
+        key = (job.id, cached, job.tenant)
         if job.status in FINISHED and (body := self.rendered.get(key)) is not None:
             return body
         body = self.view(job, cached=cached).model_dump_json().encode()
@@ -321,17 +358,18 @@ class PlanService:
         """Warm the in-memory answers with a job that just finished (dispatcher thread), so the
         next identical request and the next poll are served without the database."""
         job = self.store.get_job(job_id)
-        if job is None or job.status not in FINISHED:
-            return
+        if job is None or job.status not in FINISHED or job.status == CANCELLED:
+            return  # a cancelled job is deleted: reads answer 404, never a remembered view
         self.render(job)
         if job.status in CACHEABLE:
             self.render(job, cached=True)
-            self._remember_answer(request_key(job.graph_hash, job.budget_bytes, job.method,
-                                              job.options, job.resources), job)
+            # The stored key is the request's (its tenant's): the question it answers.
+            self._remember_answer(job.request_key, job)
 
-    def rendered_finished(self, job_id: str) -> bytes | None:
-        """A finished job's view from memory, or None (then ask the store)."""
-        return self.rendered.get((job_id, False))
+    def rendered_finished(self, job_id: str, tenant: str | None) -> bytes | None:
+        """A finished job of `tenant` from memory, or None (then ask the store; an admin's
+        reads, tenant None, always do)."""
+        return None if tenant is None else self.rendered.get((job_id, False, tenant))
 
     @staticmethod
     def view(job: Job, *, cached: bool = False) -> JobView:

@@ -48,11 +48,23 @@ class Settings(BaseSettings):
     )
     max_sweep_budgets: int = Field(default=32, ge=1)
     submissions_per_minute: int = Field(
-        default=120, ge=1, description="Per API key (per client address when auth is off)."
+        default=120, ge=1, description="Per tenant (per client address when auth is off)."
+    )
+    max_active_jobs_per_tenant: int = Field(
+        default=100, ge=1, description="A tenant's queued and running jobs at once."
     )
     api_keys: list[SecretStr] = Field(
         default_factory=list,
-        description="Bearer tokens; empty turns authentication off. Env: JSON list.",
+        description="Bearer tokens, 'KEY' (the default tenant's) or 'TENANT:KEY'; with none "
+        "here and none in the database (planner-cli keys) authentication is off. Env: JSON list.",
+    )
+    admin_api_key: SecretStr | None = Field(
+        default=None, description="A bearer token that sees every tenant's objects."
+    )
+    api_key_cache_s: float = Field(
+        default=5.0, ge=0, le=300,
+        description="How long a key read from the database is trusted: a revoked key stops "
+        "working within this.",
     )
     # What to do with the running jobs of an instance that died (its lease expired).
     recover_running: Literal["requeue", "fail"] = "requeue"
@@ -74,7 +86,8 @@ class Settings(BaseSettings):
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.api_keys)
+        """Keys in the settings (the database may hold more: Authenticator.enabled)."""
+        return bool(self.api_keys) or self.admin_api_key is not None
 
 
 def load_settings(**overrides: object) -> Settings:

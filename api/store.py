@@ -14,12 +14,20 @@ from planner.service.store_db import StoreBase, log, make_engine, new_id, normal
 from planner.service.store_graphs import GraphsAndSweeps
 from planner.service.store_jobs import JobQueue
 from planner.service.store_leases import InstanceLeases
+from planner.service.store_tenants import TenantStore
 
-__all__ = ["GraphsAndSweeps", "InstanceLeases", "JobQueue", "Store", "StoreBase", "log",
-           "make_engine", "new_id", "normalise_url"]
+__all__ = ["GraphsAndSweeps", "InstanceLeases", "JobQueue", "Store", "StoreBase",
+           "TenantStore", "log", "make_engine", "new_id", "normalise_url"]
 
 
-class Store(JobQueue, InstanceLeases, GraphsAndSweeps):
-    """Repository over the tables (graphs, jobs, sweeps, instances); methods return snapshots,
-    never live ORM rows. Each part is its own module: `store_db` (engine, sessions, schema),
-    `store_graphs`, `store_jobs`, `store_leases`."""
+class Store(JobQueue, InstanceLeases, GraphsAndSweeps, TenantStore):
+    """Repository over the tables (graphs, jobs, sweeps, instances, API keys); methods return
+    snapshots, never live ORM rows. Each part is its own module: `store_db` (engine, sessions,
+    schema), `store_graphs`, `store_jobs`, `store_leases`, `store_tenants`.
+
+    Reads that serve a request take `tenant`: that tenant's rows only (None: every tenant's,
+    for an admin key and the service itself)."""
+
+    def create_schema(self) -> None:
+        super().create_schema()
+        self.adopt_untenanted_rows()

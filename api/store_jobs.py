@@ -18,6 +18,7 @@ from planner.service.models import (
     ACTIVE,
     CACHEABLE,
     CANCELLED,
+    DEFAULT_TENANT,
     FINISHED,
     JOB_STATUSES,
     QUEUED,
@@ -42,6 +43,7 @@ class JobQueue(StoreBase):
         options: dict[str, Any],
         time_limit_s: float,
         resources: dict[str, Any] | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Job:
         row = JobRow(
             id=new_id(),
@@ -55,6 +57,7 @@ class JobQueue(StoreBase):
             status=QUEUED,
             attempts=0,
             created_at=time.time(),
+            tenant=tenant,
         )
         with self.write_session() as s:
             s.add(row)
@@ -100,18 +103,24 @@ class JobQueue(StoreBase):
             ).first()
             return None if row is None else Job.from_row(row)
 
-    def get_job(self, job_id: str) -> Job | None:
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
+        """The job; None when there is none (or, with `tenant`, it is another tenant's)."""
         with self.session() as s:
             row = s.get(JobRow, job_id)
-            return None if row is None else Job.from_row(row)
+            job = None if row is None else Job.from_row(row)
+            return None if job is None or tenant not in (None, job.tenant) else job
 
-    def list_jobs(self, limit: int, status: str | None = None) -> list[Job]:
-        """The newest jobs (optionally of one status), without their plans: the report (a
-        short summary) stays, so a list can show each finished plan's peak and overhead."""
+    def list_jobs(self, limit: int, status: str | None = None,
+                  tenant: str | None = None) -> list[Job]:
+        """The newest jobs (optionally of one status, of one tenant), without their plans: the
+        report (a short summary) stays, so a list can show each finished plan's peak and
+        overhead."""
         columns = [c for c in JobRow.__table__.columns if c.name != "plan"]
         query = select(*columns).order_by(JobRow.created_at.desc()).limit(limit)
         if status is not None:
             query = query.where(JobRow.status == status)
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
         with self.session() as s:
             rows = s.execute(query).mappings().all()
         return [Job.from_row(JobRow(**dict(row), plan=None)) for row in rows]
@@ -258,6 +267,13 @@ class JobQueue(StoreBase):
             rows = s.execute(select(JobRow.id, JobRow.status, JobRow.owner_instance)
                              .where(JobRow.id.in_(job_ids)))
             return {job_id: (status, owner) for job_id, status, owner in rows}
+
+    def active_count(self, tenant: str) -> int:
+        """The tenant's queued and running jobs (its cap: max_active_jobs_per_tenant)."""
+        with self.session() as s:
+            found = s.scalar(select(func.count()).select_from(JobRow).where(
+                JobRow.tenant == tenant, JobRow.status.in_(ACTIVE)))
+            return int(found or 0)
 
     def counts_by_status(self) -> dict[str, int]:
         with self.session() as s:

@@ -2,7 +2,8 @@
 build step) and the API docs at `/docs` and `/redoc` with their assets served from the package
 (fastapi-offline ships Swagger UI and ReDoc), so both work without reaching a CDN.
 
-`install_web(app)` mounts the files and serves the docs; the page's routes (`/`, its config,
+`install_web(app)` mounts the files, serves the docs and adds the security headers to every
+response (SecurityHeadersMiddleware); the page's routes (`/`, its config,
 the memory timeline of a finished plan as JSON, drawn client-side) are the router
 planner.service.routers.page. The page reads the /v1 API with the key the user typed
 (localStorage, sent as Bearer).
@@ -17,7 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import MutableHeaders
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ASSETS_DIR = Path(__file__).resolve().parent / "web_assets"
 PAGE_PREFIX = "/web"
@@ -27,12 +30,45 @@ DOCS_ASSETS_PREFIX = "/docs-assets"
 # there; the page itself runs no inline script.
 DOCS_CSP = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'"
+    "img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
 )
 PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data: blob:; connect-src 'self'"
+    "img-src 'self' data: blob:; connect-src 'self'; frame-ancestors 'none'; "
+    "base-uri 'self'; form-action 'self'"
 )
+# On every response (the page, its files, the API's JSON): no MIME sniffing, no Referer with a
+# plan id leaving the site, never framed (clickjacking). A response with its own CSP keeps it.
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+DEFAULT_CSP = "frame-ancestors 'none'"
+
+
+class SecurityHeadersMiddleware:
+    """Adds SECURITY_HEADERS (and DEFAULT_CSP where a response sets no policy) to every HTTP
+    response; plain ASGI, so streamed bodies pass through untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+                headers.setdefault("Content-Security-Policy", DEFAULT_CSP)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def docs_assets_dir() -> Path:
@@ -59,6 +95,7 @@ def install_web(app: FastAPI) -> None:
     redoc_url = app.redoc_url or "/redoc"
     openapi_url = app.openapi_url or "/openapi.json"
     _drop_routes(app, {docs_url, redoc_url})
+    app.add_middleware(SecurityHeadersMiddleware)
     app.mount(DOCS_ASSETS_PREFIX, StaticFiles(directory=docs_assets_dir()), name="docs-assets")
     app.mount(PAGE_PREFIX + "/static", StaticFiles(directory=ASSETS_DIR), name="web-static")
     # The bundled example graph: the page's "try it" needs no file of the user's.

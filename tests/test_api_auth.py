@@ -16,7 +16,8 @@ DOC = training_graph(4, seed=3).model_dump(mode="json")
 
 @pytest.mark.slow
 def test_auth_on_and_rate_limit(tmp_path: Path) -> None:
-    keys = ["key-one-0123456789", "key-two-9876543210"]
+    keys = ["team-1:key-one-0123456789", "team-2:key-two-9876543210"]
+    tokens = [k.split(":", 1)[1] for k in keys]  # "TENANT:KEY": each key its own tenant
     with running_server(tmp_path, f"sqlite:///{tmp_path / 's.db'}",
                         api_keys=json.dumps(keys), submissions_per_minute=3) as srv:
         body = {"graph": DOC, "budget": 1.0, "method": "store-all"}
@@ -31,7 +32,7 @@ def test_auth_on_and_rate_limit(tmp_path: Path) -> None:
         for path in ("/healthz", "/readyz", "/metrics"):
             assert httpx.get(srv.url + path).status_code == 200
 
-        with srv.client(token=keys[1]) as c:
+        with srv.client(token=tokens[1]) as c:
             for _ in range(3):
                 assert c.post("/v1/plans", json=body).status_code in (200, 202)
             limited = c.post("/v1/plans", json=body)
@@ -39,7 +40,7 @@ def test_auth_on_and_rate_limit(tmp_path: Path) -> None:
             assert "submissions_per_minute=3" in limited.json()["error"]["message"]
             assert int(limited.headers["retry-after"]) >= 1
             assert c.get("/v1/methods").status_code == 200  # reads are not rate limited
-        with srv.client(token=keys[0]) as c:  # the limit is per key
+        with srv.client(token=tokens[0]) as c:  # the limit is per tenant
             assert c.post("/v1/plans", json=body).status_code in (200, 202)
 
         # The OpenAPI document declares the bearer scheme, so the docs page can send a key.

@@ -23,9 +23,7 @@ SEED = 20261123
 # request can still be refused (422) on its meaning.
 ACCEPTED = {
     "ST202": "schema-valid request rejected (graph meaning, budget grammar, caps)",
-    # DELETE /v1/plans/{id} cancels a job; the cancelled job stays readable (status
-    # "cancelled", its reason in `error`) by design, which schemathesis reads as use after free.
-    "ST301": "GET after DELETE answers 200 (a cancelled job is kept)",
+    # Not ST301 (use after free): DELETE /v1/plans/{id} removes the job from reads (404).
 }
 SERVER_ERRORS = {"ST101", "ST102"}
 

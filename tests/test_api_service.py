@@ -171,9 +171,9 @@ def test_cancel_kills_the_solver_process(server: ServerProcess) -> None:
         assert deleted.status_code == 200, deleted.text
         assert deleted.json()["status"] == "cancelled"
         assert process_gone(pid), f"solver process {pid} still runs after DELETE"
-        assert c.get(f"/v1/plans/{plan_id}").json()["status"] == "cancelled"
+        assert c.get(f"/v1/plans/{plan_id}").status_code == 404  # DELETE: cancelled and gone
         again = c.delete(f"/v1/plans/{plan_id}")
-        assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
+        assert again.status_code == 404 and again.json()["error"]["code"] == "not_found"
 
 
 def test_progress_is_reported_while_running(server: ServerProcess) -> None:

@@ -27,7 +27,7 @@ def upload_graph(
 ) -> JSONResponse:
     parts.limiter.check(who)
     parsed = parts.service.parse_graph(graph)
-    graph_hash, created = parts.service.put_graph(parsed)
+    graph_hash, created = parts.service.put_graph(parsed, who.tenant)
     body = GraphCreated(
         id=graph_hash,
         nodes=len(parsed.nodes),
@@ -43,6 +43,6 @@ def upload_graph(
     response_model=GraphDocument,
     responses=error_responses(*AUTH_ERRORS, 404, 422),
 )
-def get_graph(parts: Parts, graph_id: str) -> GraphDocument:
-    graph = parts.service.stored_graph(graph_id)
+def get_graph(parts: Parts, who: Identity, graph_id: str) -> GraphDocument:
+    graph = parts.service.stored_graph(graph_id, who.scope)
     return GraphDocument(id=graph_id, graph=graph.model_dump(mode="json"))

@@ -11,9 +11,10 @@ from collections import OrderedDict
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from planner.service.deps import Identity, SettingsDep, StoreDep
+from planner.service.deps import Identity, Parts, StoreDep
 from planner.service.errors import ApiError
 from planner.service.store import Store
 from planner.service.web import ASSETS_DIR, PAGE_CSP, PAGE_PREFIX
@@ -30,31 +31,34 @@ async def page() -> FileResponse:
 
 
 @router.get(PAGE_PREFIX + "/config.json")
-async def page_config(request: Request, settings: SettingsDep) -> JSONResponse:
+async def page_config(request: Request, parts: Parts) -> JSONResponse:
     # Tells the page whether to ask for a key before its first call; no secret in it.
     app = request.app
-    return JSONResponse({"auth_required": settings.auth_enabled, "title": app.title,
+    auth_required = await run_in_threadpool(parts.auth.enabled)
+    return JSONResponse({"auth_required": auth_required, "title": app.title,
                          "docs_url": app.docs_url or "/docs"})
 
 
 @router.get(PAGE_PREFIX + "/plans/{plan_id}/timeline.json")
-def plan_timeline_json(request: Request, store: StoreDep, _: Identity, plan_id: str) -> Response:
+def plan_timeline_json(request: Request, store: StoreDep, who: Identity,
+                       plan_id: str) -> Response:
     timelines = _timelines(request)
-    cached = timelines.get(plan_id)
+    key = f"{who.scope}/{plan_id}"  # a tenant's timelines are its own (None: an admin's)
+    cached = timelines.get(key)
     if cached is None:
-        cached = json.dumps(timeline_data(store, plan_id)).encode()
-        timelines.put(plan_id, cached)
+        cached = json.dumps(timeline_data(store, plan_id, who.scope)).encode()
+        timelines.put(key, cached)
     return Response(cached, media_type="application/json")
 
 
-def timeline_data(store: Store, plan_id: str) -> dict[str, Any]:
+def timeline_data(store: Store, plan_id: str, tenant: str | None = None) -> dict[str, Any]:
     """The simulator's replay of a finished plan: memory per action (and, for event-simulated
     plans, the device/host memory over time and the ranks), the same figures timeline.png draws."""
     from planner.core.graph import Graph
     from planner.core.plan import Plan
     from planner.sim.simulator import simulate
 
-    job = store.get_job(plan_id)
+    job = store.get_job(plan_id, tenant)
     if job is None:
         raise ApiError(404, f"plan {plan_id!r}: no such plan")
     if job.plan is None or not (job.plan.get("actions") or job.plan.get("rank_actions")):

@@ -25,6 +25,7 @@ from planner.service.deps import (
 )
 from planner.service.models import FINISHED, JOB_STATUSES, Job
 from planner.service.schemas import JobAccepted, JobList, JobSummary, JobView, PlanRequest
+from planner.service.security import Caller
 
 router = APIRouter(prefix="/v1")
 MAX_WAIT_S = 60.0
@@ -59,16 +60,16 @@ async def submit_plan(
     parts.limiter.check(who)
     service = parts.service
     answer = service.cached_answer(body.graph_id, body.budget, body.method, body.options,
-                                   body.resources, body.time_limit, body.force)
+                                   body.resources, body.time_limit, body.force, who.tenant)
     if answer is not None:  # solved before and in memory: no thread, no database
         return Response(answer, status_code=200, media_type="application/json")
-    job, cached = await run_in_threadpool(_submit_slow_path, parts, body)
+    job, cached = await run_in_threadpool(_submit_slow_path, parts, body, who)
     deadline = time.monotonic() + min(wait, parts.settings.max_wait_s)
     delay = 0.05
     while not cached and job.status not in FINISHED and time.monotonic() < deadline:
         await asyncio.sleep(delay)  # the event loop stays free while this request waits
         delay = min(2 * delay, 0.5)
-        job = await run_in_threadpool(service.get, job.id)
+        job = await run_in_threadpool(service.get, job.id, who.scope)
     if cached or job.status in FINISHED:
         answer = await run_in_threadpool(service.render, job, cached=cached)
         return Response(answer, status_code=200, media_type="application/json")
@@ -76,9 +77,9 @@ async def submit_plan(
     return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": accepted.url})
 
 
-def _submit_slow_path(parts: ServiceParts, body: PlanRequest) -> tuple[Job, bool]:
-    request = parts.service.resolve_plan(body)
-    return parts.service.submit(request, force=body.force)
+def _submit_slow_path(parts: ServiceParts, body: PlanRequest, who: Caller) -> tuple[Job, bool]:
+    request = parts.service.resolve_plan(body, who.tenant)
+    return parts.service.submit(request, force=body.force, tenant=who.tenant)
 
 
 @router.get(
@@ -89,13 +90,14 @@ def _submit_slow_path(parts: ServiceParts, body: PlanRequest) -> tuple[Job, bool
 )
 def list_plans(
     service: Service,
+    who: Identity,
     limit: int = Query(default=50, ge=1, le=200),
     status: Literal["queued", "running", "done", "infeasible", "failed", "cancelled"]
     | None = Query(default=None, description="Only jobs with this status."),
 ) -> JobList:
     assert status is None or status in JOB_STATUSES
     items = []
-    for job in service.store.list_jobs(limit, status):
+    for job in service.store.list_jobs(limit, status, who.scope):
         view = service.view(job)
         items.append(JobSummary(**view.model_dump(include=set(JobSummary.model_fields))))
     return JobList(plans=items)
@@ -107,21 +109,28 @@ def list_plans(
     responses=error_responses(*AUTH_ERRORS, 404, 422),
     summary="Status, progress, and the plan with its report when done",
 )
-async def get_plan(service: Service, plan_id: str) -> Response:
-    answer = service.rendered_finished(plan_id)
+async def get_plan(service: Service, who: Identity, plan_id: str) -> Response:
+    answer = service.rendered_finished(plan_id, who.scope)
     if answer is None:
-        answer = await run_in_threadpool(lambda: service.render(service.get(plan_id)))
+        answer = await run_in_threadpool(lambda: service.render(service.get(plan_id, who.scope)))
     return Response(answer, media_type="application/json")
 
 
 @router.delete(
     "/plans/{plan_id}",
     response_model=JobView,
-    responses=error_responses(*AUTH_ERRORS, 404, 409, 422),
-    summary="Cancel a queued or running solve (its process is killed)",
+    responses={
+        200: {"description": "Cancelled and deleted: the job's last view (status cancelled). "
+              "From now on the plan answers 404 (GET, timeline, DELETE)."},
+        **error_responses(*AUTH_ERRORS, 404, 409, 422),
+    },
+    summary="Cancel and delete a queued or running plan job (its process is killed)",
+    description="DELETE removes the job: its solver is stopped and later reads answer 404. "
+    "The cancellation is recorded in the store (metrics, sweeps list it as cancelled). A "
+    "finished plan cannot be deleted (409): it answers identical requests.",
 )
-def cancel_plan(service: Service, plan_id: str) -> JobView:
-    return service.view(service.cancel(plan_id))
+def cancel_plan(service: Service, who: Identity, plan_id: str) -> JobView:
+    return service.view(service.cancel(plan_id, who.scope))
 
 
 @router.get(
@@ -132,5 +141,5 @@ def cancel_plan(service: Service, plan_id: str) -> JobView:
         **error_responses(*AUTH_ERRORS, 404, 409, 422),
     },
 )
-def plan_timeline(service: Service, plan_id: str) -> Response:
-    return Response(service.timeline_png(service.get(plan_id)), media_type="image/png")
+def plan_timeline(service: Service, who: Identity, plan_id: str) -> Response:
+    return Response(service.timeline_png(service.get(plan_id, who.scope)), media_type="image/png")

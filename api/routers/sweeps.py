@@ -36,10 +36,13 @@ def submit_sweep(body: SweepRequest, parts: Parts, who: Identity) -> SweepView:
             details={"limit": "max_sweep_budgets", "max": most},
         )
     parts.limiter.check(who, cost=len(body.budgets))
-    requests = parts.service.resolve_sweep(body)
-    jobs = [parts.service.submit(request, force=body.force)[0] for request in requests]
-    sweep_id = parts.store.create_sweep(requests[0].graph_hash, body.method, [j.id for j in jobs])
-    return sweep_view(parts.store, sweep_id)
+    requests = parts.service.resolve_sweep(body, who.tenant)
+    parts.service.check_active_cap(who.tenant, adding=len(requests))
+    jobs = [parts.service.submit(request, force=body.force, tenant=who.tenant)[0]
+            for request in requests]
+    sweep_id = parts.store.create_sweep(requests[0].graph_hash, body.method,
+                                        [j.id for j in jobs], who.tenant)
+    return sweep_view(parts.store, sweep_id, who.scope)
 
 
 @router.get(
@@ -48,13 +51,14 @@ def submit_sweep(body: SweepRequest, parts: Parts, who: Identity) -> SweepView:
     responses=error_responses(*AUTH_ERRORS, 422),
     summary="The newest sweeps",
 )
-def list_sweeps(store: StoreDep, limit: int = Query(default=50, ge=1, le=200)) -> SweepList:
+def list_sweeps(store: StoreDep, who: Identity,
+                limit: int = Query(default=50, ge=1, le=200)) -> SweepList:
     from planner.service.service import iso
 
     return SweepList(sweeps=[
         SweepSummary(url=f"/v1/sweeps/{row['id']}", **{**row,
                      "created_at": iso(row["created_at"]) or ""})
-        for row in store.list_sweeps(limit)
+        for row in store.list_sweeps(limit, who.scope)
     ])
 
 
@@ -63,12 +67,13 @@ def list_sweeps(store: StoreDep, limit: int = Query(default=50, ge=1, le=200)) -
     response_model=SweepView,
     responses=error_responses(*AUTH_ERRORS, 404, 422),
 )
-def get_sweep(store: StoreDep, sweep_id: str) -> SweepView:
-    return sweep_view(store, sweep_id)
+def get_sweep(store: StoreDep, who: Identity, sweep_id: str) -> SweepView:
+    return sweep_view(store, sweep_id, who.scope)
 
 
-def sweep_view(store: Store, sweep_id: str) -> SweepView:
-    jobs = store.sweep_jobs(sweep_id)
+def sweep_view(store: Store, sweep_id: str, tenant: str | None) -> SweepView:
+    """The sweep, if `tenant` (None: any) may see it (else 404, as for no sweep)."""
+    jobs = store.sweep_jobs(sweep_id, tenant)
     if jobs is None:
         raise ApiError(404, f"sweep {sweep_id!r}: no such sweep")
     from planner.engine.sweep import monotone, record_from_summary

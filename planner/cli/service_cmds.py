@@ -25,6 +25,7 @@ from planner.core.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
     from planner.service.client import PlannerClient
+    from planner.service.store import Store
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOpt = Annotated[
@@ -39,10 +40,25 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.
 OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", help="plan.json to write")]
 
 
+DatabaseUrlOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", help="The service's SQLAlchemy URL (PLANNER_DATABASE_URL)."),
+]
+keys_app = typer.Typer(
+    help="The service's API keys, each a tenant's, in its database: a change holds for the "
+    "running service within PLANNER_API_KEY_CACHE_S (5 s), no restart.",
+    no_args_is_help=True,
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("submit")(submit)
     app.command("status")(status)
+    keys_app.command("add")(keys_add)
+    keys_app.command("list")(keys_list)
+    keys_app.command("revoke")(keys_revoke)
+    app.add_typer(keys_app, name="keys")
 
 
 def serve(
@@ -73,12 +89,13 @@ def serve(
         settings = load_settings(**overrides)
     except ValidationError as e:
         raise InputError(f"settings: {describe_validation_error(e)}") from None
-    console.print(
+    banner = (
         f"planner service on http://{settings.host}:{settings.port} (page /, API docs /docs; "
         f"database {_redact(settings.database_url)}, {settings.workers} workers, "
         f"auth {'on' if settings.auth_enabled else 'off'})"
     )
-    code = run_service(settings)
+    # Printed once the port is ours and the database usable: a failed start shows only its error.
+    code = run_service(settings, on_ready=lambda: console.print(banner))
     if code:
         raise typer.Exit(code)
 
@@ -267,3 +284,83 @@ def _show(answer: dict[str, Any], as_json: bool, output: Path | None) -> None:
     if answer["status"] in ("failed", "cancelled"):
         print(f"plan {answer['id']} {answer['status']}: {answer.get('error')}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+# -- keys ---------------------------------------------------------------------------------------
+def _key_store(database_url: str | None) -> Store:
+    """The service's store (its schema made or brought up to date), from --database-url or the
+    service's settings. An unusable database: one line, exit 5 (as `serve`)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from planner.service.settings import load_settings
+    from planner.service.store import Store
+
+    url = database_url or load_settings().database_url
+    try:
+        store = Store(url)
+        store.create_schema()
+    except SQLAlchemyError as e:
+        cause = getattr(e, "orig", None) or e
+        print(f"error: database {_redact(url)}: {cause}", file=sys.stderr)
+        raise typer.Exit(5) from None
+    return store
+
+
+def keys_add(
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the key acts for.")],
+    admin: Annotated[bool, typer.Option("--admin", help="The key sees every tenant's jobs, "
+                                        "graphs and sweeps.")] = False,
+    database_url: DatabaseUrlOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Make a key for a tenant and print it once (only its sha256 is stored)."""
+    store = _key_store(database_url)
+    try:
+        key, secret = store.add_key(tenant, admin=admin)
+    finally:
+        store.dispose()
+    if as_json:
+        print_json({"id": key.id, "tenant": key.tenant, "admin": key.admin, "key": secret})
+        return
+    role = "admin key" if key.admin else "key"
+    print(f"{role} {key.id} for tenant {key.tenant}; the key, shown this once:", file=sys.stderr)
+    print(secret)
+
+
+def keys_list(database_url: DatabaseUrlOpt = None, as_json: JsonFlag = False) -> None:
+    """Every key: id, tenant, prefix, created, admin, revoked (never the key itself)."""
+    from rich.table import Table
+
+    from planner.service.service import iso
+
+    store = _key_store(database_url)
+    try:
+        keys = store.list_keys()
+    finally:
+        store.dispose()
+    rows = [{"id": k.id, "tenant": k.tenant, "prefix": k.prefix, "created": iso(k.created_at),
+             "admin": k.admin, "revoked": iso(k.revoked_at)} for k in keys]
+    if as_json:
+        print_json({"keys": rows})
+        return
+    table = Table("id", "tenant", "prefix", "created", "admin", "revoked")
+    for k in keys:
+        table.add_row(k.id, k.tenant, f"{k.prefix}...", iso(k.created_at),
+                      "yes" if k.admin else "", iso(k.revoked_at) or "")
+    console.print(table if rows else "no keys (authentication is off unless PLANNER_API_KEYS "
+                  "holds some)")
+
+
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (planner-cli keys list).")],
+    database_url: DatabaseUrlOpt = None,
+) -> None:
+    """Revoke a key: the service answers it 401 from now on (within the key cache's time)."""
+    store = _key_store(database_url)
+    try:
+        key = store.revoke_key(key_id)
+    finally:
+        store.dispose()
+    if key is None:
+        raise InputError(f"key id {key_id!r}: no such key; see planner-cli keys list")
+    console.print(f"revoked key {key.id} ({key.prefix}...) of tenant {key.tenant}")
