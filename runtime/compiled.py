@@ -55,9 +55,9 @@ from torch.utils.checkpoint import (
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
-from planner.core.plan import HOST_OPS, Action, ActionOp, Plan, PlanKind, PlanStatus, compute, free
+from planner.core.plan import HOST_OPS, Action, ActionOp, Plan, PlanKind, PlanStatus
 from planner.sim.simulator import PlanError, simulate
-from planner.solvers.order import schedule_order
+from planner.solvers.remat.sac_space import compiled_schedule
 
 
 class ProjectionWarning(UserWarning):
@@ -172,52 +172,6 @@ def _loss_position(plan: Plan, graph: Graph) -> int:
         return max(first[v] for v in losses)
     backward = [i for v, i in first.items() if index.node(v).phase is Phase.backward]
     return min(backward, default=len(plan.actions)) - 1
-
-
-def compiled_schedule(graph: Graph, recomputed: frozenset[int]) -> list[Action]:
-    """The compiled step in the simulator's model: the forward computes every forward value
-    once; a value is freed after its last reader (in the forward unless the backward reads it
-    and it is not recomputed); the backward computes each recomputed value once, just before
-    its first reader, and frees it after its last."""
-    order = schedule_order(graph)
-    preds, succs = graph.index.predecessors, graph.index.successors
-    backward = {v for v in order if graph.node(v).phase is Phase.backward}
-    steps: list[tuple[int, bool]] = [(v, False) for v in order if v not in backward]
-    done: set[int] = set()
-
-    def recompute(v: int) -> None:  # v's recomputed ancestors first (topological)
-        stack = [(v, False)]
-        while stack:
-            u, expanded = stack.pop()
-            if u in done:
-                continue
-            if expanded:
-                done.add(u)
-                steps.append((u, True))
-                continue
-            stack.append((u, True))
-            stack.extend((w, False) for w in preds[u] if w in recomputed and w not in done)
-
-    for v in order:
-        if v in backward:
-            for u in preds[v]:
-                if u in recomputed:
-                    recompute(u)
-            steps.append((v, False))
-    # Which copy a reader reads: the backward copy of a recomputed value once it exists.
-    last_read: dict[tuple[int, bool], int] = {}
-    for i, (v, again) in enumerate(steps):
-        for u in preds[v]:
-            late = u in recomputed and (again or v in backward)
-            last_read[(u, late)] = i
-    actions: list[Action] = []
-    ending: dict[int, list[int]] = {}
-    for i, (v, again) in enumerate(steps):
-        ending.setdefault(last_read.get((v, again), i) if succs[v] else i, []).append(v)
-    for i, (v, _) in enumerate(steps):
-        actions.append(compute(v))
-        actions.extend(free(u) for u in ending.get(i, ()))
-    return actions
 
 
 def execution(plan: Plan, graph: Graph, decisions: Decisions) -> Execution:

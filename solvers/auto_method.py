@@ -6,21 +6,34 @@ neither imports the other's methods."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from planner.core.plan import Action, PlanStatus
 from planner.solvers.remat.methods import smallest_budget_bytes
 from planner.solvers.request import MethodResult, SolveRequest
-from planner.solvers.spec import MethodSpec
+from planner.solvers.spec import MethodSpec, option, read_options
 
 OFFLOAD_SHARE = 0.3  # of auto's time limit, kept for offloading when the machine has a host tier
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    space: str = option("any", "plans of any schedule, or only those torch.compile executes "
+                        "(compiled: method sac, for planner.runtime.compile)",
+                        choices=("any", "compiled"))
 
 
 def auto(request: SolveRequest) -> MethodResult:
     """Pure recomputation (`solve_auto`); on a machine with a host tier, then offloading on top
     of its best plan, kept only when the event simulator says it is faster (remat is a special
-    case: auto is never slower than its best pure-remat plan)."""
+    case: auto is never slower than its best pure-remat plan). Option space="compiled": the
+    compiled space's method (`sac`) instead."""
     from planner.solvers.remat.auto import solve_auto
 
+    if read_options(AutoOptions, request.options).space == "compiled":
+        from planner.solvers.remat.sac import sac
+
+        return sac(request)
     started = time.perf_counter()
     offloading = request.resources is not None and request.resources.has_host_tier
     remat_limit_s = request.time_limit_s * (1 - OFFLOAD_SHARE if offloading else 1.0)
@@ -69,7 +82,7 @@ def _with_offload(request: SolveRequest, remat_actions: list[Action] | None,
 
 SPECS: tuple[MethodSpec, ...] = (
     MethodSpec(name="auto", run=auto, plan_kinds=("remat", "remat+offload"),
-               claims_bounds=True,
+               options=AutoOptions, claims_bounds=True,
                summary="the portfolio: chain DP, exact models and polish within the time "
                "limit; offloading on top when the machine has a host tier"),
 )

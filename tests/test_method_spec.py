@@ -66,8 +66,11 @@ def test_option_check_and_describe() -> None:
         check_options("rotor", {"refine": True})
     with pytest.raises(InputError, match="options.backend: 'bogus' is not one of cpsat"):
         check_options("milp", {"backend": "bogus"})
-    with pytest.raises(InputError, match="method 'auto' has no option 'backend' \\(it takes "
-                                         "none\\)"):
+    with pytest.raises(InputError, match="method 'store-all' has no option 'backend' \\(it "
+                                         "takes none\\)"):
+        check_options("store-all", {"backend": "cpsat"})
+    with pytest.raises(InputError, match="method 'auto' has no option 'backend' \\(its "
+                                         "options: space\\)"):
         check_options("auto", {"backend": "cpsat"})
     check_options("cpsat-intervals", {"max_computations": None, "hint": False})
     check_options("a-plugin", {"anything": object()})  # plugins take what they take
@@ -88,7 +91,8 @@ def test_option_check_and_describe() -> None:
     assert milp["claims_bounds"] and milp["options"][0]["choices"][0] == "cpsat"
     assert describe_options("milp")["hint"] == ("true or false; start from the best baseline's "
                                                 "plan (default true)")
-    assert describe_options("auto") == {} and "auto" not in METHOD_OPTIONS
+    assert describe_options("store-all") == {} and "store-all" not in METHOD_OPTIONS
+    assert [o.name for o in METHOD_OPTIONS["auto"]] == ["space"]  # compiled: the sac method
     assert [o.name for o in METHOD_OPTIONS["milp"]] == ["backend", "hint"]
 
 

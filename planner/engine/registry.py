@@ -18,6 +18,7 @@ from planner.solvers.chain import methods as chain_methods
 from planner.solvers.offload import methods as offload_methods
 from planner.solvers.pipeline import methods as pipeline_methods
 from planner.solvers.remat import methods as remat_methods
+from planner.solvers.remat import sac as sac_method
 from planner.solvers.request import MethodFn, MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec
 
@@ -28,7 +29,7 @@ __all__ = ["BUILTIN_METHODS", "MethodFn", "MethodResult", "SolveRequest", "descr
 _SPECS: dict[str, MethodSpec] = {
     spec.name: spec
     for module in (baseline_methods, handwritten, auto_method, remat_methods, chain_methods,
-                   offload_methods, pipeline_methods)
+                   offload_methods, pipeline_methods, sac_method)
     for spec in module.SPECS
 }
 
