@@ -51,6 +51,8 @@ def handwritten_candidates(p: Portfolio) -> bool:
     whether one became the best plan."""
     from planner.solvers.handwritten import handwritten_plans
 
+    if not any(node.module_path for node in p.graph.nodes):
+        return False  # no model behind the graph (synthetic, imported): nothing hand-written
     found = False
     for name, actions in handwritten_plans(p.graph, deadline=p.share(0.2)):
         if time.perf_counter() > p.deadline:
