@@ -1,9 +1,10 @@
 """The job manager: runs queued jobs in solver processes, at most `workers` at once.
 
 One dispatcher thread in the server process owns the child processes: it claims queued jobs
-from the store, starts a process per job (forkserver: a clean fork, planner preloaded), relays
-progress and results into the store, enforces each job's time limit and kills the process of a
-cancelled job. The event loop never waits on any of this.
+from the store, fairly between tenants (Store.claim_next), starts a process per job
+(forkserver: a clean fork, planner preloaded), relays progress and results into the store,
+enforces each job's time limit and kills the process of a cancelled job. The event loop never
+waits on any of this.
 
 Each server is an instance with a lease in the store, renewed by this thread's heartbeat; the
 jobs it runs carry its id. Jobs of an instance whose lease expired (it died, or lost the
@@ -254,10 +255,13 @@ class JobManager:
         free = self.settings.workers - len(self._running)
         if free <= 0:
             return
-        for job_id in self.store.queued_ids(free):
-            job = self.store.claim(job_id, self.instance_id)
-            if job is not None:
-                self._start(job)
+        # One claim at a time, each seeing the last: the store picks the oldest queued job of
+        # the tenant with the fewest running jobs (fair shares of the pool, across instances).
+        for _ in range(free):
+            job = self.store.claim_next(self.instance_id)
+            if job is None:
+                return
+            self._start(job)
 
     def _start(self, job: Job) -> None:
         """Start a claimed job's solver process; a job that cannot start never stays running:

@@ -18,6 +18,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from planner.core.budget import MAX_BUDGET_BYTES
 from planner.engine.options import METHOD_OPTIONS, describe_options
+from planner.service.caps import MAX_SWEEP_BUDGETS, RESOURCES_SCHEMA
 
 # Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow.
 Budget = (
@@ -29,6 +30,8 @@ BUDGET_DESCRIPTION = (
     "Bytes (12000000000: a whole number from 1000 up, at most 2**60), a string with units "
     "('11GiB', '900MB'), or a fraction of the graph's store-all peak (0.8 or '80%')."
 )
+# A resources.json document, its caps in the schema (planner.service.caps).
+ResourcesDocument = Annotated[dict[str, Any], Field(json_schema_extra=RESOURCES_SCHEMA)]
 # graph and graph_id exclude each other: exactly one is given (null counts as absent).
 GRAPH_XOR_GRAPH_ID: dict[str, Any] = {
     "oneOf": [
@@ -104,7 +107,7 @@ class PlanRequest(BaseModel):
     budget: Budget | None = Field(
         default=None, description=BUDGET_DESCRIPTION + " Optional when resources name a device."
     )
-    resources: dict[str, Any] | StrictStr | None = Field(
+    resources: ResourcesDocument | StrictStr | None = Field(
         default=None,
         description="The machine: a resources.json document (see `planner-cli schema "
         "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
@@ -130,8 +133,10 @@ class SweepRequest(BaseModel):
     graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION,
                                          json_schema_extra=GRAPH_SHAPE)
     graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
-    budgets: list[Budget] = Field(min_length=1, description=BUDGET_DESCRIPTION)
-    resources: dict[str, Any] | StrictStr | None = Field(
+    budgets: list[Budget] = Field(min_length=1, max_length=MAX_SWEEP_BUDGETS,
+                                  description=BUDGET_DESCRIPTION + " At most "
+                                  f"{MAX_SWEEP_BUDGETS} (or the server's max_sweep_budgets).")
+    resources: ResourcesDocument | StrictStr | None = Field(
         default=None,
         description="The machine: a resources.json document (see `planner-cli schema "
         "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "

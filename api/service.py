@@ -17,6 +17,7 @@ from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.service.bounds import check_graph_bounds
 from planner.service.cache import KeyIndex, RenderedCache
+from planner.service.caps import check_graph_caps, check_resource_caps
 from planner.service.errors import ApiError
 from planner.service.jobs import JobManager
 from planner.service.metrics import Metrics
@@ -95,6 +96,7 @@ class PlanService:
 
         graph = graph_from_dict(data, where="graph")
         check_graph_bounds(graph)
+        check_graph_caps(graph)
         return graph
 
     def put_graph(self, graph: Graph, tenant: str = DEFAULT_TENANT) -> tuple[str, bool]:
@@ -145,8 +147,13 @@ class PlanService:
     ) -> ResolvedRequest:
         """One request resolution (planner.engine.request), once per request: InputError (422)
         naming the body's field; then this server's cap on the time limit."""
-        from planner.engine.request import resolve_request
+        from planner.engine.request import resolve_request, resolve_resources
 
+        try:  # the caps first: no check below runs on a machine of 2**63 devices
+            machine = resolve_resources(resources)
+        except InputError:
+            machine = None  # a bad document: resolve_request says so, in its order of fields
+        check_resource_caps(machine)
         cap = self.settings.max_time_limit_s
         request = resolve_request(
             source, budget, resources=resources, method=method, options=options,

@@ -11,8 +11,9 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import ColumnElement, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from planner.service.models import (
     ACTIVE,
@@ -132,42 +133,59 @@ class JobQueue(StoreBase):
             rows = s.execute(select(JobRow.id, JobRow.status).where(JobRow.id.in_(job_ids)))
             return {job_id: status for job_id, status in rows}
 
-    def queued_ids(self, limit: int) -> list[str]:
-        with self.session() as s:
-            return list(
-                s.scalars(
-                    select(JobRow.id)
-                    .where(JobRow.status == QUEUED)
-                    .order_by(JobRow.created_at)
-                    .limit(limit)
-                )
-            )
+    def claim_next(self, instance_id: str | None = None) -> Job | None:
+        """Claim the next queued job fairly: the oldest queued job of the tenant with the fewest
+        running jobs (a tenant with work waiting gets a worker before another tenant's second;
+        between equals, the oldest job). Pick and claim are one UPDATE statement, atomic on
+        SQLite; on PostgreSQL the pick skips rows another instance is claiming (FOR UPDATE SKIP
+        LOCKED) and the claim stays conditional, so two instances never claim one job. None:
+        nothing queued (or this instance lost its lease)."""
+        tenant = func.coalesce(JobRow.tenant, DEFAULT_TENANT)
+        running = (select(tenant.label("tenant"), func.count().label("n"))
+                   .where(JobRow.status == RUNNING).group_by(tenant).subquery())
+        pick = (select(JobRow.id)
+                .outerjoin(running, running.c.tenant == tenant)
+                .where(JobRow.status == QUEUED)
+                .order_by(func.coalesce(running.c.n, 0), JobRow.created_at, JobRow.id)
+                .limit(1)
+                .with_for_update(skip_locked=True, of=JobRow))
+        with self.session() as s:  # an empty queue (the usual case) takes no write lock
+            if s.scalar(select(JobRow.id).where(JobRow.status == QUEUED).limit(1)) is None:
+                return None
+        with self.write_session() as s:
+            return self._claim_in(s, JobRow.id == pick.scalar_subquery(), instance_id)
 
     def claim(self, job_id: str, instance_id: str | None = None) -> Job | None:
         """queued -> running, owned by `instance_id` (which must hold a lease); None when
         another claimer (or a cancel) got there first."""
-        conditions = [JobRow.id == job_id, JobRow.status == QUEUED]
+        with self.write_session() as s:
+            return self._claim_in(s, JobRow.id == job_id, instance_id)
+
+    @staticmethod
+    def _claim_in(s: Session, which: ColumnElement[bool], instance_id: str | None) -> Job | None:
+        conditions = [which, JobRow.status == QUEUED]
         if instance_id is not None:  # an instance that lost its lease claims nothing
             conditions.append(
                 select(InstanceRow.id).where(InstanceRow.id == instance_id).exists()
             )
-        with self.write_session() as s:
-            result = s.execute(
-                update(JobRow)
-                .where(*conditions)
-                .values(
-                    status=RUNNING,
-                    attempts=JobRow.attempts + 1,
-                    started_at=time.time(),
-                    progress_objective=None,
-                    progress_bound=None,
-                    owner_instance=instance_id,
-                )
+        claimed = s.scalar(
+            update(JobRow)
+            .where(*conditions)
+            .values(
+                status=RUNNING,
+                attempts=JobRow.attempts + 1,
+                started_at=time.time(),
+                progress_objective=None,
+                progress_bound=None,
+                owner_instance=instance_id,
             )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                return None
-            row = s.get(JobRow, job_id)
-            return None if row is None else Job.from_row(row)
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        if claimed is None:
+            return None
+        row = s.get(JobRow, claimed, populate_existing=True)
+        return None if row is None else Job.from_row(row)
 
     def set_worker(self, job_id: str, pid: int | None) -> None:
         with self.write_session() as s:

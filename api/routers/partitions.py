@@ -11,24 +11,38 @@ or 200 with the plan (kind pipeline, simulated per rank) once it is done or solv
 `details.smallest_feasible_bytes` the least device memory that works. Bad input (0 devices, more
 stages than layers, micro-batches an interleaved schedule cannot divide, a device memory below
 one layer's model state, a split naming an unknown layer) is a 422 at submission naming this
-body's field.
+body's field, as is a number over its cap (planner.service.caps: devices, micro-batches, dp,
+bytes; stated in the schema).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+    field_validator,
+)
 
 from planner.core.errors import InputError
+from planner.service.caps import MAX_BYTES, MAX_DATA_PARALLEL, MAX_DEVICES, MAX_MICROBATCHES
 from planner.service.deps import Identity, Parts
 from planner.service.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
-from planner.service.schemas import JobAccepted, PlanRequest
+from planner.service.schemas import JobAccepted, PlanRequest, ResourcesDocument
 from planner.solvers.pipeline.schedules import SCHEDULES
 
 MAX_TIME_LIMIT_S = 30.0
+# Bytes as a JSON integer; the cap is checked by PartitionRequest (one clear error).
+DeviceMemoryBytes = Annotated[
+    StrictInt, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_BYTES})]
 
 
 class PartitionRequest(BaseModel):
@@ -36,14 +50,16 @@ class PartitionRequest(BaseModel):
 
     graph: dict[str, Any] = Field(description="graph.json (module-level or op-level with "
                                   "module paths).")
-    resources: dict[str, Any] | StrictStr | None = Field(
+    resources: ResourcesDocument | StrictStr | None = Field(
         default=None, description="resources.json or a preset name; the fields below override it."
     )
-    devices: StrictInt | None = Field(default=None, description="Pipeline ranks.")
-    device_memory: StrictStr | StrictInt | None = Field(
-        default=None, description="Memory per device: '80GiB', '40GB' or bytes."
+    devices: StrictInt | None = Field(default=None, ge=1, le=MAX_DEVICES,
+                                      description="Pipeline ranks.")
+    device_memory: StrictStr | DeviceMemoryBytes | None = Field(
+        default=None, description="Memory per device: '80GiB', '40GB' or bytes (at most 2**60)."
     )
-    microbatches: StrictInt | None = Field(default=None, description="Micro-batches per step.")
+    microbatches: StrictInt | None = Field(default=None, ge=1, le=MAX_MICROBATCHES,
+                                           description="Micro-batches per step.")
     schedule: StrictStr | None = Field(
         default=None, description=f"{', '.join(SCHEDULES)} (default 1f1b)."
     )
@@ -54,11 +70,19 @@ class PartitionRequest(BaseModel):
                               "(interleaved).")
     split: list[StrictStr] | None = Field(default=None, description="Your own split: the layers "
                                           "that start stages 1.. (checked and simulated).")
-    zero: StrictInt | None = Field(default=None, description="ZeRO stage 0-3.")
-    dp: StrictInt | None = Field(default=None, description="Data-parallel degree ZeRO shards "
-                                 "over.")
+    zero: StrictInt | None = Field(default=None, ge=0, le=3, description="ZeRO stage 0-3.")
+    dp: StrictInt | None = Field(default=None, ge=1, le=MAX_DATA_PARALLEL,
+                                 description="Data-parallel degree ZeRO shards over.")
     time_limit: float = Field(default=10.0, gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False,
                               description="Seconds for the ILP.")
+
+    @field_validator("device_memory")
+    @classmethod
+    def _memory_within_cap(cls, value: str | int | None) -> str | int | None:
+        # Here, not as le= on the union's int: its error would list the str branch's too.
+        if isinstance(value, int) and not 1 <= value <= MAX_BYTES:
+            raise ValueError(f"{value} bytes: give from 1 up to 2**60 (1 EiB)")
+        return value
 
 
 # Fields of the plan request this body becomes, as this body calls them.
@@ -83,8 +107,8 @@ async def submit_partition(
     wait: float = Query(default=0, ge=0, le=MAX_WAIT_S,
                         description="Seconds to hold the request for the plan (as /v1/plans)."),
 ) -> Response:
-    try:
-        plan_body = plan_request(body)
+    try:  # parsing and sharding the graph is CPU work: never on the event loop
+        plan_body = await run_in_threadpool(plan_request, body)
         return await submit_plan(plan_body, parts, who, wait)
     except InputError as e:
         raise in_body_words(e) from None

@@ -1,0 +1,59 @@
+"""Caps on what one request may ask for: devices, micro-batches, data-parallel degree, sweep
+length and byte counts far above any real machine are refused at submission (422 naming the
+field), before a solver, the simulator or the store sees them. Body fields state them in the
+OpenAPI schema (Field(le=...)); the resources document's fields too (RESOURCES_SCHEMA), and
+they are checked after the document is parsed (a preset with overrides, numbers as strings).
+
+Why these numbers: the largest training jobs run on tens of thousands of GPUs and a pipeline
+step has at most a few thousand micro-batches, while the pipeline schedule (and its plan.json)
+grows with devices x micro-batches: 60,000 micro-batches made plans of hundreds of MB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.core.budget import MAX_BUDGET_BYTES
+from planner.core.errors import InputError
+from planner.core.graph import Graph
+from planner.core.resources import Resources
+
+MAX_DEVICES = 65_536
+MAX_MICROBATCHES = 4_096
+MAX_DATA_PARALLEL = 65_536
+MAX_SWEEP_BUDGETS = 64
+MAX_BYTES = MAX_BUDGET_BYTES  # 2**60 (1 EiB): device memory, host memory, budgets
+
+# resources.json fields -> their cap.
+RESOURCE_CAPS: dict[str, int] = {
+    "device_count": MAX_DEVICES,
+    "microbatches": MAX_MICROBATCHES,
+    "device_memory_bytes": MAX_BYTES,
+    "host_memory_bytes": MAX_BYTES,
+}
+# The object form of a request's `resources`, as far as the caps go (its own schema, with every
+# field, is `planner-cli schema resources`). Only `maximum`: a schema cannot say more about a
+# field that may also come from a preset.
+RESOURCES_SCHEMA: dict[str, Any] = {
+    "properties": {name: {"maximum": cap} for name, cap in RESOURCE_CAPS.items()},
+}
+
+
+def check_resource_caps(resources: Resources | None, where: str = "resources") -> None:
+    """InputError naming the first field of `resources` over its cap
+    (`resources.device_count`, which the partitions route says as its own `devices`)."""
+    if resources is None:
+        return
+    for name, cap in RESOURCE_CAPS.items():
+        value = getattr(resources, name)
+        if value is not None and value > cap:
+            raise InputError(f"{value} is over this server's cap of {cap}; no real machine "
+                             "is that large", field=f"{where}.{name}")
+
+
+def check_graph_caps(graph: Graph, where: str = "graph") -> None:
+    """InputError when the graph's model state names a data-parallel degree over the cap."""
+    state = graph.model_state
+    if state is not None and state.data_parallel_degree > MAX_DATA_PARALLEL:
+        raise InputError(f"{state.data_parallel_degree} is over this server's cap of "
+                         f"{MAX_DATA_PARALLEL}", field=f"{where}.model_state.data_parallel_degree")
