@@ -9,6 +9,7 @@ stage t+1; other values are freed as soon as the current stage no longer needs t
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -278,7 +279,10 @@ def chen_greedy(
     With a `deadline`, the best of the segmentations tried by then (ScheduleAbandoned if none
     was)."""
     best: tuple[tuple[int, float, int], list[Action]] | None = None
-    candidates = iter(chen_greedy_candidates(graph, deadline=deadline))
+    # Every node its own segment (nothing recomputed) first: where the budget allows it, that is
+    # the cheapest segmentation, which the threshold grid (cut points only) never reaches.
+    candidates = itertools.chain([store_all(graph, deadline=deadline)],
+                                 chen_greedy_candidates(graph, deadline=deadline))
     while True:
         try:
             actions = next(candidates)
