@@ -131,3 +131,20 @@ def test_memory_aware_orders_are_topological_and_can_fit_more() -> None:
         assert sim.recomputations == 0
         peaks.append(sim.peak_bytes)
     assert min(peaks) <= given_peak
+
+
+def test_pareto_axis_reads_in_the_graphs_own_unit(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: the sweep's Pareto plot said GiB for a MiB-sized graph."""
+    import matplotlib.figure
+
+    from planner.cli.remat_cmds import _pareto_png
+
+    labels: list[str] = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: labels.append(fig.axes[0].get_xlabel()))
+    rows = [{"budget_bytes": b * 2**20, "overhead_percent": o} for b, o in ((20, 5.0), (30, 0.0))]
+    _pareto_png(tmp_path / "p.png", rows, "t")
+    rows = [{"budget_bytes": b * 2**30, "overhead_percent": o} for b, o in ((20, 5.0), (30, 0.0))]
+    _pareto_png(tmp_path / "p.png", rows, "t")
+    assert labels == ["memory budget (MiB)", "memory budget (GiB)"]

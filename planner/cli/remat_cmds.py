@@ -257,13 +257,16 @@ def _pareto_png(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from planner.engine.timeline_plot import byte_unit
+
     pts = [(r["budget_bytes"], r["overhead_percent"]) for r in rows
            if r["overhead_percent"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
+    size, unit = byte_unit(max((b for b, _ in pts), default=0))  # MiB for MiB-sized graphs
     if pts:
-        xs = [float(b) / 2**30 for b, _ in pts]
+        xs = [float(b) / size for b, _ in pts]
         ax.step(xs, [o for _, o in pts], where="post", marker="o")
-    ax.set_xlabel("memory budget (GiB)")
+    ax.set_xlabel(f"memory budget ({unit})")
     ax.set_ylabel("compute overhead (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)

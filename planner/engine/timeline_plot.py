@@ -17,7 +17,7 @@ from planner.sim.simulator import SimulationResult
 GiB = 2**30
 
 
-def _unit(peak_bytes: int) -> tuple[float, str]:
+def byte_unit(peak_bytes: int) -> tuple[float, str]:
     """GiB, or MiB / KiB for small plans, so that the axis reads in sensible numbers."""
     for size, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if peak_bytes >= size:
@@ -44,7 +44,7 @@ def plot_timeline(
     if sim.event_simulated and sim.memory_trace and not sim.ranks:
         _plot_streams(plt, sim, path, title, budget_bytes, graph, resources)
         return
-    unit, name = _unit(max(sim.peak_bytes, budget_bytes or 0))
+    unit, name = byte_unit(max(sim.peak_bytes, budget_bytes or 0))
     xs = [p.action_index for p in sim.timeline]
     ys = [p.live_bytes / unit for p in sim.timeline]
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -79,9 +79,9 @@ def _plot_streams(
     times = [0.0] + [p.time_ms for p in trace] + [sim.makespan_ms]
     device = [sim.fixed_bytes] + [p.device_bytes for p in trace] + [trace[-1].device_bytes]
     host = [0] + [p.host_bytes for p in trace] + [trace[-1].host_bytes]
-    unit, name = _unit(max(sim.peak_bytes, budget_bytes or 0))
+    unit, name = byte_unit(max(sim.peak_bytes, budget_bytes or 0))
     capacity = resources.host_memory_bytes if resources is not None else None
-    host_unit, host_name = _unit(sim.host_peak_bytes)
+    host_unit, host_name = byte_unit(sim.host_peak_bytes)
     fig, (ax_dev, ax_host, ax_gantt) = plt.subplots(
         3, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]}
     )
