@@ -5,20 +5,31 @@
 #   docker run -p 127.0.0.1:8000:8000 -v planner-data:/data planner-service
 # Embedded SQLite store in the /data volume by default; set PLANNER_DATABASE_URL for PostgreSQL
 # (docker/compose.yml runs both).
+# BASE is any Debian-like image with python3 (>= 3.11), its venv module and useradd: the default
+# from Docker Hub, or a local bookworm base where Docker Hub is out of reach
+# (scripts/build_image.sh makes one with debootstrap and builds with buildah).
 
-FROM python:3.12-slim AS build
+ARG BASE=python:3.12-slim
+
+FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+# The dependencies first, in a layer of their own (the project without its code or README
+# installs only them): a change of the code or the README alone reuses it.
+RUN touch README.md \
+    && python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --upgrade pip setuptools wheel \
+    && /opt/venv/bin/pip install ".[postgres]" \
+    && /opt/venv/bin/pip uninstall --yes planner
+COPY README.md ./
 COPY planner ./planner
 COPY solvers ./solvers
 COPY api ./api
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --upgrade pip setuptools wheel \
-    && /opt/venv/bin/pip install ".[postgres]" \
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \
     && ! /opt/venv/bin/python -c "import torch" 2>/dev/null
 
-FROM python:3.12-slim
+FROM ${BASE}
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/planner planner \
     && mkdir -p /data \
     && chown planner:planner /data
