@@ -13,6 +13,11 @@ from typing import Any
 
 import pytest
 
+# Inductor's C++ builder imports setuptools, whose distutils shim asserts that `distutils` is its
+# own copy; after another test has loaded the standard library's (Python 3.11 still has it), the
+# compile tests failed in the whole suite only. The standard library's serves inductor as well.
+os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
+
 from planner.core.graph import Edge, FixedMemory, Graph, Node
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +66,18 @@ def shared_checkmate_dir() -> Path:
     if not CHECKMATE_DIR.is_dir():
         pytest.skip(f"{CHECKMATE_DIR} is absent (benchmark graphs are not part of the repository)")
     return CHECKMATE_DIR
+
+
+@pytest.fixture(autouse=True)
+def _plugins_stay_in_their_test() -> Iterator[None]:
+    """Whatever a test registers (an in-process app's `extra_methods`, `plugin_methods`) is
+    gone after it, so no later test's `method_names()` lists it."""
+    from planner.engine import registry
+
+    before = dict(registry._PLUGINS)
+    yield
+    registry._PLUGINS.clear()
+    registry._PLUGINS.update(before)
 
 
 @contextmanager

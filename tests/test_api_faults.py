@@ -168,6 +168,9 @@ def test_a_solver_that_cannot_start_fails_its_job_at_once(
     assert job["status"] == "failed" and elapsed_s < 1.0, (job, elapsed_s)
     assert "could not start" in job["error"] and "Resource temporarily" in job["error"]
     assert job["attempts"] == 2  # re-queued once, then failed
+    deadline = time.monotonic() + 5  # the killed process leaves the pool's count within moments
+    while api.get("/readyz").json()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert api.get("/readyz").json()["running"] == 0
 
 
@@ -227,6 +230,9 @@ def test_delete_cancels_and_removes_the_job_from_reads(api: TestClient) -> None:
         again = api.request(method, f"/v1/plans/{job_id}{path}")
         assert again.status_code == 404 and "deleted" in again.json()["error"]["message"]
     assert _parts(api).store.get_job(job_id).status == "cancelled"  # recorded
+    deadline = time.monotonic() + 5  # the killed process leaves the pool's count within moments
+    while api.get("/readyz").json()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert api.get("/readyz").json()["running"] == 0
     done = api.post("/v1/plans?wait=10", json={"graph": DOC, "budget": 1.0,
                                                "method": "store-all"})
