@@ -12,38 +12,19 @@ request is kept to WARNING while the agent polls, unless its level was set.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
 import time
 from types import TracebackType
 from typing import Any
 
 from planner.core.budget import format_bytes
-from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.io import plan_from_dict
 from planner.core.plan import Plan
-from planner.engine.progress import progress_text
+from planner.engine.progress import progress_every_s, progress_text
 from planner.engine.request import ResolvedRequest
 
 log = logging.getLogger("planner.runtime.agent")
-EVERY_ENV = "PLANNER_PROGRESS_EVERY_S"  # shared with planner.cli.progress_view
-DEFAULT_EVERY_S = 5.0
-
-
-def progress_every_s() -> float:
-    """Seconds between progress lines while a solve runs (PLANNER_PROGRESS_EVERY_S)."""
-    text = os.environ.get(EVERY_ENV)
-    if text is None:
-        return DEFAULT_EVERY_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{EVERY_ENV}={text!r}: give seconds between progress lines, > 0")
-    return value
 
 
 def plan_outcome(plan: Plan, seconds: float) -> str:

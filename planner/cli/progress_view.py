@@ -12,7 +12,6 @@ stderr: stdout (a table, `--json`) stays machine-readable."""
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,26 +19,17 @@ from contextlib import contextmanager
 from typing import Any
 
 from planner.cli.output import progress_console
-from planner.core.errors import InputError
+from planner.engine.progress import DEFAULT_EVERY_S, progress_every_s
+from planner.engine.progress import EVERY_ENV as EVERY_ENV  # the setting's name, for callers
 
 PLAIN_INTERVAL_S = 1.0  # at most one line a second for changes
-HEARTBEAT_S = 5.0  # a line at least this often while nothing changes
-EVERY_ENV = "PLANNER_PROGRESS_EVERY_S"
+HEARTBEAT_S = DEFAULT_EVERY_S  # a line at least this often while nothing changes
 LIVE_REFRESH_S = 0.25  # the terminal's elapsed-time tick
 
 
 def heartbeat_s() -> float:
     """Seconds between plain progress lines while nothing changes (PLANNER_PROGRESS_EVERY_S)."""
-    text = os.environ.get(EVERY_ENV)
-    if text is None:
-        return HEARTBEAT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{EVERY_ENV}={text!r}: give seconds between progress lines, > 0")
-    return value
+    return progress_every_s()
 
 
 def describe(objective: float | None, bound: float | None, base_cost: float) -> str:

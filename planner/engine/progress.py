@@ -9,10 +9,30 @@ the bound every plan obeys (every node computed once) and is never shown above t
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 
+from planner.core.errors import InputError
+
 ProgressFn = Callable[[float | None, float | None], None]
+EVERY_ENV = "PLANNER_PROGRESS_EVERY_S"
+DEFAULT_EVERY_S = 5.0  # a progress line at least this often while a solve runs
+
+
+def progress_every_s() -> float:
+    """Seconds between plain progress lines while a solve runs (PLANNER_PROGRESS_EVERY_S): the
+    CLI's lines away from a terminal and the runtime agent's log lines."""
+    text = os.environ.get(EVERY_ENV)
+    if text is None:
+        return DEFAULT_EVERY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{EVERY_ENV}={text!r}: give seconds between progress lines, > 0")
+    return value
 
 
 def monotone_progress(progress: ProgressFn | None, floor_bound: float) -> ProgressFn | None:
