@@ -79,18 +79,9 @@ def apply(
 
     `resources` (default: the plan's own) is the machine an offload plan is checked on.
     """
-    plan = load(plan)
-    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    if plan.status not in (PlanStatus.optimal, PlanStatus.feasible) or not plan.actions:
-        raise InputError(
-            f"plan ({plan.method}): status {PlanStatus(plan.status).value} with "
-            f"{len(plan.actions)} actions: only a feasible or optimal plan can be applied"
-        )
-    if plan.kind is PlanKind.pipeline:
-        raise InputError(
-            f"plan ({plan.method}): a pipeline plan; planner.runtime.apply runs one-device plans "
-            "(remat, offload, remat+offload): pipeline execution is not built yet"
-        )
+    plan, inputs = runnable_plan(
+        plan, example_inputs, "applied", "; planner.runtime.apply runs one-device plans (remat, "
+        "offload, remat+offload): pipeline execution is not built yet")
     offloads = plan.kind in (PlanKind.offload, PlanKind.remat_offload)
     if _on_cuda(model, inputs):
         use_exact_allocator()  # allocated bytes = the plan's rounded sizes
@@ -130,6 +121,22 @@ def apply(
     # The training loop's gradients against the lifetime the plan was made for.
     install_lifetime_check(module, graph if graph is not None else traced)
     return module
+
+
+def runnable_plan(plan: Plan | dict[str, Any] | str | Path, example_inputs: Any, verb: str,
+                  pipeline_note: str) -> tuple[Plan, tuple[Any, ...]]:
+    """The loaded plan and the inputs as a tuple; a plan that is not feasible or optimal, or a
+    pipeline plan, is refused in one line (`verb`: "applied", "compiled")."""
+    plan = load(plan)
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if plan.status not in (PlanStatus.optimal, PlanStatus.feasible) or not plan.actions:
+        raise InputError(
+            f"plan ({plan.method}): status {PlanStatus(plan.status).value} with "
+            f"{len(plan.actions)} actions: only a feasible or optimal plan can be {verb}"
+        )
+    if plan.kind is PlanKind.pipeline:
+        raise InputError(f"plan ({plan.method}): a pipeline plan{pipeline_note}")
+    return plan, inputs
 
 
 def _on_cuda(model: nn.Module, inputs: tuple[Any, ...]) -> bool:

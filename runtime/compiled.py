@@ -55,7 +55,7 @@ from torch.utils.checkpoint import (
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
-from planner.core.plan import HOST_OPS, Action, ActionOp, Plan, PlanKind, PlanStatus
+from planner.core.plan import HOST_OPS, Action, ActionOp, Plan, PlanKind
 from planner.sim.simulator import PlanError, simulate
 from planner.solvers.remat.sac_space import compiled_schedule
 
@@ -324,20 +324,12 @@ def compile(  # noqa: A001 - planner.runtime.compile, as torch.compile
     graph when it is not the traced one (as in runtime.apply). `project`: run the nearest plan
     torch.compile can execute instead of refusing one it cannot (module doc);
     `.execution.describe()` says what runs and at what cost."""
-    from planner.runtime.apply import check_plan_graph, load
+    from planner.runtime.apply import check_plan_graph, runnable_plan
     from planner.runtime.retrace import graph_as_planned, trace_as_planned
     from planner.tracing.capture import LossWrapper
 
-    plan = load(plan)
-    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    if plan.status not in (PlanStatus.optimal, PlanStatus.feasible) or not plan.actions:
-        raise InputError(
-            f"plan ({plan.method}): status {PlanStatus(plan.status).value} with "
-            f"{len(plan.actions)} actions: only a feasible or optimal plan can be compiled"
-        )
-    if plan.kind is PlanKind.pipeline:
-        raise InputError(f"plan ({plan.method}): a pipeline plan: runtime.compile runs one-device "
-                         "save/recompute plans")
+    plan, inputs = runnable_plan(plan, example_inputs, "compiled",
+                                 ": runtime.compile runs one-device save/recompute plans")
     if trace is None:
         trace = trace_as_planned(model, inputs, loss_fn, plan, graph)
     if getattr(trace, "level", "op") != "op" or trace.joint is None:

@@ -38,13 +38,12 @@ except ImportError as e:  # pragma: no cover - the torch extra installs transfor
     ) from None
 
 from planner.runtime.integrations.planned_forward import (
-    PeakRecord,
     PlannedForward,
-    checked_budget,
+    PlannerCallbackState,
 )
 
 
-class PlannerCallback(TrainerCallback):
+class PlannerCallback(TrainerCallback, PlannerCallbackState):
     """Plans, applies and measures `trainer.model`'s training step under `budget`: bytes (int),
     a fraction of the store-all peak (float in (0, 1]) or a budget string ('80%', '2GiB').
 
@@ -62,23 +61,8 @@ class PlannerCallback(TrainerCallback):
         max_plans: int = 8,
         **agent_options: Any,
     ) -> None:
-        self.budget = checked_budget(budget, "PlannerCallback")
-        self.options: dict[str, Any] = {
-            "method": method, "time_limit_s": time_limit_s, "cache_dir": cache_dir,
-            "server": server, **agent_options,
-        }
-        self.max_plans = max_plans
-        self.planned: PlannedForward | None = None
-
-    @property
-    def history(self) -> list[PeakRecord]:
-        """Every measured step: step, measured and predicted peak, budget."""
-        return self.planned.history if self.planned is not None else []
-
-    @property
-    def reports(self) -> list[Any]:
-        """The agent's report of each plan in use (source: local, cache, service, ...)."""
-        return self.planned.reports if self.planned is not None else []
+        self._init_state(budget, max_plans, method=method, time_limit_s=time_limit_s,
+                         cache_dir=cache_dir, server=server, **agent_options)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:

@@ -185,6 +185,28 @@ class PeakRecord:
                 "planner/predicted_peak_bytes": float(self.predicted_peak_bytes)}
 
 
+class PlannerCallbackState:
+    """What both trainer callbacks hold (planner.runtime.integrations.hf_trainer, .lightning):
+    the checked budget, the agent's options, and the planned forward once the run starts."""
+
+    def _init_state(self, budget: int | float | str, max_plans: int,
+                    **options: Any) -> None:
+        self.budget = checked_budget(budget, "PlannerCallback")
+        self.options: dict[str, Any] = options  # planner.runtime.agent.plan_for's keywords
+        self.max_plans = max_plans
+        self.planned: PlannedForward | None = None
+
+    @property
+    def history(self) -> list[PeakRecord]:
+        """Every measured step: step, measured and predicted peak, budget."""
+        return self.planned.history if self.planned is not None else []
+
+    @property
+    def reports(self) -> list[Any]:
+        """The agent's report of each plan in use (source: local, cache, service, ...)."""
+        return self.planned.reports if self.planned is not None else []
+
+
 # -- the swapped forward --------------------------------------------------------------------------
 @dataclass(eq=False, repr=False)
 class PlannedForward:
