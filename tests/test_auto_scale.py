@@ -128,7 +128,7 @@ def test_op_level_auto_never_worse_than_the_chain_dp() -> None:
     g = training_graph(24, skip=0, seed=7)
     budget = int(0.5 * store_all_peak_bytes(g))
     chain = solve(g, budget, "rotor", time_limit_s=5.0)
-    auto = solve(g, budget, "auto", time_limit_s=4.0, threads=1)
+    auto = solve(g, budget, "auto", time_limit_s=6.0, threads=1)  # room on a loaded machine
     assert chain.predicted is not None and auto.predicted is not None
     assert auto.predicted.peak_bytes <= budget
     assert auto.predicted.overhead <= chain.predicted.overhead + 1e-9
@@ -164,7 +164,7 @@ def test_small_training_graphs_get_the_finer_chain_dp() -> None:
     budget = math.ceil(0.61 * store_all_peak_bytes(g))
     fine = solve(g, budget, "rotor", time_limit_s=10.0,
                  options={"saving": True, "saving_levels": 20, "slots": 1500})
-    auto = solve(g, budget, "auto", time_limit_s=4.0, threads=1)
+    auto = solve(g, budget, "auto", time_limit_s=6.0, threads=1)  # room on a loaded machine
     assert fine.status.value == "feasible", fine.notes
     assert fine.predicted is not None and auto.predicted is not None
     assert auto.predicted.peak_bytes <= budget
