@@ -2,10 +2,11 @@
 # The project's GPU check in one script, for the device machine (benchmarks/gpu/README.md):
 # carried wheels installed into /tmp/site, the gpu-marked tests, then the fidelity benchmark.
 # Run from the repository root:   bash benchmarks/gpu/run.sh [PHASES]
-# PHASES: any of sanity pytest fidelity (default: all three). Each phase has its own time
+# PHASES: any of sanity pytest fidelity compiled (default: the first three). Each phase has its own time
 # limit (PYTEST_S, FIDELITY_S) and writes as it goes, so a cut run still reports. Everything
 # lands in $OUT (at most 8 files come back): log.txt, pytest.txt, fidelity.json,
-# gpu_fidelity.md, graphs.tgz (the traced graphs with measured costs, for benchmarks/data/).
+# gpu_fidelity.md, graphs.tgz (the traced graphs with measured costs, for benchmarks/data/),
+# compiled.txt and compiled_vs_torch_gpu.md (benchmarks/compiled_vs_torch.py on the GPU).
 # FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt").
 set -u
 O=${OUT:-/tmp/out}
@@ -47,7 +48,13 @@ torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortoo
       code=$?
       tar czf "$O/graphs.tgz" -C /tmp/graphs . && ls -l /tmp/graphs
       echo "fidelity exit $code"; [ "$code" = 0 ] || rc=1 ;;
-    *) echo "unknown phase $ph (use sanity, pytest, fidelity)"; rc=2 ;;
+    compiled)
+      PYTHONWARNINGS=ignore timeout "${COMPILED_S:-240}" python3 benchmarks/compiled_vs_torch.py \
+        --device cuda --write-docs ${COMPILED_ARGS:-} >"$O/compiled.txt" 2>&1
+      code=$?
+      tail -25 "$O/compiled.txt"; cp docs/compiled_vs_torch_gpu.md "$O/" 2>/dev/null
+      echo "compiled exit $code"; [ "$code" = 0 ] || rc=1 ;;
+    *) echo "unknown phase $ph (use sanity, pytest, fidelity, compiled)"; rc=2 ;;
   esac
 done
 echo "== end $(date -u +%T) rc $rc"
