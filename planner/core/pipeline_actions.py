@@ -19,6 +19,7 @@ import io
 import re
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -123,6 +124,9 @@ def rank_actions_from_csv(text: str) -> list[list[PipelineAction]]:
     return out
 
 
+UnitPolicy = Literal["keep", "recompute", "offload"]
+
+
 class PipelineStage(BaseModel):
     """One stage: the graph nodes it runs (ids, and/or every node of the named modules and their
     submodules) and the rank that runs it."""
@@ -142,8 +146,19 @@ class PipelineStage(BaseModel):
         "input and reruns its forward before their backward (activation checkpointing).",
     )
 
+    unit_policies: dict[str, UnitPolicy] = Field(
+        default_factory=dict,
+        description="Per module of the stage (a unit: 'h.3'), what its saved activations do in "
+        "every micro-batch: 'recompute' keeps only the unit's input and reruns its forward before "
+        "its backward; 'offload' copies them to host memory after its forward and back before "
+        "its backward. A module not named keeps them (the whole-job planner's per-stage plan).",
+    )
+
     def recomputes(self, microbatch_index: int) -> bool:
         return microbatch_index in self.recompute_microbatches
+
+    def unit_policy(self, module: str) -> UnitPolicy:
+        return self.unit_policies.get(module, "keep")
 
 
 class Partition(BaseModel):
@@ -165,6 +180,12 @@ class Partition(BaseModel):
         for s in self.stages:
             if not s.nodes and not s.modules:
                 raise ValueError(f"stages[{s.stage_index}]: names no nodes and no modules")
+            stray = sorted(set(s.unit_policies) - set(s.modules))
+            if stray:
+                raise ValueError(
+                    f"stages[{s.stage_index}].unit_policies: {stray[0]!r} is not one of the "
+                    "stage's modules; name a module listed in its modules"
+                )
         return self
 
     @property
