@@ -303,10 +303,13 @@ def test_gpipe_by_hand() -> None:
     assert sim.bubble_fraction == pytest.approx(1 / 3)
     assert sim.throughput_per_s == pytest.approx(2 / 9e-3)
     assert [(r.busy_ms, r.end_ms) for r in sim.ranks] == [(6.0, 9.0), (6.0, 7.0)]
-    # rank 0 keeps a (10 B) per in-flight micro-batch, +10 transient; rank 1 keeps a, b and
-    # loss (31 B) per micro-batch, +20 transient (b's output). GPipe: both micro-batches in flight.
-    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 10, 2 * 31 + 20]
-    assert sim.predicted().per_rank_peak_bytes == [30, 82]
+    # torch's receive buffers, one per micro-batch and stage: rank 0 the gradient of a (10 B),
+    # rank 1 its input a (10 B). Rank 0 keeps a (10 B) per in-flight micro-batch, +15 transient
+    # (ga's 5 B and the 10 B gradient it reads); rank 1 keeps b and the loss (21 B) and the
+    # input gradient it sends (10 B) per micro-batch, +10 transient (gb's output).
+    # GPipe: both micro-batches in flight.
+    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 2 * 10 + 15, 2 * 10 + 2 * (21 + 10) + 10]
+    assert sim.predicted().per_rank_peak_bytes == [55, 92]
 
 
 def test_1f1b_by_hand() -> None:
@@ -315,8 +318,9 @@ def test_1f1b_by_hand() -> None:
     sim = pipe("0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3\n1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3")
     assert sim.makespan_ms == 15.0
     assert sim.bubble_fraction == pytest.approx(1 - 24 / 30)  # (P-1)/(m+P-1) = 1/5
-    # 1F1B keeps at most P - s micro-batches in flight: 2 on rank 0, 1 on rank 1
-    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 10, 31 + 20]
+    # 1F1B keeps at most P - s micro-batches' activations in flight (2 on rank 0, 1 on rank 1);
+    # the receive buffers (4 micro-batches) and what a stage sends or its loss stay to the end
+    assert [r.peak_bytes for r in sim.ranks] == [95, 114]
 
 
 def test_implied_transfers_over_the_device_link() -> None:

@@ -196,10 +196,9 @@ def test_measured_per_rank_peak_is_near_the_predicted(
     memory = results[world][index]["memory"]
     predicted = predicted_peaks(CONFIGS[world][index], microbatch_graph)
     for m, p in zip(memory, predicted, strict=True):
-        assert 0.95 <= m.peak_bytes / p <= 1.15, (m, p)
-        # torch allocates a receive buffer for every micro-batch up front (the simulator
-        # counts the in-flight inputs only): without them, within 10 %.
-        assert abs(m.peak_bytes - m.pipeline_buffers_bytes - p) / p <= 0.10, (m, p)
+        # receive buffers, sent tensors and losses are predicted as torch holds them: never
+        # above the prediction, within 10 % of it (0.942-0.995 on this GPT)
+        assert 0.90 <= m.peak_bytes / p <= 1.0, (m, p)
 
 
 @pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines

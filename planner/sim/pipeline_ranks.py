@@ -10,11 +10,17 @@ matches SEND_B of stage s+1, same micro-batch. Lists without any SEND/RECV are t
 plus the transfer, its B for the next stage's B or I). Neighbouring stages on one rank need no
 communication. A rank that can never go on is a deadlock, reported with what it waits for.
 
-Per-rank memory over time: the stages' model state, plus each in-flight micro-batch's saved
-activations (taken when its F starts, released when its B, or its W, ends), plus a stage's
+Per-rank memory over time (planner.sim.stage_costs' rules, as torch.distributed.pipelining
+allocates): the stages' model state and torch's receive buffers (per micro-batch, the whole
+step), plus each micro-batch's kept bytes (taken when its F starts: its saved bytes and the
+input gradient its backward will send; when its B, or its W, ends all but what torch keeps to
+the step's end, the sent outputs, loss and input gradient, are released), plus a stage's
 transient bytes while one of its computes runs. A micro-batch the stage recomputes
-(PipelineStage.recompute_microbatches) keeps only its input from F on; its B (or I) reruns the
-forward first (forward_ms longer) and takes the rest of the saved bytes back when it starts.
+(PipelineStage.recompute_microbatches) keeps only the held bytes from F on; its B (or I) reruns
+the forward first (forward_ms longer) and takes the rest of the saved bytes back when it starts.
+Stages with unit_policies (per-module remat/offload) run with the costs of
+planner.sim.stage_policies; their offloaded bytes are host memory from F to B's (W's) end
+(host_peak_bytes: all ranks together, one host).
 Makespan: when the last rank ends; bubble fraction: 1 - busy compute / (ranks x makespan);
 throughput: micro-batches per second.
 """
@@ -22,14 +28,22 @@ throughput: micro-batches per second.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
 from planner.core.resources import Resources
 from planner.sim.result import PlanError, RankResult, SimulationResult
-from planner.sim.stage_costs import StageCosts, kept_bytes, rank_base_bytes, stage_costs
+from planner.sim.stage_costs import (
+    StageCosts,
+    kept_bytes,
+    rank_base_bytes,
+    rank_start_bytes,
+    released_bytes,
+    stage_costs,
+)
+from planner.sim.stage_policies import apply_unit_policies
 
 F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input,
                PipelineOp.backward_weight)
@@ -69,7 +83,12 @@ class _Ranks:
             raise PlanError(str(e)) from None
         self.partition = partition
         self.lists = rank_actions
-        self.costs: list[StageCosts] = stage_costs(graph, partition)
+        # each stage's costs under its unit_policies (remat/offload per module; unchanged
+        # without), and the bytes its offloaded units hold in host memory per micro-batch
+        policy = apply_unit_policies(graph, partition, stage_costs(graph, partition), resources)
+        self.costs: list[StageCosts] = [p.costs for p in policy]
+        self.host_bytes = [p.host_bytes for p in policy]
+        self.host_events: list[tuple[float, int, int, int]] = []  # as events, host memory
         self.recomputed = [frozenset(partition.stage(s).recompute_microbatches)
                            for s in range(partition.stage_count)]
         self.spans: list[ActionSpan] = []
@@ -206,15 +225,18 @@ class _Ranks:
         if again and op in (B, I_):
             duration += c.forward_ms
         end = start + duration
-        seq = len(self.events)
+        seq = 4 * len(self.spans)  # this compute's events: seq .. seq + 3, in this order
         if op is F:
             self.events.append((start, rank, seq, kept))
         elif op in (B, I_) and again:
-            self.events.append((start, rank, seq, c.saved_bytes - kept))
+            self.events.append((start, rank, seq, released_bytes(c)))
         self.events.append((start, rank, seq + 1, c.transient_bytes))
         self.events.append((end, rank, seq + 2, -c.transient_bytes))
         if op in (B, W):
-            self.events.append((end, rank, seq + 3, -c.saved_bytes))
+            self.events.append((end, rank, seq + 3, -released_bytes(c)))
+        if self.host_bytes[s] and op in (F, B, W):  # offloaded: host from F to B/W's end
+            delta = self.host_bytes[s] if op is F else -self.host_bytes[s]
+            self.host_events.append((start if op is F else end, rank, seq, delta))
         self.clock[rank] = end
         self.busy[rank] += duration
         self.done[key] = (end, i)
@@ -291,11 +313,12 @@ class _Ranks:
         ranks = []
         for r in range(len(self.lists)):
             base = rank_base_bytes(self.costs, stage_ranks, r)
-            live = peak = base
+            live = peak = rank_start_bytes(self.costs, stage_ranks, r, self.microbatches)
             for _, _, _, delta in sorted(e for e in self.events if e[1] == r):
                 live += delta
                 peak = max(peak, live)
-            ranks.append(RankResult(r, peak, base, self.busy[r], self.clock[r]))
+            host = host_peak(e for e in self.host_events if e[1] == r)
+            ranks.append(RankResult(r, peak, base, self.busy[r], self.clock[r], host))
         makespan = max(self.clock)
         busy = math.fsum(self.busy)
         m = self.microbatches
@@ -310,6 +333,7 @@ class _Ranks:
             node_count=len(graph.nodes),
             timeline=(),
             event_simulated=True,
+            host_peak_bytes=host_peak(self.host_events),  # every rank's together (one host)
             compute_ms=busy,
             transfer_ms=self.transfer,
             makespan_ms=makespan,
@@ -318,6 +342,15 @@ class _Ranks:
             throughput_per_s=m / (makespan / 1e3) if makespan > 0 else None,
             bubble_fraction=max(0.0, 1 - busy / (len(ranks) * makespan)) if makespan > 0 else 0.0,
         )
+
+
+def host_peak(events: Iterable[tuple[float, int, int, int]]) -> int:
+    """The most host bytes live at once over (time, rank, seq, delta) events."""
+    live = peak = 0
+    for *_, delta in sorted(events):
+        live += delta
+        peak = max(peak, live)
+    return peak
 
 
 def simulate_pipeline(

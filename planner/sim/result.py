@@ -107,6 +107,7 @@ class RankResult:
     model_state_bytes: int
     busy_ms: float  # F/B/I/W compute
     end_ms: float  # when its last action ends
+    host_peak_bytes: int = 0  # its offloaded modules' saved activations in host memory, at most
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ class SimulationResult:
             compute_cost=self.compute_cost,
             overhead=self.overhead,
             per_rank_peak_bytes=[r.peak_bytes for r in self.ranks] if self.ranks else None,
-            host_peak_bytes=None if self.ranks else self.host_peak_bytes,
+            host_peak_bytes=self.host_peak_bytes if not self.ranks or self.host_peak_bytes
+            else None,
             compute_ms=self.compute_ms,
             transfer_ms=self.transfer_ms,
             exposed_transfer_ms=None if self.ranks else self.exposed_transfer_ms,

@@ -11,37 +11,56 @@ a node no stage names follows its inputs (see `place_the_rest`), so a loss outsi
 lands on the last stage. Forward data must flow to the same or later stages, gradients to the
 same or earlier ones.
 
-Memory of a stage (per rank, summed over its stages):
+Memory of a stage (per rank, summed over its stages), as torch.distributed.pipelining allocates
+it (torch 2.13, stage.py / schedules.py; measured on CPU in tests/test_pipeline_buffers.py):
 - model state: each parameter's bytes (weights, gradient, optimizer state after ZeRO; whatever
   the gradient lifetime) go to the stage that owns its gradient_node, else a node of its module
   or of the nearest enclosing module that has nodes (a block-level trace names 'h.0', its
   parameters 'h.0.attn.qkv');
   the rest of the step's fixed bytes (inputs, buffers, unplaced parameters; the whole fixed bytes
   without model_state) is split evenly over the stages;
-- saved activations per in-flight micro-batch: every forward/loss storage that a backward node
-  of the stage reads, plus the boundary storages it receives from earlier stages and reads
-  (torch's PipelineStage keeps a micro-batch's inputs until its backward);
-- under recomputation (a micro-batch in the stage's recompute_microbatches) only the received
-  input bytes are kept from F to B; the backward first reruns the forward (B and I take
-  forward_ms longer) and holds the saved bytes again until the backward (with I/W: the W) ends;
-- transient while an F/B/I/W runs: the largest output + workspace of one node of the stage
-  (`MemoryLedger.transient_bytes`; every per-node byte fact here is the ledger's).
+- receive buffers (`buffer_bytes`, per micro-batch, for the whole step): PipelineStage allocates,
+  at its first step and for every micro-batch, a buffer for the input it receives from stage - 1
+  (`input_bytes`) and one for the gradient of its output from stage + 1; a received input lives
+  in its buffer, so it is never charged again;
+- kept from a micro-batch's F (`saved_bytes`): the forward storages the stage made that its own
+  backward reads, plus what torch keeps to the end of the step (`held_bytes`): the forward
+  outputs it sends (the send's work holds them) and its loss;
+- under recomputation (a micro-batch in the stage's recompute_microbatches) only `held_bytes`
+  are kept from F (the checkpoint's inputs are the receive buffers); the backward first reruns
+  the forward (B and I take forward_ms longer) and holds the rest of saved again until the
+  backward (with I/W: the W) ends;
+- the input gradient a B (or I) sends (`send_backward_bytes`) stays to the end of the step
+  (charged from the micro-batch's F: `kept_bytes`);
+- transient while an F/B/I/W runs: the largest of one node's working bytes (`node_transient_bytes`:
+  a forward node its workspace and, unless a backward node keeps it, its output; a backward node
+  its output, workspace and the gradients it reads).
 Boundary bytes: a send from stage s to s+1 carries every forward storage made at stages <= s and
 read by a forward node of a later stage; a gradient send from s to s-1 every backward storage
-made at stages >= s and read by a backward node of an earlier stage.
+made at stages >= s and read by a backward node of an earlier stage. A module-level trace
+(metadata.extra.level 'module') charges a module's forward node its saved activations, output
+included: the tensor crossing a cut is then sized by the gradient crossing it back (the module's
+input gradient has its input's shape).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
 
 from planner.core.graph import Graph, Phase
 from planner.core.model_state import ParameterState, StateBytes
-from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp
+from planner.core.pipeline_actions import Partition
 from planner.sim.ledger import MemoryLedger
+from planner.sim.rank_memory import StageSizes as StageSizes
+from planner.sim.rank_memory import kept_bytes as kept_bytes
+from planner.sim.rank_memory import microbatch_count as microbatch_count
+from planner.sim.rank_memory import one_stage_peak_bytes as one_stage_peak_bytes
+from planner.sim.rank_memory import rank_base_bytes as rank_base_bytes
+from planner.sim.rank_memory import rank_peak_bytes as rank_peak_bytes
+from planner.sim.rank_memory import rank_start_bytes as rank_start_bytes
+from planner.sim.rank_memory import released_bytes as released_bytes
 from planner.sim.result import PlanError
 
 
@@ -54,84 +73,18 @@ class StageCosts:
     backward_ms: float
     backward_input_ms: float
     backward_weight_ms: float
-    saved_bytes: int
-    input_bytes: int  # received from earlier stages and read here: kept under recomputation
+    saved_bytes: int  # kept from F: what its backward reads, and held_bytes
+    input_bytes: int  # received from stage - 1 (in torch's receive buffer)
     transient_bytes: int
     model_state_bytes: int
     send_forward_bytes: int  # to stage + 1
-    send_backward_bytes: int  # to stage - 1
+    send_backward_bytes: int  # to stage - 1 (kept from B/I to the step's end)
+    held_bytes: int  # of saved_bytes, kept to the step's end: sent outputs and the loss
+    buffer_bytes: int  # torch's receive buffers: input and output gradient
 
     @property
     def compute_ms(self) -> float:
         return self.forward_ms + self.backward_ms
-
-
-class StageSizes(Protocol):
-    """What a stage holds (StageCosts, and the partitioners' RangeCosts)."""
-
-    @property
-    def saved_bytes(self) -> int: ...
-    @property
-    def input_bytes(self) -> int: ...
-    @property
-    def transient_bytes(self) -> int: ...
-    @property
-    def model_state_bytes(self) -> int: ...
-
-
-# -- the memory rules of a pipeline rank (planner.sim.pipeline_ranks replays them in time) ------
-def kept_bytes(sizes: StageSizes, recomputed: bool) -> int:
-    """What a micro-batch keeps from its F to its backward: the saved activations, or only the
-    received input when the stage recomputes it."""
-    return sizes.input_bytes if recomputed else sizes.saved_bytes
-
-
-def rank_base_bytes(sizes: Sequence[StageSizes], stage_rank_of: Sequence[int], rank: int) -> int:
-    """A rank's model state: the sum over its stages."""
-    return sum(c.model_state_bytes for s, c in enumerate(sizes) if stage_rank_of[s] == rank)
-
-
-def one_stage_peak_bytes(sizes: StageSizes, inflight: int, stored: int | None = None) -> int:
-    """Peak of a rank running this stage alone with `inflight` micro-batches holding
-    activations, `stored` of them in full (None: all; the others recomputed): exact without
-    recomputation, else an upper bound counting the rematerialised bytes once on top."""
-    k = inflight
-    q = k if stored is None else min(stored, k)
-    extra = sizes.saved_bytes - kept_bytes(sizes, True) if q < k else 0
-    return (sizes.model_state_bytes + q * kept_bytes(sizes, False)
-            + (k - q) * kept_bytes(sizes, True) + extra + sizes.transient_bytes)
-
-
-def rank_peak_bytes(
-    lists: Sequence[Sequence[PipelineAction]],
-    stage_rank_of: Sequence[int],
-    sizes: Sequence[StageSizes],
-    recompute: Sequence[frozenset[int]],
-) -> list[int]:
-    """Each rank's peak as planner.sim.pipeline_ranks counts it, from list order alone (a rank's
-    memory changes only at its own actions): model state, `kept_bytes` per micro-batch from F,
-    the rest of saved from a recomputing B/I, a stage's transient while its compute runs, the
-    saved bytes released when B (or W) ends."""
-    peaks = []
-    for rank, row in enumerate(lists):
-        live = peak = rank_base_bytes(sizes, stage_rank_of, rank)
-        for a in row:
-            c = sizes[a.stage_index]
-            again = a.microbatch_index in recompute[a.stage_index]
-            if a.op is PipelineOp.forward:
-                live += kept_bytes(c, again)
-            elif a.op in _GRADIENT_OPS and again:
-                live += c.saved_bytes - kept_bytes(c, again)
-            if a.is_compute:
-                peak = max(peak, live + c.transient_bytes)
-            if a.op in _RELEASING_OPS:
-                live -= c.saved_bytes
-        peaks.append(peak)
-    return peaks
-
-
-_GRADIENT_OPS = frozenset({PipelineOp.backward, PipelineOp.backward_input})
-_RELEASING_OPS = frozenset({PipelineOp.backward, PipelineOp.backward_weight})
 
 
 def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
@@ -200,7 +153,7 @@ class StageSums:
     backward_ms: list[float]
     weight_ms: list[float]  # its weight-gradient nodes' time
     has_weight: list[bool]
-    transient_bytes: list[int]  # the largest `MemoryLedger.transient_bytes` of one node
+    transient_bytes: list[int]  # the largest `node_transient_bytes` of one node
     node_count: list[int]
     flows: list[tuple[Flow, int, int, int, int, int]]
 
@@ -218,8 +171,9 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
     for v in ledger.node_ids:
         s = group[v]
         out.node_count[s] += 1
-        out.transient_bytes[s] = max(out.transient_bytes[s], ledger.transient_bytes(v))
         back = v in backward
+        t = node_transient_bytes(ledger, backward, v)
+        out.transient_bytes[s] = max(out.transient_bytes[s], t)
         if back:
             out.backward_ms[s] += ms[v]
             if v in grad_nodes:
@@ -237,46 +191,104 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
     return out
 
 
+def node_transient_bytes(ledger: MemoryLedger, backward: set[int], v: int) -> int:
+    """What node v adds while its stage's F or B runs, on top of the micro-batch's kept bytes:
+    a forward node its workspace and its output unless a backward node reads it (then it is
+    kept already); a backward node its output, its workspace and the gradients it reads
+    (backward storages, each once), which live while the gradient flows through the stage."""
+    root, own = ledger.storage_root, ledger.storage_bytes
+    if v not in backward:
+        kept = any(w in backward for w in ledger.successors[v])
+        return ledger.workspace_bytes[v] + (0 if kept else own[v])
+    grads = {root[u] for u in ledger.predecessors[v] if u in backward} - {root[v]}
+    return ledger.transient_bytes(v) + sum(own[r] for r in grads)
+
+
+def is_module_level(graph: Graph) -> bool:
+    """A module-level trace: a forward node's bytes are its module's saved activations."""
+    return graph.metadata.extra.get("level") == "module"
+
+
+def loss_roots(graph: Graph) -> set[int]:
+    """Storage roots of the loss nodes (torch keeps each micro-batch's loss to the end)."""
+    root = graph.index.storage_roots
+    return {root[v] for v in graph.index.loss_nodes}
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A stage's (or a range of units') bytes at its cuts, from which its sizes follow
+    (`boundary_sizes`): the same rule for stage_costs and the partitioners' range costs."""
+
+    kept: int  # storages made here that its backward reads, sends forward, or its loss
+    sent: int  # storages made here crossing the outgoing cut
+    loss: int  # loss storages made here and not sent
+    forward_in: int  # forward storages crossing the incoming cut
+    forward_out: int  # and the outgoing one
+    gradient_in: int  # gradients crossing the incoming cut (sent back from here)
+    gradient_out: int  # and the outgoing one (received here)
+
+
+def boundary_sizes(b: Boundary, module_level: bool) -> tuple[int, int, int, int, int]:
+    """(saved, held, input, buffer, send_forward) bytes of a stage. The tensors crossing a cut
+    are its forward storages, or on a module-level trace the gradients crossing it back."""
+    input_bytes = b.gradient_in if module_level else b.forward_in
+    out_bytes = b.gradient_out if module_level else b.forward_out
+    held = (out_bytes if module_level else b.sent) + b.loss
+    return max(b.kept, held), held, input_bytes, input_bytes + b.gradient_out, out_bytes
+
+
 def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     stage = stage_of_nodes(graph, partition)
     count = partition.stage_count
     sums = stage_sums(graph, stage, count)
-    saved: list[set[int]] = [set() for _ in range(count)]
-    received: list[set[int]] = [set() for _ in range(count)]
-    send_f: list[set[int]] = [set() for _ in range(count)]
-    send_b: list[set[int]] = [set() for _ in range(count)]
+    saved: list[set[int]] = [set() for _ in range(count)]  # stage -> its roots its B reads
+    cut_f: list[set[int]] = [set() for _ in range(count + 1)]  # cut c: roots into stage c
+    cut_b: list[set[int]] = [set() for _ in range(count + 1)]  # cut c: gradients out of c
     for flow, s, t, root, u, v in sums.flows:
         if flow is Flow.saved:
-            saved[t].add(root)
+            if stage[root] == t:  # a received root sits in torch's receive buffer
+                saved[t].add(root)
         elif flow is Flow.forward:
             if t < s:
                 raise _backwards(graph, u, v, s, t, "forward")
-            received[t].add(root)
-            for cut in range(s, t):
-                send_f[cut].add(root)
+            for cut in range(s + 1, t + 1):
+                cut_f[cut].add(root)
         else:
             if t > s:
                 raise _backwards(graph, u, v, s, t, "backward")
             for cut in range(t + 1, s + 1):
-                send_b[cut].add(root)
+                cut_b[cut].add(root)
     states = _model_state_bytes(graph, stage, count)
     size = MemoryLedger.of(graph).storages_bytes
+    losses = loss_roots(graph)
+    module_level = is_module_level(graph)
     out = []
     for s in range(count):
         bwd = sums.backward_ms[s]
         w_ms = backward_weight_ms(bwd, sums.weight_ms[s], sums.has_weight[s])
+        sent = {r for r in cut_f[s + 1] if stage[r] == s}
+        loss = {r for r in losses if stage[r] == s} - sent
+        boundary = Boundary(
+            kept=size(saved[s] | sent | loss), sent=size(sent), loss=size(loss),
+            forward_in=size(cut_f[s]), forward_out=size(cut_f[s + 1]),
+            gradient_in=size(cut_b[s]), gradient_out=size(cut_b[s + 1]),
+        )
+        kept, held, received, buffers, sent_bytes = boundary_sizes(boundary, module_level)
         out.append(
             StageCosts(
                 forward_ms=sums.forward_ms[s],
                 backward_ms=bwd,
                 backward_input_ms=bwd - w_ms,
                 backward_weight_ms=w_ms,
-                saved_bytes=size(saved[s] | received[s]),
-                input_bytes=size(received[s]),
+                saved_bytes=kept,
+                input_bytes=received,
                 transient_bytes=sums.transient_bytes[s],
                 model_state_bytes=states[s],
-                send_forward_bytes=size(send_f[s]),
-                send_backward_bytes=size(send_b[s]),
+                send_forward_bytes=sent_bytes,
+                send_backward_bytes=size(cut_b[s]),
+                held_bytes=held,
+                buffer_bytes=buffers,
             )
         )
     return out

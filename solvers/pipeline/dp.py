@@ -1,16 +1,23 @@
-"""Memory-aware dynamic programme over (unit prefix, stages), after MadPipe / Beaumont et al.
+"""Memory-aware partitioner: exact enumeration where cheap, else a DP after MadPipe / Beaumont
+et al. followed by position-aware local moves.
 
+When the chain has at most `MAX_SPLITS` contiguous splits (planner.solvers.pipeline.enumerate),
+every split is bounded, the fitting ones simulated in bound order, and the result is proven the
+fastest simulated step among contiguous splits without recomputation: status "optimal". When it
+does not finish (too many splits, or out of time), the DP proposes:
 best[j][s] = min over i of max(best[i][s-1], t(i, j, s)) where stage s = units [i, j) fits:
 its model state + in-flight micro-batches x saved bytes + transient <= the device memory
 (in-flight counts from the schedule's own action lists; with v interleaved stages a rank, each
 stage gets a share of the device, from 1/v (always sufficient) up to all of it, and each split
 found is checked against its ranks' exact peaks).
-That minimises the bottleneck stage time t (compute plus boundary transfers). A second pass
-minimises the sum of stage times under each of the few smallest bottlenecks above the optimum;
-every resulting split is simulated (planner.sim.pipeline_ranks) and the fastest simulated step
-wins, the balanced splits of planner.solvers.pipeline.baselines joining the candidates when they
-fit:
-the objective is the simulated step time, the DP proposes. O(L^2 S) per pass.
+That minimises the bottleneck stage time t (compute plus boundary transfers), which ignores where
+a stage sits in the pipeline (fill, drain, forward/backward asymmetry). A second pass minimises
+the sum of stage times under each of the few smallest bottlenecks above the optimum; those splits,
+the balanced splits of planner.solvers.pipeline.baselines and the enumeration's best so far are
+simulated (planner.sim.pipeline_ranks) and the fastest is then improved by moving stage
+boundaries one unit (one boundary, or a run of them together) while the simulated step improves
+and the split fits: status "feasible" (no proof). The objective is always the simulated step
+time. O(L^2 S) per DP pass.
 
 `least_memory_split` runs the same DP on memory: the least device memory any contiguous split
 needs under the schedule, exact with one stage a rank (the proof when nothing fits).
@@ -22,10 +29,20 @@ import math
 import time
 
 from planner.solvers.pipeline.chain_dp import Cost, minmax_dp, minsum_dp
-from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem, Split
+from planner.solvers.pipeline.enumerate import (
+    MAX_SPLITS,
+    Enumeration,
+    enumerate_splits,
+    faster,
+    makespan_ms,
+    simulated,
+)
+from planner.solvers.pipeline.problem import Candidate, PartitionOutcome, PipelineProblem, Split
 
 THRESHOLDS = 8
 INTERLEAVED_SHARES = 6
+DEFAULT_TIME_LIMIT_S = 10.0  # when the caller gives none
+ENUMERATION_SHARE = 0.7  # of the time limit; the DP and the local moves get the rest
 
 
 def memory_caps(problem: PipelineProblem) -> list[float]:
@@ -82,30 +99,99 @@ def proposals(
     return splits, bottleneck
 
 
-def dp_partition(problem: PipelineProblem) -> PartitionOutcome:
+def dp_partition(
+    problem: PipelineProblem, time_limit_s: float | None = None, max_splits: int = MAX_SPLITS
+) -> PartitionOutcome:
+    """The fastest simulated split found (module doc): proven by enumeration when the count of
+    contiguous splits is at most `max_splits` and it finishes in time, else the DP's."""
     start = time.perf_counter()
+    limit_s = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    found = enumerate_splits(problem, max_splits, limit_s * ENUMERATION_SHARE)
+    if found.finished:
+        return _enumerated(found, start)
     splits, bottleneck = proposals(problem, memory_caps(problem))
-    proposed = len(set(splits))
+    proposed, own = len(set(splits)), len(splits)  # distinct DP splits; the list's length
     from planner.solvers.pipeline.baselines import BASELINES, baseline_split
 
     if splits:  # the balanced splits join the candidates: the simulator picks among them all
         splits += [baseline_split(problem, name) for name in BASELINES]
-    wall = time.perf_counter() - start
+    if found.best is not None:
+        splits.append(found.best.split)
+    notes = [f"not enumerated: {found.reason}"]
     if not splits:
-        return PartitionOutcome("dp", None, "infeasible", wall_seconds=wall,
-                                notes=["no contiguous split keeps every stage within memory"])
+        return PartitionOutcome("dp", None, "infeasible", wall_seconds=time.perf_counter() - start,
+                                notes=notes + ["no contiguous split keeps every stage within "
+                                               "memory"])
     best = problem.best_simulated(splits)
-    notes = [f"{proposed} DP splits and 3 balanced ones simulated"]
-    if best is not None and splits.index(best.split) >= len(splits) - len(BASELINES):
-        name = BASELINES[splits.index(best.split) - (len(splits) - len(BASELINES))]
-        notes.append(f"the {name} split fits and simulated fastest: kept")
+    notes.append(f"{proposed} DP splits and {len(BASELINES)} balanced ones simulated")
+    if bottleneck is not None:
+        notes.insert(0, f"bottleneck stage time {bottleneck:.4g} ms (the DP's proxy)")
+    if best is not None and splits.index(best.split) >= own:
+        index = splits.index(best.split) - own
+        name = BASELINES[index] if index < len(BASELINES) else "enumeration's best so far"
+        notes.append(f"the {name} split fits and simulated fastest among the proposals")
     if best is None:  # a share above 1/v did not hold for the exact per-rank peak
         return PartitionOutcome("dp", None, "infeasible", wall_seconds=time.perf_counter() - start,
                                 notes=notes + ["no split proposed fits its ranks' exact peaks"])
-    if bottleneck is not None:
-        notes.insert(0, f"bottleneck stage time {bottleneck:.4g} ms")
-    return PartitionOutcome("dp", best, "feasible", objective=bottleneck,
+    best, moves = improve_by_moves(problem, best, start + limit_s)
+    if moves:
+        notes.append(f"{moves} boundary move(s) made the simulated step faster")
+    return PartitionOutcome("dp", best, "feasible", objective=makespan_ms(best),
                             wall_seconds=time.perf_counter() - start, notes=notes)
+
+
+def _enumerated(found: Enumeration, start: float) -> PartitionOutcome:
+    """The outcome of a finished enumeration: a proof either way."""
+    wall = time.perf_counter() - start
+    how = (f"all {found.total_splits:,} contiguous splits enumerated ({found.examined:,} "
+           f"peaks checked, {found.simulated:,} simulated, the rest bounded out)")
+    if found.best is None:
+        return PartitionOutcome("dp", None, "infeasible", wall_seconds=wall,
+                                notes=[f"{how}: none fits its ranks' exact peaks"])
+    step_ms = makespan_ms(found.best)
+    return PartitionOutcome("dp", found.best, "optimal", objective=step_ms, lower_bound=step_ms,
+                            wall_seconds=wall,
+                            notes=[f"fastest simulated step without recomputation: {how}"])
+
+
+def neighbours(split: Split) -> list[Split]:
+    """The splits one move away: a run of consecutive stage boundaries (one boundary, or
+    several: the stages between them keep their sizes and slide) shifted by one unit, every
+    stage non-empty. Sliding runs reach what single moves cannot: moving the whole middle of
+    the pipeline one unit towards the end, where 1F1B's first stage holds the most."""
+    edges = [i for i, _ in split.bounds] + [split.bounds[-1][1]]
+    out = []
+    for k in range(1, len(edges) - 1):
+        for last in range(k, len(edges) - 1):  # boundaries k..last move together
+            for step in (-1, 1):
+                e = edges[:k] + [b + step for b in edges[k:last + 1]] + edges[last + 1:]
+                if all(a < b for a, b in zip(e[:-1], e[1:], strict=True)):
+                    out.append(Split(tuple(zip(e[:-1], e[1:], strict=True)), split.stored))
+    return out
+
+
+def improve_by_moves(
+    problem: PipelineProblem, cand: Candidate, deadline: float
+) -> tuple[Candidate, int]:
+    """Steepest descent over single-boundary moves: the fastest fitting neighbour replaces
+    `cand` while it simulates faster, until none does or `deadline` (perf_counter) passes."""
+    moves = 0
+    seen = {cand.split}
+    while time.perf_counter() < deadline:
+        better: Candidate | None = None
+        for split in neighbours(cand.split):
+            if split in seen or time.perf_counter() >= deadline:
+                continue
+            seen.add(split)
+            trial = problem.candidate(split, simulate=False)
+            if trial.fits:
+                trial = simulated(problem, trial)
+                if faster(trial, better if better is not None else cand):
+                    better = trial
+        if better is None:
+            break
+        cand, moves = better, moves + 1
+    return cand, moves
 
 
 def least_memory_split(problem: PipelineProblem, recompute: bool = False) -> tuple[int, Split]:

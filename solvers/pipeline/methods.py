@@ -1,6 +1,6 @@
 """Pipeline partitioners as planning methods, with their specs (planner.solvers.spec):
-`pipeline-dp`, `pipeline-ilp` and `pipeline-<baseline>` for each balanced split of
-planner.solvers.pipeline.baselines.
+`pipeline-dp`, `pipeline-ilp`, `pipeline-whole` (split and per-stage remat/offload together)
+and `pipeline-<baseline>` for each balanced split of planner.solvers.pipeline.baselines.
 
 Each runs on the problem the engine built and checked (`SolveRequest.pipeline`: ranks,
 micro-batches, schedule, device memory; planner.engine.partition) and hands back the
@@ -47,7 +47,8 @@ def pipeline_dp(request: SolveRequest) -> MethodResult:
     """The memory-aware DP over (layer prefix, stages); the fastest simulated split wins."""
     from planner.solvers.pipeline.dp import dp_partition
 
-    return _result(dp_partition(_problem(request, "pipeline-dp")))
+    return _result(dp_partition(_problem(request, "pipeline-dp"),
+                                time_limit_s=request.time_limit_s))
 
 
 def pipeline_ilp(request: SolveRequest) -> MethodResult:
@@ -57,6 +58,15 @@ def pipeline_ilp(request: SolveRequest) -> MethodResult:
     problem = _problem(request, "pipeline-ilp")
     return _result(ilp_partition(problem, time_limit_s=request.time_limit_s,
                                  threads=request.threads))
+
+
+def pipeline_whole(request: SolveRequest) -> MethodResult:
+    """The split and every stage's per-module remat/offload, chosen together."""
+    from planner.solvers.pipeline.whole_job import whole_job_partition
+
+    problem = _problem(request, "pipeline-whole")
+    return _result(whole_job_partition(problem, time_limit_s=request.time_limit_s,
+                                       threads=request.threads))
 
 
 def _baseline_method(name: str) -> MethodFn:
@@ -82,12 +92,17 @@ _BASELINE_SUMMARIES = {
 _PIPELINE = ("pipeline",)
 SPECS: tuple[MethodSpec, ...] = (
     MethodSpec(name="pipeline-dp", run=pipeline_dp, options=PipelineOptions,
-               plan_kinds=_PIPELINE,
-               summary="memory-aware DP over contiguous stages; the fastest simulated split "
-               "that fits every rank"),
-    MethodSpec(name="pipeline-ilp", run=pipeline_ilp, options=PipelineOptions,
                plan_kinds=_PIPELINE, claims_bounds=True,
-               summary="CP-SAT over stage ranges and per-stage recomputation of micro-batches"),
+               summary="every contiguous split simulated where that is cheap (proven fastest), "
+               "else memory-aware DP proposals and boundary moves; fits every rank"),
+    MethodSpec(name="pipeline-ilp", run=pipeline_ilp, options=PipelineOptions,
+               plan_kinds=_PIPELINE,
+               summary="CP-SAT over stage ranges and per-stage recomputation of micro-batches "
+               "(its gap is on a proxy, not the simulated step)"),
+    MethodSpec(name="pipeline-whole", run=pipeline_whole, options=PipelineOptions,
+               plan_kinds=_PIPELINE, claims_bounds=True,
+               summary="the split and each stage's per-module recompute/offload decided "
+               "together (host tier from resources); never slower than dp and ilp"),
     *(MethodSpec(name=PREFIX + name, run=_baseline_method(name), options=PipelineOptions,
                  plan_kinds=_PIPELINE,
                  summary=_BASELINE_SUMMARIES.get(name, f"the {name} split"))

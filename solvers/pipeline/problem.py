@@ -11,7 +11,7 @@ the split's own stage times); `simulate` judges it with planner.sim.pipeline_ran
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from planner.core.graph import Graph
@@ -61,6 +61,9 @@ class PipelineProblem:
     chunks: int = 2  # stages per rank, interleaved schedules only
     resources: Resources | None = None
     notes: list[str] = field(default_factory=list)
+    # action lists by recomputed micro-batches, for schedules whose lists ignore stage times
+    _lists: dict[tuple[frozenset[int], ...], list[list[PipelineAction]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def stage_count(self) -> int:
@@ -95,9 +98,11 @@ class PipelineProblem:
         return frozenset(mb for mb in range(self.microbatches) if mb % k >= stored)
 
     def stage_memory(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> int:
-        """Peak of a rank running this stage alone (exact with one stage a rank; an upper
-        bound with recomputation, whose rematerialised bytes are counted once on top)."""
-        return one_stage_peak_bytes(c, self.inflight[stage_index], stored)
+        """Peak of a rank running this stage alone over the step's micro-batches (with one
+        stage a rank: the exact peak under GPipe and 1F1B; under zero-bubble lists it can exceed
+        it; an upper bound with recomputation, whose rematerialised bytes are counted once on
+        top). The exact figure is `peaks`."""
+        return one_stage_peak_bytes(c, self.inflight[stage_index], stored, self.microbatches)
 
     def stage_time(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> float:
         """Average busy time per micro-batch, plus the transfers of its boundaries: the
@@ -133,7 +138,12 @@ class PipelineProblem:
                     send_backward_ms=self.transfer_ms(c.send_backward_bytes),
                 ))
         recompute = [self.recomputed(s, split.stored_of(s)) for s in range(self.stage_count)]
-        return self.plan_schedule.rank_actions(times, recompute)
+        if times is not None:
+            return self.plan_schedule.rank_actions(times, recompute)
+        key = tuple(recompute)  # the same lists for every split: built once (enumeration)
+        if key not in self._lists:
+            self._lists[key] = self.plan_schedule.rank_actions(None, recompute)
+        return [list(row) for row in self._lists[key]]
 
     def peaks(self, split: Split, lists: Sequence[Sequence[PipelineAction]]) -> list[int]:
         """Each rank's exact peak, by the simulator's memory rules (list order alone)."""
@@ -165,8 +175,9 @@ class PipelineProblem:
             cand = self.candidate(split, simulate=False)
             if not cand.fits:
                 continue
-            cand = self.candidate(split)
-            assert cand.simulation is not None
+            # simulate the lists already built (action lists and peaks are not rebuilt)
+            cand = replace(cand, simulation=simulate_pipeline(
+                self.graph, cand.partition, cand.rank_actions, self.resources))
             if best is None or _key(cand) < _key(best):
                 best = cand
         return best
@@ -183,9 +194,11 @@ class PartitionOutcome:
 
     method: str
     best: Candidate | None
-    status: str  # optimal / feasible / infeasible / timeout
-    objective: float | None = None  # the method's own objective (the proxy for ILP)
-    lower_bound: float | None = None
+    status: str  # optimal (proven fastest simulated step) / feasible / infeasible / timeout
+    objective: float | None = None  # the simulated step time (ms) of `best`
+    lower_bound: float | None = None  # a proven bound on the simulated step time; None: none
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     backend: str = "none"
+    proxy_objective: float | None = None  # a model's own step-time proxy (ILP), not simulated
+    proxy_bound: float | None = None  # the solver's bound on that proxy only

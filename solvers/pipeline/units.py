@@ -10,8 +10,9 @@ that names those modules (tests/test_pipeline_units.py checks it). Units whose d
 backwards across a cut (a module used twice, tied weights) are merged.
 
 `UnitChain.range_costs(i, j, stage_count)` gives a stage [i, j)'s forward/backward/weight-grad
-times, model state (its parameters plus an even share of the rest), saved bytes per micro-batch,
-received input bytes, the largest transient, and the boundary bytes sent at each cut.
+times, model state (its parameters plus an even share of the rest), saved and held bytes per
+micro-batch, received input and receive-buffer bytes, the largest transient, and the boundary
+bytes sent at each cut (planner.sim.stage_costs.boundary_sizes: the same rule).
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
 from planner.sim.ledger import MemoryLedger
 from planner.sim.stage_costs import (
+    Boundary,
     Flow,
     StageCosts,
     backward_weight_ms,
+    boundary_sizes,
     even_share_bytes,
+    is_module_level,
+    loss_roots,
     parameter_stages,
     place_the_rest,
     stage_sums,
@@ -137,15 +142,12 @@ class UnitChain:
         sums = stage_sums(self.graph, self.node_unit, count)
         # storage root -> units whose backward reads it (forward storages)
         self.read_back: list[set[int]] = [set() for _ in range(count)]
-        # unit -> (producer unit, storage root) of forward data it reads from earlier units
-        self.read_forward: list[set[tuple[int, int]]] = [set() for _ in range(count)]
         cut_f: list[set[int]] = [set() for _ in range(count + 1)]
         cut_b: list[set[int]] = [set() for _ in range(count + 1)]
         for flow, s, t, root, _, _ in sums.flows:
             if flow is Flow.saved:
                 self.read_back[t].add(root)
             elif flow is Flow.forward:
-                self.read_forward[t].add((s, root))
                 for c in range(s + 1, t + 1):
                     cut_f[c].add(root)
             else:
@@ -158,8 +160,11 @@ class UnitChain:
         self.has_weight = sums.has_weight
         self.transient = sums.transient_bytes
         self.size = ledger.storage_bytes  # of storage roots: the saved-bytes table's sizes
+        self.cut_forward = cut_f  # cut c: forward roots made before unit c, read from c on
         self.cut_forward_bytes = [ledger.storages_bytes(c) for c in cut_f]
         self.cut_backward_bytes = [ledger.storages_bytes(c) for c in cut_b]
+        self.module_level = is_module_level(self.graph)
+        self.loss_roots = loss_roots(self.graph)
         state, params, rest = self._model_state(count)
         self.state_bytes = state
         self.rest_bytes = rest
@@ -206,37 +211,46 @@ class UnitChain:
         return f, b, w, h
 
     @cached_property
-    def _saved(self) -> dict[tuple[int, int], tuple[int, int]]:
-        """(first, end) -> (saved bytes, received input bytes), every range: stage_costs' rule
-        (storages its backward reads, plus those it receives from earlier stages) grown one
-        unit at a time."""
-        out: dict[tuple[int, int], tuple[int, int]] = {}
-        size = self.size
+    def _kept(self) -> dict[tuple[int, int], tuple[int, int, int]]:
+        """(first, end) -> bytes of (what the range keeps from F: the forward roots made in it
+        that its backward reads, sends on, or its loss; its sent roots; its loss roots not
+        sent), every range: stage_costs' rule, the saved roots grown one unit at a time (a
+        received root sits in torch's receive buffer)."""
+        out: dict[tuple[int, int], tuple[int, int, int]] = {}
+        unit, size = self.node_unit, self.size
         for i in range(self.length):
             saved: set[int] = set()
-            received: set[int] = set()
-            saved_b = received_b = 0
+            saved_b = 0
+            later: dict[int, set[int]] = {}  # read here, made by a unit not yet in the range
             for j in range(i, self.length):
+                fresh = later.pop(j, set())
                 for r in self.read_back[j]:
-                    if r not in saved:
-                        saved.add(r)
-                        saved_b += size[r]
-                for src, r in self.read_forward[j]:
-                    if src < i:
-                        if r not in received:
-                            received.add(r)
-                            received_b += size[r]
-                        if r not in saved:
-                            saved.add(r)
-                            saved_b += size[r]
-                out[(i, j + 1)] = (saved_b, received_b)
+                    k = unit[r]
+                    if k > j:
+                        later.setdefault(k, set()).add(r)
+                    elif k >= i:
+                        fresh.add(r)
+                for r in fresh - saved:
+                    saved.add(r)
+                    saved_b += size[r]
+                sent = {r for r in self.cut_forward[j + 1] if unit[r] >= i}
+                loss = {r for r in self.loss_roots if i <= unit[r] <= j} - sent
+                extra = sum(size[r] for r in (sent | loss) - saved)
+                out[(i, j + 1)] = (saved_b + extra, sum(size[r] for r in sent),
+                                   sum(size[r] for r in loss))
         return out
 
     def range_costs(self, first: int, end: int, stage_index: int, stage_count: int) -> RangeCosts:
         f, b, w, h = self._prefix
         bwd = b[end] - b[first]
         weight = backward_weight_ms(bwd, w[end] - w[first], h[end] > h[first])
-        saved, received = self._saved[(first, end)]
+        kept, sent_b, loss_b = self._kept[(first, end)]
+        boundary = Boundary(
+            kept=kept, sent=sent_b, loss=loss_b,
+            forward_in=self.cut_forward_bytes[first], forward_out=self.cut_forward_bytes[end],
+            gradient_in=self.cut_backward_bytes[first], gradient_out=self.cut_backward_bytes[end],
+        )
+        saved, held, received, buffers, sent = boundary_sizes(boundary, self.module_level)
         return RangeCosts(
             first=first,
             end=end,
@@ -249,8 +263,10 @@ class UnitChain:
             transient_bytes=max(self.transient[first:end]),
             model_state_bytes=sum(self.state_bytes[first:end])
             + self.share_bytes(stage_index, stage_count),
-            send_forward_bytes=self.cut_forward_bytes[end] if end < self.length else 0,
-            send_backward_bytes=self.cut_backward_bytes[first] if first > 0 else 0,
+            send_forward_bytes=sent,
+            send_backward_bytes=self.cut_backward_bytes[first],
+            held_bytes=held,
+            buffer_bytes=buffers,
         )
 
 
