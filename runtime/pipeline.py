@@ -18,7 +18,10 @@ a stage's last backward is added). `schedule="builtin"` runs torch's own class f
 Recomputation: the plan's `PipelineStage.recompute_microbatches` (or every micro-batch of the
 stages in `recompute_stages=`) run the stage's forward under non-reentrant
 `torch.utils.checkpoint`: such a micro-batch keeps only the stage's inputs until its backward,
-which reruns the forward first (RNG state replayed).
+which reruns the forward first (RNG state replayed). Per unit, the stage's own plan
+(`PipelineStage.unit_policies`: a module it names -> "keep", "recompute" or "offload") runs that
+module checkpointed, or with its saved tensors in host memory, in every micro-batch
+(planner.runtime.pipeline_units); `measure_step` reports the host bytes apart.
 
 Losses: a model that returns a scalar loss needs no loss function (each micro-batch's loss is
 the model's); otherwise pass `loss_fn(output, target)` and `target=` to `step`. Losses are
@@ -32,11 +35,11 @@ targets) on theirs.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,27 +60,48 @@ from torch.utils.checkpoint import checkpoint
 from planner.core.errors import InputError
 from planner.core.pipeline_actions import rank_actions_to_csv
 from planner.core.plan import Plan, PlanKind, PlanStatus
+from planner.runtime.pipeline_memory import RankMemory
+from planner.runtime.pipeline_memory import gather_gradients as gather_gradients
+from planner.runtime.pipeline_memory import gather_memory as gather_memory
+from planner.runtime.pipeline_memory import memory_table as memory_table
 from planner.runtime.pipeline_split import SplitModel, StageProgram, check_plan_model, split_model
+from planner.runtime.pipeline_units import (
+    HostMemory,
+    UnitSwitch,
+    apply_unit_policies,
+    check_unit_policies,
+)
 from planner.solvers.pipeline.schedules import SCHEDULE_CLASSES
 from planner.tracing.memory import StorageTracker
 
 
 class StageModule(nn.Module):
     """One stage's module: the stage program, keyword inputs filtered; the forward of the
-    micro-batches in `recompute` runs checkpointed (the stage sets `microbatch` before each)."""
+    micro-batches in `recompute` runs checkpointed (the stage sets `microbatch` before each),
+    its rerun told to `switch` (planner.runtime.pipeline_units)."""
 
-    def __init__(self, program: StageProgram, recompute: frozenset[int]) -> None:
+    def __init__(self, program: StageProgram, recompute: frozenset[int],
+                 switch: UnitSwitch | None = None) -> None:
         super().__init__()
         self.program = program.module
         self.keyword_inputs = list(program.keyword_inputs)
         self.recompute = recompute
+        self.switch = switch or UnitSwitch()
         self.microbatch: int | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         keywords = {k: kwargs[k] for k in self.keyword_inputs}
         if self.microbatch in self.recompute and torch.is_grad_enabled():
+            runs = itertools.count()
+
+            def whole_stage(*args: Any, **kwargs: Any) -> Any:
+                if next(runs) == 0:
+                    return self.program(*args, **kwargs)
+                with self.switch.rerun():  # the backward's rerun
+                    return self.program(*args, **kwargs)
+
             return checkpoint(
-                self.program, *args, use_reentrant=False, preserve_rng_state=True, **keywords
+                whole_stage, *args, use_reentrant=False, preserve_rng_state=True, **keywords
             )
         return self.program(*args, **keywords)
 
@@ -95,24 +119,6 @@ class _Stage(PipelineStage):
         finally:
             if isinstance(module, StageModule):
                 module.microbatch = None
-
-
-@dataclass(frozen=True)
-class RankMemory:
-    """Measured memory of one rank over one step (CPU: exact live-storage accounting)."""
-
-    rank: int
-    parameters_bytes: int  # the rank's stage parameters
-    gradients_bytes: int  # their .grad buffers (kept across steps, as zero_grad() keeps them)
-    pipeline_buffers_bytes: int  # torch.distributed.pipelining's receive buffers (persistent)
-    step_peak_bytes: int  # the most the step itself had allocated at once (activations etc.)
-    duration_ms: float
-    loss: float
-
-    @property
-    def peak_bytes(self) -> int:
-        return (self.parameters_bytes + self.gradients_bytes + self.pipeline_buffers_bytes
-                + self.step_peak_bytes)
 
 
 def _model_loss(output: Any, target: Any) -> Any:
@@ -156,6 +162,8 @@ class PipelineRun:
                 f"group has {world}"
             )
         self.microbatches = 1 + max(a.microbatch_index for row in plan.rank_actions for a in row)
+        # stage -> its units' policies other than "keep" (checked on every rank before tracing)
+        self.unit_policies = {s.stage_index: check_unit_policies(s) for s in self.partition.stages}
         self.split: SplitModel = split_model(model, self.partition, example_inputs)
         if loss_fn is None and not self.split.returns_loss:
             raise InputError(
@@ -175,16 +183,21 @@ class PipelineRun:
         self.stage_indices = sorted(
             s.stage_index for s in self.partition.stages if s.rank == self.rank
         )
-        self.modules = {
-            s: StageModule(self.split.stages[s], self.recompute[s]).to(self.device)
-            for s in self.stage_indices
-        }
+        self.host = HostMemory()  # host bytes of offloaded saved tensors (unit_policies)
+        self.modules = {s: self._stage_module(s) for s in self.stage_indices}
         self.stages = [
             _Stage(self.modules[s], s, self.partition.stage_count, self.device, group=group)
             for s in self.stage_indices
         ]
         self.schedule = self._schedule(schedule)
         self.steps = 0
+
+    def _stage_module(self, s: int) -> StageModule:
+        """Stage s's module, its units' policies applied (planner.runtime.pipeline_units)."""
+        program = self.split.stages[s]
+        switch = UnitSwitch()
+        apply_unit_policies(program.module, self.unit_policies[s], switch, self.host)
+        return StageModule(program, self.recompute[s], switch).to(self.device)
 
     # -- the schedule ------------------------------------------------------------------------
     def _schedule(self, kind: str) -> _PipelineSchedule:
@@ -301,6 +314,7 @@ class PipelineRun:
             self.step(*inputs, target=target)
         self.zero_grad()
         dist.barrier(group=self.group)
+        self.host.reset_peak()
         tracker = StorageTracker(keep_timeline=False)
         started = time.perf_counter()
         with tracker:
@@ -315,6 +329,7 @@ class PipelineRun:
             step_peak_bytes=tracker.peak_bytes,
             duration_ms=duration_ms,
             loss=loss,
+            host_peak_bytes=self.host.peak_bytes,
         )
 
     def time_steps(self, *inputs: Any, target: Any = None, repeats: int = 3) -> float:
@@ -351,42 +366,6 @@ def build_pipeline(
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     return PipelineRun(model, load(plan), inputs, **options)
-
-
-def gather_gradients(run: PipelineRun) -> dict[str, torch.Tensor]:
-    """Every rank's gradients, by parameter name, on every rank (all_gather_object)."""
-    mine = {k: p.grad.detach().clone() for k, p in run.parameters().items() if p.grad is not None}
-    gathered: list[Any] = [None] * dist.get_world_size(run.group)
-    dist.all_gather_object(gathered, mine, group=run.group)
-    out: dict[str, torch.Tensor] = {}
-    for part in gathered:
-        for k, g in part.items():
-            if k in out:
-                raise RuntimeError(f"parameter {k} has gradients on two ranks")
-            out[k] = g
-    return out
-
-
-def gather_memory(run: PipelineRun, memory: RankMemory) -> list[RankMemory]:
-    gathered: list[Any] = [None] * dist.get_world_size(run.group)
-    dist.all_gather_object(gathered, memory, group=run.group)
-    return sorted(gathered, key=lambda m: m.rank)
-
-
-def memory_table(memory: Sequence[RankMemory], predicted: Sequence[int] | None) -> str:
-    """Markdown table of measured per-rank peaks against predicted ones (e.g. the plan's
-    `predicted.per_rank_peak_bytes`)."""
-    lines = ["| rank | model state | torch buffers | step peak | measured peak | predicted peak "
-             "| measured / predicted |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    for m in memory:
-        p = predicted[m.rank] if predicted is not None and m.rank < len(predicted) else None
-        ratio = f"{m.peak_bytes / p:.3f}" if p else "-"
-        lines.append(
-            f"| {m.rank} | {m.parameters_bytes + m.gradients_bytes:,} | "
-            f"{m.pipeline_buffers_bytes:,} | {m.step_peak_bytes:,} | {m.peak_bytes:,} | "
-            f"{f'{p:,}' if p is not None else '-'} | {ratio} |"
-        )
-    return "\n".join(lines)
 
 
 def _storage_bytes(tensors: Any) -> int:

@@ -17,7 +17,7 @@ from planner.core.model_state import Optimizer, Precision
 from planner.core.resources import PipelineSchedule
 
 if TYPE_CHECKING:
-    from planner.engine.partition import PartitionReport, SweepRow
+    from planner.engine.partition import PartitionReport, StageRow, SweepRow
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 GraphArg = Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json")]
@@ -63,8 +63,8 @@ def partition_cmd(
                      help="The pipeline schedule (default: that of --resources, else 1f1b)"),
     ] = None,
     method: Annotated[
-        str, typer.Option("--method", help="dp, ilp, param-balanced, layer-balanced, "
-                          "compute-balanced")
+        str, typer.Option("--method", help="dp, ilp, whole (split + per-stage remat/offload), "
+                          "param-balanced, layer-balanced, compute-balanced")
     ] = "dp",
     chunks: Annotated[int, typer.Option("--chunks", help="Stages per rank (interleaved)")] = 2,
     split: Annotated[
@@ -141,6 +141,19 @@ def partition_cmd(
         raise typer.Exit(3)
 
 
+def _redo(row: StageRow) -> str:
+    """Micro-batches recomputed whole, and the modules a whole-job plan recomputes or offloads."""
+    parts = [f"{row.recomputed} mb"] if row.recomputed else []
+    for policy in ("recompute", "offload"):
+        mods = [m for m, p in row.unit_policies.items() if p == policy]
+        if mods:
+            more = " .." if len(mods) > 3 else ""
+            parts.append(f"{policy} {len(mods)}: {', '.join(mods[:3])}{more}")
+    if row.host_bytes:
+        parts.append(f"host {format_bytes(row.host_bytes)} x {row.inflight}")
+    return "; ".join(parts) or "-"
+
+
 def _print_report(report: PartitionReport) -> None:
     from rich.table import Table
 
@@ -149,8 +162,8 @@ def _print_report(report: PartitionReport) -> None:
     d = plan.details
     table = Table(title=f"{plan.method}: {d['layers']} layers, {len(report.rows)} stages, "
                   f"{d['schedule']}, {d['microbatches']} micro-batches", title_justify="left")
-    for col in ("stage", "rank", "modules", "params", "activations x in-flight", "recomputed",
-                "peak / limit", "compute ms/mb"):
+    for col in ("stage", "rank", "modules", "params", "activations x in-flight",
+                "recomputed / offloaded", "peak / limit", "compute ms/mb"):
         table.add_column(col, justify="left" if col == "modules" else "right", no_wrap=True)
     for r in report.rows:
         mods = r.modules[0] if len(r.modules) == 1 else f"{r.modules[0]} .. {r.modules[-1]}"
@@ -159,7 +172,7 @@ def _print_report(report: PartitionReport) -> None:
         peak = f"{format_bytes(r.rank_peak_bytes)} / {format_bytes(limit)}"
         table.add_row(str(r.stage_index), str(r.rank), mods, format_bytes(r.parameter_bytes),
                       f"{format_bytes(r.saved_bytes)} x {r.inflight}",
-                      f"{r.recomputed}" if r.recomputed else "-",
+                      _redo(r),
                       f"[red]{peak} OVER[/red]" if over else peak, f"{r.compute_ms:.3f}")
     console.print(table)
     p = plan.predicted

@@ -26,6 +26,7 @@ from planner.core.plan import Plan, PlanKind, PlanStatus, graph_reference, relat
 from planner.core.resources import Resources
 from planner.engine.registry import method_spec, method_specs
 from planner.sim.simulator import simulate
+from planner.sim.stage_policies import apply_unit_policies
 from planner.sim.step_memory import with_sharding
 from planner.solvers.pipeline.dp import least_memory_split
 from planner.solvers.pipeline.methods import PREFIX, partitioner_name
@@ -51,6 +52,8 @@ class StageRow:
     recomputed: int  # micro-batches recomputed (of all m)
     compute_ms: float  # forward + backward per micro-batch
     rank_peak_bytes: int
+    unit_policies: dict[str, str] = field(default_factory=dict)  # module -> recompute/offload
+    host_bytes: int = 0  # offloaded activations per micro-batch
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,7 @@ def run_method(problem: PipelineProblem, method: str, time_limit_s: float,
 
 def no_fit_message(problem: PipelineProblem, outcome: PartitionOutcome) -> tuple[str, int]:
     """Which rank overflows by how much, and the least memory a contiguous split needs."""
-    recompute = outcome.method == "ilp"
+    recompute = outcome.method in ("ilp", "whole")
     least, split = least_memory_split(problem, recompute=recompute)
     cand = outcome.best if outcome.best is not None else problem.candidate(split, simulate=False)
     limit = problem.memory_bytes or 0
@@ -223,6 +226,10 @@ def no_fit_message(problem: PipelineProblem, outcome: PartitionOutcome) -> tuple
         f"{format_bytes(cand.peaks[worst] - limit)} over; the least device memory that works is "
         f"{format_bytes(least)} ({least} B; {how}, {proof})"
     )
+    if outcome.method == "whole":  # its per-module policies are a different space: no proof
+        msg = msg.replace("the least device memory that works is", "with whole stages "
+                          "recomputed the least is") + "; no per-module recompute/offload " \
+            "choice the whole-job planner tried fits either"
     return msg, least
 
 
@@ -350,9 +357,13 @@ def _report(graph: Graph, problem: PipelineProblem, outcome: PartitionOutcome, c
 
 
 def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
+    """Per stage what it holds; under a whole-job plan's unit policies the effective figures
+    (planner.sim.stage_policies, the simulator's own rule)."""
+    plain = [problem.costs(i, j, s) for s, (i, j) in enumerate(cand.split.bounds)]
+    effective = apply_unit_policies(problem.graph, cand.partition, plain, problem.resources)
     rows = []
     for s, (i, j) in enumerate(cand.split.bounds):
-        c = problem.costs(i, j, s)
+        c, e = plain[s], effective[s]
         rank = cand.partition.rank_of(s)
         rows.append(StageRow(
             stage_index=s,
@@ -360,11 +371,14 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
             modules=problem.chain.modules(i, j),
             parameter_bytes=sum(u.parameter_bytes for u in problem.chain.units[i:j]),
             model_state_bytes=c.model_state_bytes,
-            saved_bytes=c.saved_bytes,
+            saved_bytes=e.costs.saved_bytes,
             inflight=problem.inflight[s],
             recomputed=len(problem.recomputed(s, cand.split.stored_of(s))),
-            compute_ms=c.compute_ms,
+            compute_ms=e.costs.compute_ms,
             rank_peak_bytes=cand.peaks[rank],
+            unit_policies={k: v for k, v in cand.partition.stage(s).unit_policies.items()
+                           if v != "keep"},
+            host_bytes=e.host_bytes,
         ))
     return rows
 

@@ -1,0 +1,324 @@
+"""Per-unit remat and offload inside a pipeline stage (PipelineStage.unit_policies): what they
+do to the stage's costs. The simulator (planner.sim.pipeline_ranks) and the whole-job planner
+(planner.solvers.pipeline.whole_job) both call `policy_stage_costs`, so the two agree exactly.
+
+A unit is one of the stage's modules ('h.3'): the nodes whose module_path is it or inside it.
+Per unit, from the ledger's facts: `saved` (storage roots its backward nodes read from forward
+nodes: what autograd keeps for it), `inputs` (roots from outside the unit that its forward nodes
+read: what a non-reentrant checkpoint of the module keeps), its forward and backward ms. Nodes
+of the stage outside every unit (a loss, an `x + pos`) and units not named keep theirs.
+
+Policies, per micro-batch:
+- keep: nothing changes.
+- recompute (torch.utils.checkpoint of the module): the device keeps the unit's inputs instead
+  of its saved roots; the stage's B (or I) reruns the unit's forward first (+forward_ms).
+- offload (torch.autograd.graph.save_on_cpu around the module): the unit's saved roots are
+  copied to host memory (all of them: host bytes per in-flight micro-batch) and back before the
+  unit's backward.
+
+Device memory: saved bytes = the union of what the stage keeps: received inputs, what it sends
+on and its loss, the saved roots of keep units and of nodes outside units, the inputs of
+recompute units (a root any of them needs stays on the device); the change is applied to the
+all-keep stage's saved bytes, so the rest of stage_costs' accounting (buffers, held bytes)
+stays as it is. Transient: the stage's own plus the larger of (a) the offloaded
+roots not otherwise kept, all on the device until copied during the F, and (b) the largest
+rematerialised / reloaded set of one non-keep unit during the backward (safe upper bounds).
+
+Time (the overlap rule), per stage and micro-batch on the rank's own host links:
+- F: the stage's nodes outside units run first, then units in module order; each offloaded
+  unit's d2h copy starts when its forward ends and the d2h link is free (FIFO); the F ends when
+  both its compute and its copies end.
+- B (or I): units run in reverse module order, then the nodes outside units; the h2d reload of
+  an offloaded unit starts at B's start or when the previous offloaded unit's backward ends
+  (one reloaded set at a time), and the unit's backward (its recomputed forward first) waits
+  for it. W is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, replace
+
+from planner.core.graph import Graph, Phase
+from planner.core.pipeline_actions import Partition, UnitPolicy
+from planner.core.resources import Link, Resources
+from planner.sim.ledger import MemoryLedger
+from planner.sim.result import PlanError
+from planner.sim.stage_costs import StageCosts, node_transient_bytes, stage_of_nodes
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    name: str
+    saved: frozenset[int]  # storage roots its backward nodes read from forward nodes
+    inputs: frozenset[int]  # roots produced outside the unit that its forward nodes read
+    forward_ms: float
+    backward_ms: float
+    host_bytes: int  # offloaded: one host copy per (backward node, forward root) it saves
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    """One stage's units (module order), what its nodes outside them keep, and its nodes in
+    execution order with their unit (None: outside every unit)."""
+
+    units: tuple[UnitFacts, ...]
+    rest_saved: frozenset[int]  # saved by backward nodes outside units, plus received roots
+    held: frozenset[int]  # roots the stage sends on and its loss: kept whatever the policies
+    rest_forward_ms: float
+    rest_backward_ms: float
+    forward: tuple[tuple[int, str | None], ...] = ()  # forward and loss nodes
+    backward: tuple[tuple[int, str | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class PolicyCosts:
+    """A stage's effective costs under its unit policies, and its host bytes per micro-batch."""
+
+    costs: StageCosts
+    host_bytes: int
+
+
+def _unit_of(module_path: str, modules: frozenset[str]) -> str | None:
+    """The stage module containing `module_path` (itself or its nearest enclosing one)."""
+    path = module_path
+    while path:
+        if path in modules:
+            return path
+        path = path.rpartition(".")[0]
+    return None
+
+
+def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> StageFacts:
+    """The facts of the stage made of `nodes` whose units are `modules`."""
+    ledger = MemoryLedger.of(graph)
+    index = graph.index
+    root, preds, ms = ledger.storage_root, ledger.predecessors, ledger.compute_ms
+    inside = set(nodes)
+    names = frozenset(modules)
+    saved: dict[str | None, set[int]] = {m: set() for m in modules}
+    saved[None] = set()
+    inputs: dict[str, set[int]] = {m: set() for m in modules}
+    fwd: dict[str | None, float] = dict.fromkeys([*modules, None], 0.0)
+    bwd: dict[str | None, float] = dict.fromkeys([*modules, None], 0.0)
+    unit = {v: _unit_of(index.node(v).module_path, names) for v in inside}
+    backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
+    held: set[int] = set()
+    pairs: set[tuple[int, int]] = set()  # (backward node, forward root it saves)
+    for v in inside:
+        u = unit[v]
+        back = v in backward
+        if index.node(v).phase == Phase.loss:
+            held.add(root[v])
+        elif not back:
+            for w in ledger.successors[v]:
+                if w not in inside and w not in backward:  # sent on to a later stage
+                    held.add(root[v])
+                    break
+        (bwd if back else fwd)[u] += ms[v]
+        for p in preds[v]:
+            p_back = p in backward
+            if back and not p_back:  # forward data this backward node keeps
+                saved[u].add(root[p])
+                pairs.add((v, root[p]))
+            elif not back and not p_back:
+                if p not in inside:  # received from an earlier stage: kept per micro-batch
+                    saved[None].add(root[p])
+                if u is not None and (p not in inside or unit[p] != u):
+                    inputs[u].add(root[p])
+    size = ledger.storage_bytes
+    units = tuple(UnitFacts(m, frozenset(saved[m]), frozenset(inputs[m]), fwd[m], bwd[m],
+                            sum(size[r] for w, r in pairs if unit[w] == m))
+                  for m in modules)
+    order = [n.id for n in graph.nodes if n.id in inside]  # the trace's order: execution order
+    return StageFacts(units, frozenset(saved[None]), frozenset(held), fwd[None], bwd[None],
+                      tuple((v, unit[v]) for v in order if v not in backward),
+                      tuple((v, unit[v]) for v in order if v in backward))
+
+
+def policy_stage_costs(
+    graph: Graph,
+    facts: StageFacts,
+    base: StageCosts,
+    policies: Mapping[str, UnitPolicy],
+    resources: Resources | None,
+) -> PolicyCosts:
+    """`base` (the stage's costs with every unit kept) under `policies`; unchanged when every
+    unit keeps."""
+    chosen = {u.name: policies.get(u.name, "keep") for u in facts.units}
+    if all(p == "keep" for p in chosen.values()):
+        return PolicyCosts(base, 0)
+    size = MemoryLedger.of(graph).storage_bytes
+
+    def nbytes(roots: Iterable[int]) -> int:
+        return sum(size[r] for r in roots)
+
+    kept = set(facts.rest_saved | facts.held)  # on the device from F on
+    every_saved = set(facts.rest_saved | facts.held)  # what `base` counts
+    for u in facts.units:
+        every_saved |= u.saved
+        if chosen[u.name] == "keep":
+            kept |= u.saved
+        elif chosen[u.name] == "recompute":
+            kept |= u.inputs
+    offloaded = [u for u in facts.units if chosen[u.name] == "offload"]
+    saved_bytes = base.saved_bytes - nbytes(every_saved - kept) + nbytes(kept - every_saved)
+    transient = max(base.transient_bytes, forward_working_bytes(graph, facts, kept),
+                    backward_working_bytes(graph, facts, chosen, kept))
+    d2h = resources.d2h if resources is not None else None
+    h2d = resources.h2d if resources is not None else None
+    if offloaded and (d2h is None or h2d is None):
+        raise PlanError("unit_policies: 'offload' needs a host tier (resources h2d and d2h "
+                        "links); give resources with a host tier or use 'recompute'")
+    forward_ms = _forward_with_copies(facts, chosen, d2h) if offloaded else base.forward_ms
+    backward_ms = _backward_with_reloads(facts, chosen, h2d if offloaded else None)
+    extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
+    costs = replace(
+        base,
+        forward_ms=max(base.forward_ms, forward_ms),
+        backward_ms=base.backward_ms + extra_ms,
+        backward_input_ms=base.backward_input_ms + extra_ms,
+        saved_bytes=saved_bytes,
+        transient_bytes=transient,
+    )
+    return PolicyCosts(costs, sum(u.host_bytes for u in offloaded))
+
+
+def forward_working_bytes(graph: Graph, facts: StageFacts, kept: Set[int]) -> int:
+    """What the stage's F holds on top of its kept bytes (charged in full from F's start):
+    the most that is alive at once (`_working_peak`) less the kept roots it makes. What a
+    recompute or offload unit saves is on the device only while alive there (the runtime
+    copies a saved tensor to the host as autograd saves it; a checkpoint saves none)."""
+    return _working_peak(graph, [v for v, _ in facts.forward], kept, frozenset())
+
+
+def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                           kept: Set[int]) -> int:
+    """What a backward node holds on top of the micro-batch's kept bytes: its node transient
+    (stage_costs), plus in an offload unit the host copies it reloads (every root it reads,
+    kept or not: the runtime reloads whatever the unit saved), in a recompute unit the rerun
+    of the unit's forward and then the recomputed roots until their last backward reader;
+    less the kept roots already freed (made here, not held, their last backward reader run)."""
+    ledger = MemoryLedger.of(graph)
+    root, size, preds = ledger.storage_root, ledger.storage_bytes, ledger.predecessors
+    backward = {v for v, _ in facts.backward}
+    made = {v for v, _ in facts.forward}
+    units = {u.name: u for u in facts.units}
+    # recompute unit -> its rerun's peak (new tensors, its saved ones kept to the rerun's end)
+    rerun = {u.name: _working_peak(graph, [v for v, n in facts.forward if n == u.name],
+                                   frozenset(), u.saved) for u in facts.units
+             if chosen[u.name] == "recompute"}
+    held_by_checkpoints = set().union(*(u.inputs for u in facts.units
+                                        if chosen[u.name] == "recompute"))
+    last: dict[int, int] = {}  # forward root -> the position of its last backward reader
+    for j, (w, _) in enumerate(facts.backward):
+        for p in preds[w]:
+            if p not in backward:
+                last[root[p]] = j
+    freed_at: dict[int, int] = {}  # position -> kept bytes freed after its node
+    for r, j in last.items():
+        if r in kept and r in made and r not in facts.held and r not in held_by_checkpoints:
+            freed_at[j] = freed_at.get(j, 0) + size[r]
+    peak = freed = 0
+    started: set[str] = set()
+    for j, (w, name) in enumerate(facts.backward):
+        extra = 0
+        policy = chosen[name] if name is not None else "keep"
+        if policy == "offload":
+            extra = sum(size[r] for r in {root[p] for p in preds[w] if p not in backward})
+        elif policy == "recompute" and name is not None:
+            again = units[name].saved - units[name].inputs  # remade by the rerun
+            alive = sum(size[r] for r in again if last.get(r, -1) >= j)
+            extra = alive if name in started else max(alive, rerun[name])
+            started.add(name)
+        peak = max(peak, node_transient_bytes(ledger, backward, w) + extra - freed)
+        freed += freed_at.get(j, 0)
+    return peak
+
+
+def _working_peak(graph: Graph, order: Sequence[int], kept: Set[int],
+                  to_end: Set[int]) -> int:
+    """The most alive at once while the forward nodes `order` run, less the `kept` roots they
+    make (those count from the start): every root made here, kept ones and those in `to_end`
+    to the end, the others until their readers' outputs are last read (`x = f(g(x))` keeps
+    the old x until f has run: a name is rebound when its statement ends), plus the running
+    node's workspace."""
+    ledger = MemoryLedger.of(graph)
+    root, size, ws = ledger.storage_root, ledger.storage_bytes, ledger.workspace_bytes
+    position = {v: i for i, v in enumerate(order)}
+    last: dict[int, int] = {}  # root -> the position of its last reader in `order`
+    for i, v in enumerate(order):
+        for p in ledger.predecessors[v]:
+            if p in position:
+                last[root[p]] = i
+    until = dict(last)  # root -> the position after which it is freed
+    for i, v in enumerate(order):
+        for p in ledger.predecessors[v]:
+            if p in position:
+                until[root[p]] = max(until[root[p]], last.get(root[v], i))
+    live = peak = made_kept = 0
+    dying: dict[int, int] = {}  # position -> bytes freed after it
+    for i, v in enumerate(order):
+        r = root[v]
+        if r == v and size[r]:
+            live += size[r]
+            if r in kept:
+                made_kept += size[r]
+            end = len(order) if r in kept or r in to_end else until.get(r, i)
+            dying[end] = dying.get(end, 0) + size[r]
+        peak = max(peak, live + ws[v])
+        live -= dying.pop(i, 0)
+    return max(0, peak - made_kept)
+
+
+def _forward_with_copies(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                         d2h: Link | None) -> float:
+    """F's end: compute in order, each offloaded unit's d2h copy FIFO after its forward."""
+    clock = facts.rest_forward_ms
+    link = 0.0
+    for u in facts.units:
+        clock += u.forward_ms
+        if chosen[u.name] == "offload" and d2h is not None:
+            link = max(link, clock) + d2h.transfer_ms(u.host_bytes)
+    return max(clock, link)
+
+
+def _backward_with_reloads(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                           h2d: Link | None) -> float:
+    """B's compute with recomputed forwards and reload waits (reverse module order)."""
+    clock = 0.0
+    release = 0.0  # when the previous offloaded unit's backward ended (its reload freed)
+    for u in reversed(facts.units):
+        policy = chosen[u.name]
+        if policy == "offload" and h2d is not None:
+            clock = max(clock, release + h2d.transfer_ms(u.host_bytes))
+        if policy == "recompute":
+            clock += u.forward_ms
+        clock += u.backward_ms
+        if policy == "offload":
+            release = clock
+    return clock + facts.rest_backward_ms
+
+
+def apply_unit_policies(
+    graph: Graph,
+    partition: Partition,
+    costs: Sequence[StageCosts],
+    resources: Resources | None,
+) -> list[PolicyCosts]:
+    """Every stage's effective costs (stage_costs' `costs` under each stage's unit_policies)."""
+    active = [s for s in partition.stages
+              if any(p != "keep" for p in s.unit_policies.values())]
+    if not active:
+        return [PolicyCosts(c, 0) for c in costs]
+    stage = stage_of_nodes(graph, partition)
+    members: dict[int, list[int]] = {s.stage_index: [] for s in active}
+    for v, index in stage.items():
+        if index in members:
+            members[index].append(v)
+    out = [PolicyCosts(c, 0) for c in costs]
+    for s in active:
+        facts = stage_facts(graph, members[s.stage_index], s.modules)
+        out[s.stage_index] = policy_stage_costs(graph, facts, costs[s.stage_index],
+                                                s.unit_policies, resources)
+    return out

@@ -1,0 +1,164 @@
+"""One stage's remat/offload choice: the small knapsack of the whole-job planner.
+
+For stage s = units [i, j) of the chain with k micro-batches in flight, choose per module
+(planner.sim.stage_policies: keep, recompute, offload) the least added time such that the
+stage's peak fits `cap` bytes and its host bytes fit `host_cap` (k in-flight copies).
+
+Exact over the additive model, then checked by the simulator's rule: each module's effect is
+bounded by additive figures (`Item`): a non-keep module frees at least its `exclusive` saved
+bytes (roots no other part of the stage keeps) per micro-batch; recompute adds at most its
+inputs' bytes; the transient grows by at most max(offloaded bytes in total, largest non-keep
+saved set). A dynamic programme over the modules keeps the Pareto frontier of (bytes per
+micro-batch, offloaded bytes, largest non-keep set, estimated ms): every peak it accepts is an
+upper bound of the simulator's, so the answer fits. Its time estimate for offload (copies not
+hidden behind the units after it) is refined by evaluating the best few frontier points with
+`policy_stage_costs` (the simulator's exact times) and keeping the fastest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.core.pipeline_actions import UnitPolicy
+from planner.sim.ledger import MemoryLedger
+from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes
+from planner.sim.stage_policies import StageFacts, policy_stage_costs
+from planner.solvers.pipeline.problem import PipelineProblem
+
+FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
+EXACT_CHECKS = 6  # frontier points timed by the simulator's rule
+
+
+@dataclass(frozen=True)
+class Item:
+    """One module's additive figures (bytes of storage roots)."""
+
+    name: str
+    saved_bytes: int
+    exclusive_bytes: int  # saved roots no other module or outside node of the stage keeps
+    inputs_bytes: int
+    recompute_ms: float
+    offload_ms: float  # estimated copy time not hidden behind the stage's other compute
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """The chosen policies (non-keep modules only), the stage's effective costs and figures."""
+
+    policies: tuple[tuple[str, UnitPolicy], ...]
+    costs: StageCosts
+    host_bytes: int
+    added_ms: float  # forward + backward over the all-keep stage
+    peak_bytes: int  # one_stage_peak_bytes of the effective costs
+    exact: bool  # the frontier was never cut
+
+
+@dataclass(frozen=True)
+class _State:
+    delta_bytes: int  # saved bytes per micro-batch over the all-keep stage (upper bound)
+    offload_bytes: int  # offloaded saved bytes (upper bound of the host bytes)
+    largest_bytes: int  # the largest non-keep module's saved bytes
+    ms: float
+    choice: tuple[UnitPolicy, ...]
+
+
+def items(problem: PipelineProblem, facts: StageFacts) -> list[Item]:
+    size = MemoryLedger.of(problem.graph).storage_bytes
+    res = problem.resources
+    out = []
+    after_fwd = [0.0] * len(facts.units)
+    after_bwd = [0.0] * len(facts.units)
+    for n in range(len(facts.units) - 2, -1, -1):
+        after_fwd[n] = after_fwd[n + 1] + facts.units[n + 1].forward_ms
+        after_bwd[n] = after_bwd[n + 1] + facts.units[n + 1].backward_ms
+    for n, u in enumerate(facts.units):
+        others = set(facts.rest_saved)
+        for w in facts.units:
+            if w is not u:
+                others |= w.saved
+        saved = sum(size[r] for r in u.saved)
+        offload_ms = 0.0
+        if res is not None and res.d2h is not None and res.h2d is not None:
+            offload_ms = (max(0.0, res.d2h.transfer_ms(saved) - after_fwd[n])
+                          + max(0.0, res.h2d.transfer_ms(saved) - after_bwd[n]))
+        out.append(Item(u.name, saved, sum(size[r] for r in u.saved - others),
+                        sum(size[r] for r in u.inputs), u.forward_ms, offload_ms))
+    return out
+
+
+def choose(
+    problem: PipelineProblem,
+    facts: StageFacts | None,
+    base: StageCosts,
+    inflight: int,
+    cap: float,
+    host_cap: int,
+) -> StageChoice | None:
+    """The fastest policies whose stage peak fits `cap` (None: none does; facts None: only
+    the all-keep stage is tried)."""
+    m = problem.microbatches
+    keep_peak = one_stage_peak_bytes(base, inflight, microbatches=m)
+    if keep_peak <= cap:
+        return StageChoice((), base, 0, 0.0, keep_peak, True)
+    if facts is None:
+        return None
+    res = problem.resources
+    host = res is not None and res.has_host_tier and host_cap > 0
+    options: tuple[UnitPolicy, ...] = ("keep", "recompute", "offload") if host else (
+        "keep", "recompute")
+    frontier = [_State(0, 0, 0, 0.0, ())]
+    exact = True
+    for it in items(problem, facts):
+        grown = []
+        for st in frontier:
+            for p in options:
+                grown.append(_grow(st, it, p))
+        frontier = _pareto(grown)
+        if len(frontier) > FRONTIER_LIMIT:
+            exact = False
+            frontier = sorted(frontier, key=lambda x: inflight * x.delta_bytes + x.offload_bytes)
+            frontier = frontier[:FRONTIER_LIMIT]
+    def bound(st: _State) -> int:  # the stage's peak with the additive figures (>= exact)
+        grown = replace(base, saved_bytes=base.saved_bytes + st.delta_bytes,
+                        transient_bytes=base.transient_bytes
+                        + max(st.offload_bytes, st.largest_bytes))
+        return one_stage_peak_bytes(grown, inflight, microbatches=m)
+
+    fitting = [st for st in frontier
+               if inflight * st.offload_bytes <= host_cap and bound(st) <= cap]
+    best: StageChoice | None = None
+    names = [u.name for u in facts.units]
+    for st in sorted(fitting, key=lambda x: x.ms)[:EXACT_CHECKS]:
+        policies = tuple((m, p) for m, p in zip(names, st.choice, strict=True) if p != "keep")
+        got = policy_stage_costs(problem.graph, facts, base, dict(policies), res)
+        c = got.costs
+        peak = one_stage_peak_bytes(c, inflight, microbatches=m)
+        if peak > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover - bounds hold
+            continue
+        added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms)
+        if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
+            best = StageChoice(policies, c, got.host_bytes, added, peak, exact)
+    return best
+
+
+def _grow(st: _State, it: Item, policy: UnitPolicy) -> _State:
+    if policy == "keep":
+        return _State(st.delta_bytes, st.offload_bytes, st.largest_bytes, st.ms,
+                      st.choice + ("keep",))
+    largest = max(st.largest_bytes, it.saved_bytes)
+    if policy == "recompute":
+        return _State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,
+                      largest, st.ms + it.recompute_ms, st.choice + ("recompute",))
+    return _State(st.delta_bytes - it.exclusive_bytes, st.offload_bytes + it.saved_bytes,
+                  largest, st.ms + it.offload_ms, st.choice + ("offload",))
+
+
+def _pareto(states: list[_State]) -> list[_State]:
+    """The states no other state matches or beats in all four figures."""
+    out: list[_State] = []
+    for st in sorted(states, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes,
+                                            x.largest_bytes)):
+        if not any(o.delta_bytes <= st.delta_bytes and o.offload_bytes <= st.offload_bytes
+                   and o.largest_bytes <= st.largest_bytes for o in out):
+            out.append(st)
+    return out

@@ -1,0 +1,279 @@
+"""Whole-job planning: the split and every stage's per-module remat/offload, decided together.
+
+For a contiguous split, each stage's policies (planner.sim.stage_policies: keep, recompute,
+offload per module) are the least-time choice that fits the stage's share of its rank under
+the schedule's in-flight count (planner.solvers.pipeline.stage_menu: an exact knapsack over
+additive upper bounds, timed by the simulator's rule); the split search then judges every
+candidate by `simulate_pipeline` (exact per-rank device peaks, the simulated step; host memory:
+every rank's offloaded bytes together within `host_memory_bytes`, each stage's knapsack held to
+an even share of it).
+
+Candidates, best simulated step wins (ties: lower peak): today's `dp` and `ilp` answers, the
+sequential baseline (the DP's split, or the least-memory split when nothing fits plainly, then
+per-stage policy choice), the balanced splits, and then, until the time limit:
+- every contiguous split, cheapest lower bound first, when there are at most ENUMERATE_LIMIT
+  (a split is skipped once its all-keep lower bound reaches the best step found: policies only
+  lengthen actions, so with fixed action lists no policy can make it faster);
+- else the DP's proposals on stage costs that include each range's best policy time, then local
+  moves of single boundaries around the best split.
+
+Bound and status: with fixed action lists (every schedule but zero-bubble's time-driven ones) a
+plan's step is at least its split's all-keep simulated step; the least of those over all splits
+bounds every plan here. "optimal" only when every split was enumerated, every knapsack was exact
+and the best plan is its split's all-keep plan at that bound; else "feasible".
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from planner.core.pipeline_actions import Partition, PipelineStage, UnitPolicy
+from planner.sim.pipeline_ranks import simulate_pipeline
+from planner.sim.stage_costs import StageCosts, rank_peak_bytes
+from planner.sim.stage_policies import stage_facts
+from planner.solvers.pipeline.chain_dp import minmax_dp, minsum_dp
+from planner.solvers.pipeline.problem import Candidate, PartitionOutcome, PipelineProblem, Split
+from planner.solvers.pipeline.schedules import stage_rank
+from planner.solvers.pipeline.stage_menu import StageChoice, choose
+
+Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
+Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
+Current = Callable[[], Candidate | None]  # the best plan so far
+
+ENUMERATE_LIMIT = 5000  # contiguous splits simulated one by one
+ILP_SHARE = 0.3  # of the time limit given to today's ILP (a candidate)
+PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
+
+
+@dataclass(frozen=True)
+class PolicySplit(Split):
+    """A split with, per stage, its non-keep modules' policies."""
+
+    policies: tuple[tuple[tuple[str, UnitPolicy], ...], ...] = ()
+
+
+class WholeJob:
+    def __init__(self, problem: PipelineProblem) -> None:
+        self.p = problem
+        v = problem.stage_count // problem.ranks
+        mem = problem.memory_bytes
+        self.cap = math.inf if mem is None else mem / v  # a stage's share of its rank
+        res = problem.resources
+        host = res.host_memory_bytes if res is not None and res.has_host_tier else 0
+        self.host_cap = (host or 0) // problem.stage_count
+        self.host_memory = host or 0
+        self.exact = True  # every knapsack solved on an uncut frontier
+        self.keep_time: dict[Bounds, float] = {}
+        self.choices: dict[tuple[int, int, int], StageChoice | None] = {}  # (i, j, stage) ->
+
+    # -- one stage -------------------------------------------------------------------------------
+    def choice(self, i: int, j: int, s: int) -> StageChoice | None:
+        """Stage s = units [i, j): its fastest policies within its share (None: none fit)."""
+        key = (i, j, s)
+        if key not in self.choices:
+            base = self.p.costs(i, j, s)
+            cheap = choose(self.p, None, base, self.p.inflight[s], self.cap, self.host_cap)
+            if cheap is None:  # the all-keep stage does not fit: build its module facts
+                chain = self.p.chain
+                nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
+                facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
+                cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, self.host_cap)
+            if cheap is not None and not cheap.exact:
+                self.exact = False
+            self.choices[key] = cheap
+        return self.choices[key]
+
+    # -- one split -------------------------------------------------------------------------------
+    def with_policies(self, bounds: Bounds) -> PolicySplit | None:
+        picks = [self.choice(i, j, s) for s, (i, j) in enumerate(bounds)]
+        if any(c is None for c in picks):
+            return None
+        return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None))
+
+    def candidate(self, split: PolicySplit) -> Candidate:
+        p = self.p
+        stages = []
+        for s, (i, j) in enumerate(split.bounds):
+            policies = dict(split.policies[s]) if split.policies else {}
+            stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
+                                        modules=p.chain.modules(i, j), unit_policies=policies))
+        partition = Partition(stages=stages)
+        lists = p.action_lists(Split(split.bounds))
+        costs = [self.effective(i, j, s, split) for s, (i, j) in enumerate(split.bounds)]
+        peaks = rank_peak_bytes(lists, [stage_rank(s, p.ranks) for s in range(p.stage_count)],
+                                costs, [frozenset()] * p.stage_count)
+        fits = p.memory_bytes is None or max(peaks) <= p.memory_bytes
+        sim = simulate_pipeline(p.graph, partition, lists, p.resources) if fits else None
+        if sim is not None and sim.host_peak_bytes > self.host_memory:
+            fits = False
+        return Candidate(split, partition, lists, peaks, sim, fits)
+
+    def effective(self, i: int, j: int, s: int, split: PolicySplit) -> StageCosts:
+        if split.policies and split.policies[s]:
+            c = self.choice(i, j, s)
+            assert c is not None and c.policies == split.policies[s]
+            return c.costs
+        return self.p.costs(i, j, s)
+
+    def keep_step_ms(self, bounds: Bounds) -> float:
+        """The split's all-keep simulated step (memory aside): a bound on its every plan."""
+        if bounds not in self.keep_time:
+            cand = self.p.candidate(Split(bounds))
+            assert cand.simulation is not None
+            self.keep_time[bounds] = cand.simulation.makespan_ms
+        return self.keep_time[bounds]
+
+    def cheap_bound_ms(self, bounds: Bounds) -> float:
+        """A rank's busy time over the step: no plan of this split is faster."""
+        busy = [0.0] * self.p.ranks
+        for s, (i, j) in enumerate(bounds):
+            busy[stage_rank(s, self.p.ranks)] += self.p.costs(i, j, s).compute_ms
+        return max(busy) * self.p.microbatches
+
+
+def _step(c: Candidate) -> float:
+    assert c.simulation is not None
+    return c.simulation.makespan_ms
+
+
+def _key(c: Candidate) -> tuple[float, int]:
+    assert c.simulation is not None
+    return (round(c.simulation.makespan_ms, 9), max(c.peaks))
+
+
+def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
+                        threads: int = 2) -> PartitionOutcome:
+    from planner.solvers.pipeline.baselines import BASELINES, baseline_split
+    from planner.solvers.pipeline.dp import dp_partition, least_memory_split
+    from planner.solvers.pipeline.ilp import ilp_partition
+
+    start = time.perf_counter()
+    deadline = start + time_limit_s
+    job = WholeJob(problem)
+    notes: list[str] = []
+    best: Candidate | None = None
+    source = ""
+    first_s: float | None = None  # when the first fitting plan was found
+
+    def offer(cand: Candidate | None, name: str) -> None:
+        nonlocal best, source, first_s
+        if cand is None or not cand.fits or cand.simulation is None:
+            return
+        if best is None or _key(cand) < _key(best):
+            best, source = cand, name
+        if first_s is None:
+            first_s = time.perf_counter() - start
+
+    slowest_s = 0.0  # the longest one split's judgement took (kept clear of the deadline)
+
+    def try_bounds(bounds: Bounds, name: str) -> None:
+        nonlocal slowest_s
+        began = time.perf_counter()
+        split = job.with_policies(bounds)
+        if split is not None:
+            offer(job.candidate(split), name)
+        slowest_s = max(slowest_s, time.perf_counter() - began)
+
+    dp = dp_partition(problem)
+    offer(dp.best, "dp")
+    seq_bounds = dp.best.split.bounds if dp.best is not None else \
+        least_memory_split(problem)[1].bounds
+    try_bounds(seq_bounds, "the DP's split with per-stage policies")
+    for name in BASELINES:
+        try_bounds(baseline_split(problem, name).bounds, f"the {name} split with policies")
+    left_s = deadline - time.perf_counter()
+    ilp = ilp_partition(problem, time_limit_s=max(0.1, ILP_SHARE * left_s), threads=threads)
+    offer(ilp.best, "ilp")
+    L, S = problem.length, problem.stage_count
+    count = math.comb(L - 1, S - 1)
+    fixed_lists = not problem.plan_schedule.split_backward
+    complete = False
+    bound: float | None = None
+    deadline -= slowest_s  # room for the last split judged
+    if count <= ENUMERATE_LIMIT:
+        complete, bound = _enumerate(job, try_bounds, lambda: best, deadline)
+        notes.append(f"{count} contiguous splits " + ("all judged" if complete else
+                                                     "partly judged (time limit)"))
+    else:
+        _propose(job, try_bounds, lambda: best, deadline)
+        notes.append(f"{count} contiguous splits: DP proposals and local moves")
+    wall = time.perf_counter() - start
+    if best is None:
+        return PartitionOutcome("whole", None, "infeasible", wall_seconds=wall,
+                                notes=notes + ["no split fits with any per-module policy"])
+    assert best.simulation is not None
+    step = best.simulation.makespan_ms
+    proven = complete and fixed_lists and bound is not None and step <= bound + 1e-9
+    if not job.exact:
+        notes.append("some stage knapsacks were cut (frontier limit): not proven least")
+    policies = sum(len(dict(ps)) for ps in getattr(best.split, "policies", ()))
+    notes.insert(0, f"best from {source}; {policies} module(s) recompute or offload; first "
+                    f"plan in {first_s or 0.0:.2f} s")
+    return PartitionOutcome("whole", best, "optimal" if proven else "feasible",
+                            objective=step, lower_bound=bound if fixed_lists else None,
+                            wall_seconds=wall, notes=notes)
+
+
+def _splits(L: int, S: int) -> Iterator[Bounds]:
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        edges = (0, *cuts, L)
+        yield tuple((edges[s], edges[s + 1]) for s in range(S))
+
+
+def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
+               deadline: float) -> tuple[bool, float | None]:
+    """Every split, least busy-time bound first; skipped once its bound reaches the best step.
+    Returns (all judged, the least all-keep step over every split)."""
+    p = job.p
+    order = sorted(_splits(p.length, p.stage_count), key=job.cheap_bound_ms)
+    bound = math.inf
+    for bounds in order:
+        if time.perf_counter() > deadline:
+            return False, None
+        cheap = job.cheap_bound_ms(bounds)
+        best = current()
+        if best is not None and cheap >= _step(best) - 1e-9:
+            return True, min(bound, cheap)  # every later split's bound is at least `cheap`
+        keep = job.keep_step_ms(bounds)
+        bound = min(bound, keep)
+        if best is not None and keep >= _step(best) - 1e-9:
+            continue
+        try_bounds(bounds, "enumeration")
+    return True, bound
+
+
+def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float) -> None:
+    """DP proposals on each range's best-policy stage time, then single-boundary moves."""
+    p = job.p
+    L, S = p.length, p.stage_count
+    span = max(2, math.ceil(PROPOSAL_SPAN * L / S))
+
+    def cost(i: int, j: int, s: int) -> float | None:
+        if j - i > span or time.perf_counter() > deadline:
+            return None
+        c = job.choice(i, j, s)
+        return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.added_ms
+
+    found = minmax_dp(L, S, cost)
+    if found is not None and time.perf_counter() < deadline:
+        try_bounds(tuple(found[1]), "DP proposal")
+        more = minsum_dp(L, S, cost, found[0] * 1.05)
+        if more is not None and time.perf_counter() < deadline:
+            try_bounds(tuple(more), "DP proposal")
+    tried: set[Bounds] = set()
+    while time.perf_counter() < deadline:
+        best = current()
+        if best is None or best.split.bounds in tried:
+            return
+        tried.add(best.split.bounds)
+        edges = [b[0] for b in best.split.bounds] + [L]
+        for k in range(1, S):
+            for step in (-1, 1):
+                e = list(edges)
+                e[k] += step
+                if e[k - 1] < e[k] < e[k + 1] and time.perf_counter() < deadline:
+                    try_bounds(tuple((e[s], e[s + 1]) for s in range(S)), "local move")

@@ -1,0 +1,173 @@
+"""Whole-job planning: split + per-stage remat/offload (planner.sim.stage_policies,
+planner.solvers.pipeline.{stage_menu,whole_job}) against dp and ilp, and the simulator's rules."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner.sim.pipeline_ranks as pipeline_ranks
+import planner.solvers.pipeline.whole_job as whole_job
+from planner.core.graph import Graph
+from planner.core.pipeline_actions import Partition
+from planner.core.resources import Resources
+from planner.engine.partition import make_problem, partition_plan
+from planner.sim.pipeline_ranks import simulate_pipeline
+from planner.sim.result import PlanError
+from planner.sim.stage_costs import stage_costs
+from planner.sim.stage_policies import PolicyCosts, apply_unit_policies
+from planner.solvers.pipeline.chains import chain_graph, transformer_layers
+from planner.solvers.pipeline.dp import dp_partition, least_memory_split
+from planner.solvers.pipeline.ilp import ilp_partition
+from planner.solvers.pipeline.problem import PipelineProblem, Split
+from planner.solvers.pipeline.whole_job import whole_job_partition
+
+HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", device_count=4, microbatches=8)
+
+
+@pytest.fixture(scope="module")
+def gpt() -> Graph:
+    """A GPT-8 as module-level chain figures (torch-free; slow compute, so copies can hide)."""
+    return chain_graph(transformer_layers(8, 1024, 16, 32000, 512, 2, tflops=10),
+                       optimizer="adam")
+
+
+@pytest.fixture(scope="module")
+def op_gpt() -> Graph:
+    """A small traced GPT at op level (module paths 'h.3.attn.qkv')."""
+    from planner import zoo
+    from planner.tracing import trace
+
+    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    return trace(model, inputs).graph
+
+
+def problem(g: Graph, memory: int | None, resources: Resources | None = None,
+            schedule: str = "1f1b", ranks: int = 4, m: int = 8) -> PipelineProblem:
+    return make_problem(g, devices=ranks, memory_bytes=memory, microbatches=m,
+                        schedule=schedule, resources=resources)
+
+
+def plain_least(g: Graph, resources: Resources | None = None, schedule: str = "1f1b") -> int:
+    return least_memory_split(problem(g, None, resources, schedule))[0]
+
+
+def check_plan(p: PipelineProblem, got) -> float:  # type: ignore[no-untyped-def]
+    """The plan fits every rank, and its peaks are the simulator's; returns its step ms."""
+    cand = got.best
+    assert cand is not None and cand.fits
+    assert p.memory_bytes is None or max(cand.peaks) <= p.memory_bytes
+    sim = simulate_pipeline(p.graph, cand.partition, cand.rank_actions, p.resources)
+    assert sim.per_rank_peak_bytes == cand.peaks
+    assert sim.makespan_ms == pytest.approx(cand.simulation.makespan_ms)
+    return sim.makespan_ms
+
+
+# -- the simulator's rules ---------------------------------------------------------------------
+def test_no_unit_policies_simulate_as_before(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    p = problem(gpt, None)
+    for bounds in [((0, 2), (2, 5), (5, 8), (8, 10)), ((0, 3), (3, 6), (6, 8), (8, 10))]:
+        cand = p.candidate(Split(bounds))
+        with_keep = Partition(stages=[s.model_copy(update={"unit_policies": dict.fromkeys(
+            s.modules, "keep")}) for s in cand.partition.stages])
+        costs = stage_costs(gpt, cand.partition)
+        assert [c.costs for c in apply_unit_policies(gpt, with_keep, costs, None)] == costs
+        monkeypatch.setattr(pipeline_ranks, "apply_unit_policies",
+                            lambda g, part, c, r: [PolicyCosts(x, 0) for x in c])
+        before = simulate_pipeline(gpt, cand.partition, cand.rank_actions)
+        monkeypatch.undo()
+        assert simulate_pipeline(gpt, cand.partition, cand.rank_actions) == before
+        assert simulate_pipeline(gpt, with_keep, cand.rank_actions) == before
+
+
+def test_recompute_and_offload_change_what_the_rules_say(gpt: Graph) -> None:
+    p = problem(gpt, None, HOST)
+    cand = p.candidate(Split(((0, 3), (3, 6), (6, 8), (8, 10))))
+    stage = cand.partition.stages[1]
+    base = stage_costs(gpt, cand.partition)[1]
+
+    def stage1(policies: dict) -> PolicyCosts:  # type: ignore[type-arg]
+        part = Partition(stages=[s.model_copy(update={"unit_policies": policies})
+                                 if s.stage_index == 1 else s for s in cand.partition.stages])
+        return apply_unit_policies(gpt, part, stage_costs(gpt, part), HOST)[1]
+
+    unit = stage.modules[1]
+    rec = stage1({unit: "recompute"})
+    forward_of_unit = next(n.compute_ms for n in gpt.nodes if n.name == unit)
+    assert rec.costs.backward_ms == pytest.approx(base.backward_ms + forward_of_unit)
+    assert rec.costs.saved_bytes < base.saved_bytes and rec.host_bytes == 0
+    off = stage1({unit: "offload"})
+    assert off.costs.saved_bytes < base.saved_bytes and off.host_bytes > 0
+    assert off.costs.forward_ms >= base.forward_ms
+    with pytest.raises(PlanError, match="host tier"):
+        part = Partition(stages=[s.model_copy(update={"unit_policies": {unit: "offload"}})
+                                 if s.stage_index == 1 else s for s in cand.partition.stages])
+        apply_unit_policies(gpt, part, stage_costs(gpt, part), None)
+
+
+# -- the planner -------------------------------------------------------------------------------
+@pytest.mark.parametrize("level", [1.3, 1.0, 0.9])
+def test_whole_fits_and_is_never_slower_than_dp_and_ilp(gpt: Graph, level: float) -> None:
+    memory = int(plain_least(gpt) * level)
+    p = problem(gpt, memory)
+    whole = whole_job_partition(p, time_limit_s=5)
+    step = check_plan(p, whole)
+    for other in (dp_partition(problem(gpt, memory)),
+                  ilp_partition(problem(gpt, memory), time_limit_s=2)):
+        if other.best is not None and other.best.fits:
+            assert other.best.simulation is not None
+            assert step <= other.best.simulation.makespan_ms + 1e-9
+    if level < 1.0:  # below the least any plain split needs: only remat fits
+        assert dp_partition(problem(gpt, memory)).best is None
+        assert any(s.unit_policies for s in whole.best.partition.stages)
+
+
+def test_host_tier_brings_offload_within_host_memory(gpt: Graph) -> None:
+    memory = int(plain_least(gpt, HOST) * 0.85)
+    p = problem(gpt, memory, HOST)
+    whole = whole_job_partition(p, time_limit_s=5)
+    check_plan(p, whole)
+    policies = [v for s in whole.best.partition.stages for v in s.unit_policies.values()]
+    assert "offload" in policies
+    sim = whole.best.simulation
+    assert 0 < sim.host_peak_bytes <= (HOST.host_memory_bytes or 0)
+    small = HOST.model_copy(update={"host_memory_bytes": sim.host_peak_bytes // 4})
+    tight = problem(gpt, memory, small)
+    got = whole_job_partition(tight, time_limit_s=5)
+    if got.best is not None:
+        assert got.best.simulation.host_peak_bytes <= sim.host_peak_bytes // 4
+
+
+def test_status_is_optimal_only_with_a_proof(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    p = problem(gpt, None)
+    full = whole_job_partition(p, time_limit_s=5)
+    # unbounded memory: the fastest all-keep split meets the bound over every split
+    assert full.status == "optimal" and full.lower_bound is not None
+    assert full.best.simulation.makespan_ms == pytest.approx(full.lower_bound)
+    monkeypatch.setattr(whole_job, "ENUMERATE_LIMIT", 0)  # enumeration cut: proposals only
+    cut = whole_job_partition(problem(gpt, int(plain_least(gpt) * 0.9)), time_limit_s=2)
+    assert cut.status == "feasible" and cut.best is not None
+
+
+def test_the_method_runs_through_the_engine(gpt: Graph) -> None:
+    memory = int(plain_least(gpt) * 0.9)
+    report = partition_plan(gpt, devices=4, device_memory_bytes=memory, microbatches=8,
+                            method="whole", time_limit_s=3)
+    assert report.fits and report.plan.method == "whole"
+    assert report.plan.partition is not None
+    assert any(s.unit_policies for s in report.plan.partition.stages)
+
+
+@pytest.mark.slow
+def test_op_level_gpt(op_gpt: Graph) -> None:
+    """Traced op-level GPT: per-module facts, fits, never slower, peaks equal the simulator's."""
+    least = plain_least(op_gpt)
+    for level in (1.2, 0.9):
+        memory = int(least * level)
+        p = problem(op_gpt, memory, HOST)
+        whole = whole_job_partition(p, time_limit_s=5)
+        step = check_plan(p, whole)
+        dp = dp_partition(problem(op_gpt, memory, HOST))
+        if dp.best is not None:
+            assert step <= dp.best.simulation.makespan_ms + 1e-9
+        else:
+            assert any(s.unit_policies for s in whole.best.partition.stages)
