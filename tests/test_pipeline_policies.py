@@ -178,6 +178,8 @@ CONFIGS: dict[int, list[dict[str, Any]]] = {
     4: [
         {"schedule": "1f1b", "policies": MIXED},
         {"schedule": "gpipe", "policies": MIXED},
+        {"schedule": "1f1b", "policies": ALL_RECOMPUTE},
+        {"schedule": "1f1b", "policies": ALL_OFFLOAD},
     ],
 }
 
@@ -214,20 +216,52 @@ def test_recompute_and_offload_lower_the_measured_device_peak(
         assert offload[rank].host_peak_bytes > 0
 
 
-@pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines
-@pytest.mark.xfail(strict=False, reason="simulator policies pending")
-def test_measured_per_rank_peak_is_at_most_the_simulated(
-    results: dict[int, list[dict[str, Any]]],
-) -> None:
+@pytest.fixture(scope="module")
+def policy_graph() -> Any:
+    """One micro-batch's step of the GPT at op level (the plans' graph)."""
     model, inputs = zoo.gpt(batch_size=BATCH // MICROBATCHES, **GPT)
-    graph = trace(model, inputs).graph
-    for world, index in ((2, 1), (4, 0)):
-        cfg = CONFIGS[world][index]
-        plan = make_plan(world, cfg["schedule"], cfg["policies"], cfg.get("recompute"))
-        assert plan.partition is not None and plan.rank_actions is not None
-        predicted = simulate_pipeline(graph, plan.partition, plan.rank_actions, HOST_TIER)
-        measured = [m.peak_bytes for m in results[world][index]["memory"]]
-        print(f"{world} ranks, {cfg['schedule']}: measured {measured}, "
-              f"predicted {predicted.per_rank_peak_bytes}")
-        for m, p in zip(measured, predicted.per_rank_peak_bytes, strict=True):
-            assert m <= p, (world, measured, predicted.per_rank_peak_bytes)
+    return trace(model, inputs).graph
+
+
+# measured <= predicted <= DEVICE_SLACK x measured on every rank. Measured (CPU, 2026-11-26):
+# 1.009-1.076 but for 4-rank offload (1.041-1.096); most of the excess on middle ranks is the
+# input gradient stage_costs.kept_bytes charges from F, not from B (3 x 8 KiB under 1F1B)
+DEVICE_SLACK = 1.10
+MEASURED = [(w, i) for w in (2, 4) for i in range(len(CONFIGS[w]))
+            if CONFIGS[w][i]["schedule"] != "zb-h1"]
+
+
+@pytest.mark.slow  # the shared fixture runs 2- and 4-process pipelines
+@pytest.mark.parametrize(("world", "index"), MEASURED)
+def test_measured_per_rank_peak_is_at_most_the_simulated_and_close(
+    results: dict[int, list[dict[str, Any]]], policy_graph: Any, world: int, index: int
+) -> None:
+    """Device peaks within DEVICE_SLACK above the measured, host peaks (the offloaded copies,
+    kept apart) at least the measured, per rank."""
+    cfg = CONFIGS[world][index]
+    plan = make_plan(world, cfg["schedule"], cfg["policies"], cfg.get("recompute"))
+    assert plan.partition is not None and plan.rank_actions is not None
+    predicted = simulate_pipeline(policy_graph, plan.partition, plan.rank_actions, HOST_TIER)
+    memory = results[world][index]["memory"]
+    device = [m.peak_bytes for m in memory]
+    print(f"{world} ranks, {cfg['schedule']}: measured {device}, predicted "
+          f"{predicted.per_rank_peak_bytes}; host measured {[m.host_peak_bytes for m in memory]}"
+          f", predicted {[r.host_peak_bytes for r in predicted.ranks]}")
+    for m, p, r in zip(memory, predicted.per_rank_peak_bytes, predicted.ranks, strict=True):
+        assert m.peak_bytes <= p <= DEVICE_SLACK * m.peak_bytes, (world, cfg, device, p)
+        assert m.host_peak_bytes <= r.host_peak_bytes, (world, cfg, m, r)
+
+
+@pytest.mark.slow  # shares the 2-process fixture
+@pytest.mark.xfail(strict=True, reason="torch's zero-bubble I keeps the stage's autograd "
+                   "graph (and a checkpoint's rerun) until W: more than the simulator's I/W "
+                   "rule charges (2 ranks, rank 1: measured 1,986,096 B, predicted 729,110)")
+def test_zero_bubble_measured_peak_is_at_most_the_simulated(
+    results: dict[int, list[dict[str, Any]]], policy_graph: Any,
+) -> None:
+    index = next(i for i, c in enumerate(CONFIGS[2]) if c["schedule"] == "zb-h1")
+    plan = make_plan(2, "zb-h1", CONFIGS[2][index]["policies"])
+    assert plan.partition is not None and plan.rank_actions is not None
+    predicted = simulate_pipeline(policy_graph, plan.partition, plan.rank_actions, HOST_TIER)
+    for m, p in zip(results[2][index]["memory"], predicted.per_rank_peak_bytes, strict=True):
+        assert m.peak_bytes <= p

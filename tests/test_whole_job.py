@@ -3,18 +3,28 @@ planner.solvers.pipeline.{stage_menu,whole_job}) against dp and ilp, and the sim
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import planner.sim.pipeline_ranks as pipeline_ranks
 import planner.solvers.pipeline.whole_job as whole_job
 from planner.core.graph import Graph
-from planner.core.pipeline_actions import Partition
+from planner.core.pipeline_actions import Partition, PipelineStage
 from planner.core.resources import Resources
 from planner.engine.partition import make_problem, partition_plan
+from planner.sim.ledger import MemoryLedger
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.result import PlanError
-from planner.sim.stage_costs import stage_costs
-from planner.sim.stage_policies import PolicyCosts, apply_unit_policies
+from planner.sim.stage_costs import StageCosts, stage_costs, stage_of_nodes
+from planner.sim.stage_policies import (
+    PolicyCosts,
+    StageFacts,
+    apply_unit_policies,
+    policy_stage_costs,
+    stage_facts,
+)
+from planner.solvers.pipeline import stage_menu
 from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 from planner.solvers.pipeline.dp import dp_partition, least_memory_split
 from planner.solvers.pipeline.ilp import ilp_partition
@@ -102,6 +112,61 @@ def test_recompute_and_offload_change_what_the_rules_say(gpt: Graph) -> None:
         part = Partition(stages=[s.model_copy(update={"unit_policies": {unit: "offload"}})
                                  if s.stage_index == 1 else s for s in cand.partition.stages])
         apply_unit_policies(gpt, part, stage_costs(gpt, part), None)
+
+
+def _op_stage(op_gpt: Graph, s: int) -> tuple[Partition, StageFacts, StageCosts]:
+    """Stage s of a 2-stage split of the op-level GPT (h.0, h.1 | h.2, h.3, ln_f, head)."""
+    mods = [["tok", "pos", "h.0", "h.1"], ["h.2", "h.3", "ln_f", "head"]]
+    part = Partition(stages=[PipelineStage(stage_index=i, rank=i, modules=m)
+                             for i, m in enumerate(mods)])
+    nodes = [v for v, i in stage_of_nodes(op_gpt, part).items() if i == s]
+    return part, stage_facts(op_gpt, nodes, mods[s]), stage_costs(op_gpt, part)[s]
+
+
+@pytest.mark.parametrize("s", [0, 1])
+def test_the_menus_additive_figures_bound_the_simulators_rule(op_gpt: Graph, s: int) -> None:
+    """For every policy choice of a stage's blocks: the knapsack's saved and transient bytes
+    are at least the simulator's, its host bytes equal them (so what it accepts fits)."""
+    _, facts, base = _op_stage(op_gpt, s)
+    p = problem(op_gpt, None, HOST, ranks=2)
+    figures = stage_menu.items(p, facts)
+    forward = stage_menu.forward_bytes(p, facts)
+    blocks = [i for i, u in enumerate(facts.units) if u.name.startswith("h.")]
+    for picked in itertools.product(("keep", "recompute", "offload"), repeat=len(blocks)):
+        choice = ["keep"] * len(facts.units)
+        for i, policy in zip(blocks, picked, strict=True):
+            choice[i] = policy
+        st = stage_menu.additive_state(figures, tuple(choice))  # type: ignore[arg-type]
+        exact = policy_stage_costs(op_gpt, facts, base, {
+            u.name: c for u, c in zip(facts.units, choice, strict=True)}, HOST)
+        bound = stage_menu.bound_costs(base, forward, st)
+        assert bound.saved_bytes >= exact.costs.saved_bytes, picked
+        assert bound.transient_bytes >= exact.costs.transient_bytes, picked
+        assert st.offload_bytes == exact.host_bytes, picked
+
+
+def test_a_recomputed_unit_keeps_its_inputs_unless_torch_buffers_them(op_gpt: Graph) -> None:
+    """Stage 1's first block reads the received tensor (in torch's receive buffer: nothing
+    more to keep), the second the first's output (kept while the checkpoint holds it); sent
+    outputs and the loss stay whatever the policies; host copies: one per saving edge (a
+    root saved by two backward nodes is copied twice)."""
+    _, facts, base = _op_stage(op_gpt, 1)
+    size = MemoryLedger.of(op_gpt).storage_bytes
+    h2, h3 = facts.units[0], facts.units[1]
+    first = policy_stage_costs(op_gpt, facts, base, {"h.2": "recompute"}, HOST).costs
+    second = policy_stage_costs(op_gpt, facts, base, {"h.3": "recompute"}, HOST).costs
+    others = facts.held | h3.saved | facts.units[2].saved | facts.units[3].saved
+    assert first.saved_bytes == base.saved_bytes - sum(
+        size[r] for r in h2.saved - others - facts.rest_saved)
+    (made_input,) = h3.inputs
+    assert second.saved_bytes == base.saved_bytes - sum(
+        size[r] for r in h3.saved - {made_input} - facts.units[2].saved - facts.held
+        - facts.rest_saved)
+    every = {u.name: "recompute" for u in facts.units}
+    assert policy_stage_costs(op_gpt, facts, base, every, HOST).costs.saved_bytes >= \
+        base.held_bytes
+    offload = policy_stage_costs(op_gpt, facts, base, {"h.2": "offload"}, HOST)
+    assert offload.host_bytes == h2.host_bytes >= sum(size[r] for r in h2.saved) > 0
 
 
 # -- the planner -------------------------------------------------------------------------------

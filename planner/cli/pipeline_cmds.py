@@ -28,7 +28,8 @@ DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree Ze
 FLAGS = {"devices": "--devices", "microbatches": "--microbatches",
          "device_memory": "--device-memory", "split": "--split", "method": "--method",
          "schedule": "--schedule", "chunks": "--chunks", "zero": "--zero", "dp": "--dp",
-         "optimizer": "--optimizer", "precision": "--precision", "plan": "--plan"}
+         "optimizer": "--optimizer", "precision": "--precision", "plan": "--plan",
+         "host_memory": "--host-memory"}
 
 
 def _flags(graph_path: Path) -> dict[str, str]:
@@ -86,6 +87,11 @@ def partition_cmd(
     sweep_microbatches: Annotated[str, typer.Option("--sweep-microbatches")] = "4,8,16,32",
     sweep_schedules: Annotated[str, typer.Option("--sweep-schedules")] = "gpipe,1f1b,zb-h1",
     sweep_methods: Annotated[str | None, typer.Option("--sweep-methods")] = None,
+    host_memory: Annotated[
+        str | None,
+        typer.Option("--host-memory", help="Host memory every rank may offload to, e.g. 256GiB "
+                     "(with --resources naming the host links; method whole)"),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Split a model into contiguous stages over devices so every rank fits its memory and the
@@ -95,10 +101,15 @@ def partition_cmd(
     (batch / --microbatches)."""
     from planner.engine.inputs import load_graph
     from planner.engine.partition import parse_device_memory, partition_plan, sweep_partitions
+    from planner.engine.request import with_host_memory
     graph = load_graph(graph_path)
     memory = parse_device_memory(device_memory, "device_memory")
+    try:
+        machine = with_host_memory(resolve_resources(resources), host_memory)
+    except InputError as e:
+        raise e.renamed(_flags(graph_path)) from None
     common = dict(devices=devices, device_memory_bytes=memory,
-                  chunks=chunks, resources=resolve_resources(resources), zero_stage=zero, dp=dp,
+                  chunks=chunks, resources=machine, zero_stage=zero, dp=dp,
                   time_limit_s=time_limit)
     if sweep:
         rows = sweep_partitions(

@@ -7,10 +7,13 @@ stage's peak fits `cap` bytes and its host bytes fit `host_cap` (k in-flight cop
 Exact over the additive model, then checked by the simulator's rule: each module's effect is
 bounded by additive figures (`Item`): a non-keep module frees at least its `exclusive` saved
 bytes (roots no other part of the stage keeps) per micro-batch; recompute adds at most its
-inputs' bytes; the transient grows by at most max(offloaded bytes in total, largest non-keep
-saved set). A dynamic programme over the modules keeps the Pareto frontier of (bytes per
-micro-batch, offloaded bytes, largest non-keep set, estimated ms): every peak it accepts is an
-upper bound of the simulator's, so the answer fits. Its time estimate for offload (copies not
+inputs' bytes; offload puts its host copies on the host; the transient is at most the largest
+of the all-keep stage's, the F's working bytes with nothing kept but what the stage must keep
+(`forward_bytes`), and each non-keep module's backward working bytes under its policy with
+nothing else kept (the simulator's rules, planner.sim.stage_policies, only fall when more is
+kept). A dynamic programme over the modules keeps the Pareto frontier of (bytes per
+micro-batch, offloaded bytes, largest non-keep transient, estimated ms): every peak it accepts
+is an upper bound of the simulator's, so the answer fits. Its time estimate for offload (copies not
 hidden behind the units after it) is refined by evaluating the best few frontier points with
 `policy_stage_costs` (the simulator's exact times) and keeping the fastest.
 """
@@ -22,7 +25,12 @@ from dataclasses import dataclass, replace
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
 from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes
-from planner.sim.stage_policies import StageFacts, policy_stage_costs
+from planner.sim.stage_policies import (
+    StageFacts,
+    backward_working_bytes,
+    forward_working_bytes,
+    policy_stage_costs,
+)
 from planner.solvers.pipeline.problem import PipelineProblem
 
 FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
@@ -34,9 +42,11 @@ class Item:
     """One module's additive figures (bytes of storage roots)."""
 
     name: str
-    saved_bytes: int
+    host_bytes: int  # its host copies when offloaded
     exclusive_bytes: int  # saved roots no other module or outside node of the stage keeps
     inputs_bytes: int
+    recompute_transient_bytes: int  # its backward working bytes, recomputed (upper bound)
+    offload_transient_bytes: int  # and offloaded
     recompute_ms: float
     offload_ms: float  # estimated copy time not hidden behind the stage's other compute
 
@@ -56,8 +66,8 @@ class StageChoice:
 @dataclass(frozen=True)
 class _State:
     delta_bytes: int  # saved bytes per micro-batch over the all-keep stage (upper bound)
-    offload_bytes: int  # offloaded saved bytes (upper bound of the host bytes)
-    largest_bytes: int  # the largest non-keep module's saved bytes
+    offload_bytes: int  # the host bytes
+    largest_bytes: int  # the largest non-keep module's transient bound
     ms: float
     choice: tuple[UnitPolicy, ...]
 
@@ -71,19 +81,34 @@ def items(problem: PipelineProblem, facts: StageFacts) -> list[Item]:
     for n in range(len(facts.units) - 2, -1, -1):
         after_fwd[n] = after_fwd[n + 1] + facts.units[n + 1].forward_ms
         after_bwd[n] = after_bwd[n + 1] + facts.units[n + 1].backward_ms
+    least = set(facts.rest_saved | facts.held)  # kept whatever the policies
+    inputs = set().union(*(u.inputs for u in facts.units))  # never freed, whoever recomputes
     for n, u in enumerate(facts.units):
-        others = set(facts.rest_saved)
+        others = set(least)
         for w in facts.units:
             if w is not u:
                 others |= w.saved
-        saved = sum(size[r] for r in u.saved)
         offload_ms = 0.0
         if res is not None and res.d2h is not None and res.h2d is not None:
-            offload_ms = (max(0.0, res.d2h.transfer_ms(saved) - after_fwd[n])
-                          + max(0.0, res.h2d.transfer_ms(saved) - after_bwd[n]))
-        out.append(Item(u.name, saved, sum(size[r] for r in u.saved - others),
-                        sum(size[r] for r in u.inputs), u.forward_ms, offload_ms))
+            offload_ms = (max(0.0, res.d2h.transfer_ms(u.host_bytes) - after_fwd[n])
+                          + max(0.0, res.h2d.transfer_ms(u.host_bytes) - after_bwd[n]))
+        alone: dict[str, UnitPolicy] = {w.name: "keep" for w in facts.units}
+        transient = []
+        policy: UnitPolicy
+        for policy in ("recompute", "offload"):
+            alone[u.name] = policy
+            kept = least | u.inputs if policy == "recompute" else least
+            transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
+        out.append(Item(u.name, u.host_bytes, sum(size[r] for r in u.saved - others),
+                        sum(size[r] for r in u.inputs), transient[0], transient[1],
+                        u.forward_ms, offload_ms))
     return out
+
+
+def forward_bytes(problem: PipelineProblem, facts: StageFacts) -> int:
+    """The F's working bytes with only what the stage keeps whatever the policies kept: at
+    least the simulator's under any policies."""
+    return forward_working_bytes(problem.graph, facts, facts.rest_saved | facts.held)
 
 
 def choose(
@@ -118,14 +143,10 @@ def choose(
             exact = False
             frontier = sorted(frontier, key=lambda x: inflight * x.delta_bytes + x.offload_bytes)
             frontier = frontier[:FRONTIER_LIMIT]
-    def bound(st: _State) -> int:  # the stage's peak with the additive figures (>= exact)
-        grown = replace(base, saved_bytes=base.saved_bytes + st.delta_bytes,
-                        transient_bytes=base.transient_bytes
-                        + max(st.offload_bytes, st.largest_bytes))
-        return one_stage_peak_bytes(grown, inflight, microbatches=m)
-
-    fitting = [st for st in frontier
-               if inflight * st.offload_bytes <= host_cap and bound(st) <= cap]
+    forward = forward_bytes(problem, facts)
+    fitting = [st for st in frontier if inflight * st.offload_bytes <= host_cap
+               and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
+                                        microbatches=m) <= cap]
     best: StageChoice | None = None
     names = [u.name for u in facts.units]
     for st in sorted(fitting, key=lambda x: x.ms)[:EXACT_CHECKS]:
@@ -141,16 +162,32 @@ def choose(
     return best
 
 
+def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
+    """The stage's costs by the additive figures: saved and transient bytes at least the
+    simulator's under the state's policies (`forward`: `forward_bytes`)."""
+    return replace(base, saved_bytes=base.saved_bytes + st.delta_bytes,
+                   transient_bytes=max(base.transient_bytes, forward, st.largest_bytes))
+
+
+def additive_state(modules: list[Item], choice: tuple[UnitPolicy, ...]) -> _State:
+    """The additive figures of `choice` (one policy per module, in module order)."""
+    st = _State(0, 0, 0, 0.0, ())
+    for it, policy in zip(modules, choice, strict=True):
+        st = _grow(st, it, policy)
+    return st
+
+
 def _grow(st: _State, it: Item, policy: UnitPolicy) -> _State:
     if policy == "keep":
         return _State(st.delta_bytes, st.offload_bytes, st.largest_bytes, st.ms,
                       st.choice + ("keep",))
-    largest = max(st.largest_bytes, it.saved_bytes)
     if policy == "recompute":
         return _State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,
-                      largest, st.ms + it.recompute_ms, st.choice + ("recompute",))
-    return _State(st.delta_bytes - it.exclusive_bytes, st.offload_bytes + it.saved_bytes,
-                  largest, st.ms + it.offload_ms, st.choice + ("offload",))
+                      max(st.largest_bytes, it.recompute_transient_bytes),
+                      st.ms + it.recompute_ms, st.choice + ("recompute",))
+    return _State(st.delta_bytes - it.exclusive_bytes, st.offload_bytes + it.host_bytes,
+                  max(st.largest_bytes, it.offload_transient_bytes), st.ms + it.offload_ms,
+                  st.choice + ("offload",))
 
 
 def _pareto(states: list[_State]) -> list[_State]:
