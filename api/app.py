@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from planner.service.deps import ServiceParts, identity_dependency
 from planner.service.errors import BodyLimitMiddleware, install_error_handlers
+from planner.service.request_documents import install_server_schema
 from planner.service.routers import graphs, health, methods, page, partitions, plans, sweeps
 from planner.service.settings import Settings, load_settings
 from planner.service.web import install_web
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   lifespan=lifespan)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
+    install_server_schema(app, settings)  # /openapi.json states this server's caps
     app.state.parts = parts
     app.state.storage_health = parts.manager.health  # the 503 handler's (errors.py)
     app.state.settings, app.state.store, app.state.manager = settings, parts.store, parts.manager

@@ -12,26 +12,38 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
+    field_validator,
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
 
 from planner.core.budget import MAX_BUDGET_BYTES
+from planner.core.limits import MAX_TIME_LIMIT_S
 from planner.engine.options import METHOD_OPTIONS, describe_options
-from planner.service.caps import MAX_SWEEP_BUDGETS, RESOURCES_SCHEMA
+from planner.service.caps import MAX_SWEEP_BUDGETS
+from planner.service.request_documents import (
+    BUDGET_SCHEMA,
+    GraphBody,
+    PresetName,
+    ResourcesDocument,
+    int_options,
+    resources_as_json_schema_reads,
+)
 
-# Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow.
-Budget = (
+# Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow. The
+# schema states the grammar's accepted forms (BUDGET_SCHEMA); validation stays wider so an
+# ambiguous budget (12, '5') gets the budget grammar's own message naming the fix.
+Budget = Annotated[
     Annotated[StrictInt, Field(ge=1, le=MAX_BUDGET_BYTES)]
     | Annotated[StrictFloat, Field(gt=0, le=MAX_BUDGET_BYTES, allow_inf_nan=False)]
-    | Annotated[StrictStr, Field(min_length=1, max_length=64)]
-)
+    | Annotated[StrictStr, Field(min_length=1, max_length=64)],
+    WithJsonSchema(BUDGET_SCHEMA),
+]
 BUDGET_DESCRIPTION = (
     "Bytes (12000000000: a whole number from 1000 up, at most 2**60), a string with units "
     "('11GiB', '900MB'), or a fraction of the graph's store-all peak (0.8 or '80%')."
 )
-# A resources.json document, its caps in the schema (planner.service.caps).
-ResourcesDocument = Annotated[dict[str, Any], Field(json_schema_extra=RESOURCES_SCHEMA)]
 # graph and graph_id exclude each other: exactly one is given (null counts as absent).
 GRAPH_XOR_GRAPH_ID: dict[str, Any] = {
     "oneOf": [
@@ -39,23 +51,32 @@ GRAPH_XOR_GRAPH_ID: dict[str, Any] = {
         {"required": ["graph_id"], "properties": {"graph_id": {"type": "string"}}},
     ]
 }
-# What the server requires of any graph document (graph.json or Checkmate node-link): a
-# non-empty `nodes` list of objects. (Acyclicity and edge ends are checked on submission: 422.)
-# Schema only: the graph's own parser refuses the rest with a 422 naming the field.
-GRAPH_SHAPE: dict[str, Any] = {
-    "minProperties": 1,
-    "required": ["nodes"],
-    "properties": {"nodes": {"type": "array", "minItems": 1, "items": {"type": "object"}}},
+# A plan needs a budget, or resources that name a device (its memory is the budget).
+BUDGET_OR_DEVICE: dict[str, Any] = {
+    "anyOf": [
+        {"required": ["budget"], "properties": {"budget": {"not": {"type": "null"}}}},
+        {"required": ["resources"], "properties": {"resources": {"anyOf": [
+            {"type": "string"},
+            {"type": "object", "anyOf": [
+                {"required": ["preset"],  # and no device_memory_bytes: null over it
+                 "properties": {"device_memory_bytes": {"type": "integer"}}},
+                {"required": ["device_memory_bytes"],
+                 "properties": {"device_memory_bytes": {"type": "integer"}}},
+            ]},
+        ]}}},
+    ]
 }
 GRAPH_DESCRIPTION = (
-    "A graph.json document (or a Checkmate node-link graph). Give exactly one of graph and "
-    "graph_id."
+    "A graph.json document (`planner-cli schema graph`; a Checkmate node-link graph is "
+    "accepted too). Give exactly one of graph and graph_id."
 )
 GRAPH_ID_DESCRIPTION = "Id of a graph uploaded with POST /v1/graphs (instead of graph)."
 TIME_LIMIT_DESCRIPTION = (
     "Seconds for the solver (capped by the server). A finished plan that is not proven optimal "
     "answers only requests with at most the time limit it was solved with."
 )
+# The engine's bound; the server states its own cap (max_time_limit_s) in its document.
+TIME_LIMIT_SCHEMA: dict[str, Any] = {"maximum": MAX_TIME_LIMIT_S}
 FORCE_DESCRIPTION = "Solve again even when a finished answer to the same question is stored."
 OPTIONS_DESCRIPTION = (
     "Method options, checked at submission (an unknown key or a bad value is a 422); the "
@@ -94,20 +115,20 @@ class PlanRequest(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"graph": EXAMPLE_GRAPH, "budget": 0.8, "method": "auto", "time_limit": 60},
+                {"graph": EXAMPLE_GRAPH, "budget": 0.8, "method": "auto"},
                 {"graph_id": "sha256:0123abcd", "budget": "11GiB", "method": "chen-greedy"},
             ],
             **GRAPH_XOR_GRAPH_ID,
+            **BUDGET_OR_DEVICE,
         },
     )
 
-    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION,
-                                         json_schema_extra=GRAPH_SHAPE)
+    graph: GraphBody | None = Field(default=None, description=GRAPH_DESCRIPTION)
     graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
     budget: Budget | None = Field(
         default=None, description=BUDGET_DESCRIPTION + " Optional when resources name a device."
     )
-    resources: ResourcesDocument | StrictStr | None = Field(
+    resources: ResourcesDocument | PresetName | None = Field(
         default=None,
         description="The machine: a resources.json document (see `planner-cli schema "
         "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
@@ -115,10 +136,18 @@ class PlanRequest(BaseModel):
     )
     method: str = Field(default="auto", max_length=64, description="See GET /v1/methods.")
     time_limit: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION
+        default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION,
+        json_schema_extra=TIME_LIMIT_SCHEMA,
     )
     options: dict[str, Any] = Field(default_factory=dict, description=OPTIONS_DESCRIPTION)
     force: StrictBool = Field(default=False, description=FORCE_DESCRIPTION)
+
+    _resources = field_validator("resources", mode="before")(resources_as_json_schema_reads)
+
+    @model_validator(mode="after")
+    def _int_options(self) -> PlanRequest:  # 4.0 as 4 where the method takes an integer
+        int_options(self.method, self.options)
+        return self
 
 
 class SweepRequest(BaseModel):
@@ -130,13 +159,12 @@ class SweepRequest(BaseModel):
         },
     )
 
-    graph: dict[str, Any] | None = Field(default=None, description=GRAPH_DESCRIPTION,
-                                         json_schema_extra=GRAPH_SHAPE)
+    graph: GraphBody | None = Field(default=None, description=GRAPH_DESCRIPTION)
     graph_id: str | None = Field(default=None, max_length=80, description=GRAPH_ID_DESCRIPTION)
     budgets: list[Budget] = Field(min_length=1, max_length=MAX_SWEEP_BUDGETS,
                                   description=BUDGET_DESCRIPTION + " At most "
                                   f"{MAX_SWEEP_BUDGETS} (or the server's max_sweep_budgets).")
-    resources: ResourcesDocument | StrictStr | None = Field(
+    resources: ResourcesDocument | PresetName | None = Field(
         default=None,
         description="The machine: a resources.json document (see `planner-cli schema "
         "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
@@ -144,10 +172,18 @@ class SweepRequest(BaseModel):
     )
     method: str = Field(default="auto", max_length=64)
     time_limit: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION
+        default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION,
+        json_schema_extra=TIME_LIMIT_SCHEMA,
     )
     options: dict[str, Any] = Field(default_factory=dict, description=OPTIONS_DESCRIPTION)
     force: StrictBool = Field(default=False, description=FORCE_DESCRIPTION)
+
+    _resources = field_validator("resources", mode="before")(resources_as_json_schema_reads)
+
+    @model_validator(mode="after")
+    def _int_options(self) -> SweepRequest:  # 4.0 as 4 where the method takes an integer
+        int_options(self.method, self.options)
+        return self
 
 
 class GraphCreated(BaseModel):

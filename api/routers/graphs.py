@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 
 from planner.service.deps import AUTH_ERRORS, COMMON_ERRORS, Identity, Parts, error_responses
+from planner.service.request_documents import GraphBody
 from planner.service.schemas import EXAMPLE_GRAPH, GraphCreated, GraphDocument
 
 router = APIRouter(prefix="/v1")
@@ -23,7 +24,7 @@ router = APIRouter(prefix="/v1")
 def upload_graph(
     parts: Parts,
     who: Identity,
-    graph: dict[str, Any] = Body(openapi_examples={"small": {"value": EXAMPLE_GRAPH}}),
+    graph: Annotated[GraphBody, Body(openapi_examples={"small": {"value": EXAMPLE_GRAPH}})],
 ) -> JSONResponse:
     parts.limiter.check(who)
     parsed = parts.service.parse_graph(graph)

@@ -32,38 +32,89 @@ from pydantic import (
     field_validator,
 )
 
+from planner.core.budget import MIN_PLAIN_BYTES
 from planner.core.errors import InputError
 from planner.service.caps import MAX_BYTES, MAX_DATA_PARALLEL, MAX_DEVICES, MAX_MICROBATCHES
 from planner.service.deps import Identity, Parts
+from planner.service.request_documents import (
+    BUDGET_PATTERN,
+    GraphBody,
+    PresetName,
+    ResourcesDocument,
+    integral,
+    resources_as_json_schema_reads,
+)
 from planner.service.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
-from planner.service.schemas import JobAccepted, PlanRequest, ResourcesDocument
+from planner.service.schemas import JobAccepted, PlanRequest
 from planner.solvers.pipeline.schedules import SCHEDULES
 
 MAX_TIME_LIMIT_S = 30.0
-# Bytes as a JSON integer; the cap is checked by PartitionRequest (one clear error).
-DeviceMemoryBytes = Annotated[
-    StrictInt, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_BYTES})]
+DEFAULT_TIME_LIMIT_S = 10.0  # or the server's cap (max_time_limit_s) when that is lower
+PARTITIONERS = ("dp", "ilp", "param-balanced", "layer-balanced", "compute-balanced")
+# Names the schema lists; validation keeps plain strings, so a wrong one gets the route's own
+# message with the list (`method: no partitioner ...`).
+PartitionerName = Annotated[StrictStr, WithJsonSchema(
+    {"type": "string", "enum": [*PARTITIONERS, *(f"pipeline-{p}" for p in PARTITIONERS)]})]
+ScheduleName = Annotated[StrictStr, WithJsonSchema({"type": "string", "enum": list(SCHEDULES)})]
+# Bytes as a JSON integer (the schema: from MIN_PLAIN_BYTES up, as the budget grammar reads a
+# bare number); the cap is checked by PartitionRequest (one clear error).
+DeviceMemoryBytes = Annotated[StrictInt, WithJsonSchema(
+    {"type": "integer", "minimum": MIN_PLAIN_BYTES, "maximum": MAX_BYTES})]
+# The budget grammar's string forms (it becomes the plan's budget).
+DeviceMemoryText = Annotated[StrictStr, WithJsonSchema(
+    {"type": "string", "pattern": BUDGET_PATTERN})]
+
+
+def _given_or_in_resources(field: str, resources_field: str,
+                           preset_says_it: bool) -> dict[str, Any]:
+    """Schema: `field` is given, or the resources document says it (a preset names devices
+    and device memory, never micro-batches)."""
+    # 1 micro-batch is the document's default: it says none.
+    least = 2 if resources_field == "microbatches" else 1
+    document: dict[str, Any] = {"type": "object", "required": [resources_field], "properties": {
+        resources_field: {"type": "integer", "minimum": least}}}
+    preset: dict[str, Any] = {"type": "string"}  # a preset by name names it (or an override)
+    named = [preset, document] if preset_says_it else [document]
+    return {"anyOf": [
+        {"required": [field], "properties": {field: {"not": {"type": "null"}}}},
+        {"required": ["resources"], "properties": {"resources": {"anyOf": named}}},
+    ]}
+
+
+# What the route needs from the body or its resources (else a 422 naming the field).
+NEEDED: dict[str, Any] = {"allOf": [
+    _given_or_in_resources("devices", "device_count", preset_says_it=True),
+    _given_or_in_resources("microbatches", "microbatches", preset_says_it=False),
+    _given_or_in_resources("device_memory", "device_memory_bytes", preset_says_it=True),
+    {  # ZeRO sharding (zero, dp) needs the graph's model state (per-parameter bytes)
+        "if": {"anyOf": [{"required": [f], "properties": {f: {"type": "integer"}}}
+                         for f in ("zero", "dp")]},
+        "then": {"properties": {"graph": {"required": ["model_state"],
+                                          "properties": {"model_state": {"type": "object"}}}}},
+    },
+]}
 
 
 class PartitionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=NEEDED)
 
-    graph: dict[str, Any] = Field(description="graph.json (module-level or op-level with "
-                                  "module paths).")
-    resources: ResourcesDocument | StrictStr | None = Field(
+    graph: GraphBody = Field(description="graph.json (module-level or op-level with module "
+                             "paths).")
+    resources: ResourcesDocument | PresetName | None = Field(
         default=None, description="resources.json or a preset name; the fields below override it."
     )
     devices: StrictInt | None = Field(default=None, ge=1, le=MAX_DEVICES,
                                       description="Pipeline ranks.")
-    device_memory: StrictStr | DeviceMemoryBytes | None = Field(
+    device_memory: DeviceMemoryText | DeviceMemoryBytes | None = Field(
         default=None, description="Memory per device: '80GiB', '40GB' or bytes (at most 2**60)."
     )
-    microbatches: StrictInt | None = Field(default=None, ge=1, le=MAX_MICROBATCHES,
-                                           description="Micro-batches per step.")
-    schedule: StrictStr | None = Field(
+    # At least 2: one micro-batch is what resources.json says by default, i.e. "not given".
+    microbatches: StrictInt | None = Field(default=None, ge=2, le=MAX_MICROBATCHES,
+                                           description="Micro-batches per step (2 or more).")
+    schedule: ScheduleName | None = Field(
         default=None, description=f"{', '.join(SCHEDULES)} (default 1f1b)."
     )
-    method: StrictStr = Field(default="dp", description="dp, ilp, param-balanced, "
+    method: PartitionerName = Field(default="dp", description="dp, ilp, param-balanced, "
                               "layer-balanced or compute-balanced (or the method's own name: "
                               "pipeline-dp, ...).")
     chunks: StrictInt = Field(default=2, ge=2, le=16, description="Stages per rank "
@@ -73,8 +124,14 @@ class PartitionRequest(BaseModel):
     zero: StrictInt | None = Field(default=None, ge=0, le=3, description="ZeRO stage 0-3.")
     dp: StrictInt | None = Field(default=None, ge=1, le=MAX_DATA_PARALLEL,
                                  description="Data-parallel degree ZeRO shards over.")
-    time_limit: float = Field(default=10.0, gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False,
-                              description="Seconds for the ILP.")
+    time_limit: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=MAX_TIME_LIMIT_S,
+                              allow_inf_nan=False, description="Seconds for the ILP (default "
+                              f"{DEFAULT_TIME_LIMIT_S:g}, or the server's cap when lower).")
+
+    _resources = field_validator("resources", mode="before")(resources_as_json_schema_reads)
+    # 4.0 is 4 (a JSON Schema integer); 4.5, "4" and true are still refused.
+    _integral = field_validator("devices", "microbatches", "zero", "dp", "chunks",
+                                "device_memory", mode="before")(integral)
 
     @field_validator("device_memory")
     @classmethod
@@ -107,6 +164,9 @@ async def submit_partition(
     wait: float = Query(default=0, ge=0, le=MAX_WAIT_S,
                         description="Seconds to hold the request for the plan (as /v1/plans)."),
 ) -> Response:
+    if "time_limit" not in body.model_fields_set:  # the default, within this server's cap
+        body = body.model_copy(update={"time_limit": min(
+            DEFAULT_TIME_LIMIT_S, parts.settings.max_time_limit_s)})
     try:  # parsing and sharding the graph is CPU work: never on the event loop
         plan_body = await run_in_threadpool(plan_request, body)
         return await submit_plan(plan_body, parts, who, wait)
