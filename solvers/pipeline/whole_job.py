@@ -46,6 +46,7 @@ Current = Callable[[], Candidate | None]  # the best plan so far
 
 ENUMERATE_LIMIT = 5000  # contiguous splits simulated one by one
 ILP_SHARE = 0.3  # of the time limit given to today's ILP (a candidate)
+DP_SHARE = 0.2  # of the time limit given to today's DP (the first candidate)
 PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
 
 
@@ -178,7 +179,7 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             offer(job.candidate(split), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
-    dp = dp_partition(problem)
+    dp = dp_partition(problem, time_limit_s=DP_SHARE * time_limit_s)
     offer(dp.best, "dp")
     seq_bounds = dp.best.split.bounds if dp.best is not None else \
         least_memory_split(problem)[1].bounds
