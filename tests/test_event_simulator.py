@@ -305,11 +305,11 @@ def test_gpipe_by_hand() -> None:
     assert [(r.busy_ms, r.end_ms) for r in sim.ranks] == [(6.0, 9.0), (6.0, 7.0)]
     # torch's receive buffers, one per micro-batch and stage: rank 0 the gradient of a (10 B),
     # rank 1 its input a (10 B). Rank 0 keeps a (10 B) per in-flight micro-batch, +15 transient
-    # (ga's 5 B and the 10 B gradient it reads); rank 1 keeps b and the loss (21 B) and the
-    # input gradient it sends (10 B) per micro-batch, +10 transient (gb's output).
-    # GPipe: both micro-batches in flight.
-    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 2 * 10 + 15, 2 * 10 + 2 * (21 + 10) + 10]
-    assert sim.predicted().per_rank_peak_bytes == [55, 92]
+    # (ga's 5 B and the 10 B gradient it reads); rank 1 keeps b and the loss (21 B) per
+    # micro-batch and the input gradient a B sends (10 B) from that B's start, +10 transient
+    # (gb's output). GPipe: both micro-batches in flight at B0.
+    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 2 * 10 + 15, 2 * 10 + 2 * 21 + 10 + 10]
+    assert sim.predicted().per_rank_peak_bytes == [55, 82]
 
 
 def test_1f1b_by_hand() -> None:

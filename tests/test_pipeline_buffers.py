@@ -29,6 +29,7 @@ from planner.core.resources import Resources
 from planner.runtime.pipeline_launch import run_local
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.stage_costs import one_stage_peak_bytes, rank_peak_bytes, stage_costs
+from planner.solvers.pipeline.schedules import make_schedule
 from planner.solvers.pipeline.units import UnitChain
 from planner.tracing.api import trace
 
@@ -134,6 +135,9 @@ def test_range_costs_equal_the_stage_costs_with_buffers_and_held_bytes(
                     c.transient_bytes, c.send_forward_bytes, c.send_backward_bytes) == (
                 t.saved_bytes, t.held_bytes, t.input_bytes, t.buffer_bytes,
                 t.transient_bytes, t.send_forward_bytes, t.send_backward_bytes), (level, cut, s)
+            assert (c.weight_pending_bytes, c.weight_transient_bytes, c.weight_rerun_bytes,
+                    c.first_stage) == (t.weight_pending_bytes, t.weight_transient_bytes,
+                                       t.weight_rerun_bytes, t.first_stage), (level, cut, s)
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
@@ -147,6 +151,25 @@ def test_one_stage_peak_is_the_rank_peak_with_one_stage_a_rank(
     inflight = [MICROBATCHES] * 2 if kind == "gpipe" else [2, 1]
     assert [one_stage_peak_bytes(c, k, None, MICROBATCHES)
             for c, k in zip(costs, inflight, strict=True)] == peaks
+
+
+def test_zero_bubble_one_stage_peak_is_the_rank_peak_with_what_i_keeps_for_w(
+    graphs: dict[str, Graph],
+) -> None:
+    """ZB-H1's lists (each W right after its I): one stage a rank, the peak is an I or W
+    after the k-th F, one I's gradients kept for its W; without them it falls short. The first
+    stage's I does nothing in torch: it keeps none."""
+    costs = stage_costs(graphs["op"], partition())
+    rows = make_schedule("zb-h1", 2, MICROBATCHES).compute_lists()
+    peaks = rank_peak_bytes(rows, [0, 1], costs, [frozenset(), frozenset()])
+    assert [one_stage_peak_bytes(c, k, None, MICROBATCHES, split_backward=True)
+            for c, k in zip(costs, [2, 1], strict=True)] == peaks
+    assert costs[0].weight_pending_bytes == 0 < costs[1].weight_pending_bytes
+    assert costs[0].first_stage and not costs[1].first_stage
+    assert one_stage_peak_bytes(costs[1], 1, None, MICROBATCHES) < peaks[1]
+    # a whole stage recomputed: its split W reruns the stage once per weight group
+    assert costs[1].weight_rerun_bytes > 4 * costs[1].saved_bytes
+    assert costs[0].weight_rerun_bytes == costs[0].transient_bytes
 
 
 @pytest.mark.parametrize("level", ["op", "block"])

@@ -5,6 +5,7 @@ memory, and unknown units refused in one line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,6 +27,8 @@ from planner.runtime.pipeline_units import (
     check_unit_policies,
 )
 from planner.sim.pipeline_ranks import simulate_pipeline
+from planner.sim.stage_costs import rank_peak_bytes, stage_costs
+from planner.sim.stage_policies import apply_unit_policies as apply_policy_costs
 from planner.solvers.pipeline.schedules import make_schedule
 from planner.tracing.api import trace
 from planner.tracing.memory import StorageTracker
@@ -174,6 +177,9 @@ CONFIGS: dict[int, list[dict[str, Any]]] = {
         {"schedule": "zb-h1", "policies": MIXED},
         {"schedule": "1f1b", "policies": ALL_RECOMPUTE},
         {"schedule": "1f1b", "policies": ALL_OFFLOAD},
+        {"schedule": "zb-h1", "policies": {}},
+        {"schedule": "zb-h1", "policies": ALL_RECOMPUTE},
+        {"schedule": "zb-h1", "policies": {}, "recompute": {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}},
     ],
     4: [
         {"schedule": "1f1b", "policies": MIXED},
@@ -224,8 +230,9 @@ def policy_graph() -> Any:
 
 
 # measured <= predicted <= DEVICE_SLACK x measured on every rank. Measured (CPU, 2026-11-26):
-# 1.009-1.076 but for 4-rank offload (1.041-1.096); most of the excess on middle ranks is the
-# input gradient stage_costs.kept_bytes charges from F, not from B (3 x 8 KiB under 1F1B)
+# 1.009-1.046 but for 4-rank offload (1.041-1.096: offloaded units' reloads, counted per
+# backward node). The input gradient a B sends is charged from that B (1.061 -> 1.031 on the
+# middle ranks of 4-rank 1F1B mixed, when it was charged from F)
 DEVICE_SLACK = 1.10
 MEASURED = [(w, i) for w in (2, 4) for i in range(len(CONFIGS[w]))
             if CONFIGS[w][i]["schedule"] != "zb-h1"]
@@ -252,16 +259,50 @@ def test_measured_per_rank_peak_is_at_most_the_simulated_and_close(
         assert m.host_peak_bytes <= r.host_peak_bytes, (world, cfg, m, r)
 
 
-@pytest.mark.slow  # shares the 2-process fixture
-@pytest.mark.xfail(strict=True, reason="torch's zero-bubble I keeps the stage's autograd "
-                   "graph (and a checkpoint's rerun) until W: more than the simulator's I/W "
-                   "rule charges (2 ranks, rank 1: measured 1,986,096 B, predicted 729,110)")
-def test_zero_bubble_measured_peak_is_at_most_the_simulated(
-    results: dict[int, list[dict[str, Any]]], policy_graph: Any,
-) -> None:
-    index = next(i for i, c in enumerate(CONFIGS[2]) if c["schedule"] == "zb-h1")
-    plan = make_plan(2, "zb-h1", CONFIGS[2][index]["policies"])
+# zero-bubble I/W (ZB-H1): what torch keeps from I to W and the checkpoint reruns of a split W
+# (one autograd call per weight group: planner.sim.stage_costs) are counted as upper bounds.
+# measured <= predicted <= ZB_SLACK x measured per rank. Measured (CPU, 2026-11-26), rank 1:
+# keep 1.016, mixed 1.129, all recompute 1.153, whole stage recomputed 1.261 (its W reruns the
+# stage once per weight group: 26 here, 10.8 MB measured against 1.6 MB kept)
+ZB_SLACK = 1.30
+ZERO_BUBBLE = [i for i, c in enumerate(CONFIGS[2]) if c["schedule"] == "zb-h1"]
+
+
+def _zero_bubble_prediction(index: int, policy_graph: Any) -> Any:
+    cfg = CONFIGS[2][index]
+    plan = make_plan(2, "zb-h1", cfg["policies"], cfg.get("recompute"))
     assert plan.partition is not None and plan.rank_actions is not None
-    predicted = simulate_pipeline(policy_graph, plan.partition, plan.rank_actions, HOST_TIER)
-    for m, p in zip(results[2][index]["memory"], predicted.per_rank_peak_bytes, strict=True):
-        assert m.peak_bytes <= p
+    return plan, simulate_pipeline(policy_graph, plan.partition, plan.rank_actions, HOST_TIER)
+
+
+@pytest.mark.slow  # shares the 2-process fixture
+@pytest.mark.parametrize("index", ZERO_BUBBLE)
+def test_zero_bubble_measured_peak_is_at_most_the_simulated_and_close(
+    results: dict[int, list[dict[str, Any]]], policy_graph: Any, index: int
+) -> None:
+    _, predicted = _zero_bubble_prediction(index, policy_graph)
+    memory = results[2][index]["memory"]
+    device = [m.peak_bytes for m in memory]
+    print(f"zb-h1 {CONFIGS[2][index]}: measured {device}, predicted "
+          f"{predicted.per_rank_peak_bytes}")
+    for m, p, r in zip(memory, predicted.per_rank_peak_bytes, predicted.ranks, strict=True):
+        assert m.peak_bytes <= p <= ZB_SLACK * m.peak_bytes, (index, device, p)
+        assert m.host_peak_bytes <= r.host_peak_bytes
+
+
+@pytest.mark.slow  # shares the 2-process fixture
+@pytest.mark.parametrize("index", ZERO_BUBBLE)
+def test_zero_bubble_rules_without_what_i_keeps_for_w_fall_short(
+    results: dict[int, list[dict[str, Any]]], policy_graph: Any, index: int
+) -> None:
+    """The rules before they counted I -> W (nothing kept from I, W's transient the stage's):
+    rank 1 (the last stage, whose I splits the backward) is predicted below torch."""
+    plan, _ = _zero_bubble_prediction(index, policy_graph)
+    assert plan.partition is not None and plan.rank_actions is not None
+    policy = apply_policy_costs(policy_graph, plan.partition,
+                                stage_costs(policy_graph, plan.partition), HOST_TIER)
+    old = [replace(p.costs, weight_pending_bytes=0, weight_transient_bytes=p.costs.transient_bytes,
+                   weight_rerun_bytes=p.costs.transient_bytes) for p in policy]
+    again = [frozenset(st.recompute_microbatches) for st in plan.partition.stages]
+    peaks = rank_peak_bytes(plan.rank_actions, [0, 1], old, again)
+    assert results[2][index]["memory"][1].peak_bytes > peaks[1], (index, peaks)

@@ -116,8 +116,8 @@ def test_range_costs_are_the_simulators_stage_costs(schedule: str) -> None:
                   "saved_bytes", "input_bytes", "transient_bytes", "model_state_bytes",
                   "send_forward_bytes", "send_backward_bytes"):
             assert getattr(mine, f) == pytest.approx(getattr(theirs, f)), f
-        assert p.stage_memory(mine, s) == one_stage_peak_bytes(theirs, p.inflight[s], None,
-                                                               p.microbatches)
+        assert p.stage_memory(mine, s) == one_stage_peak_bytes(
+            theirs, p.inflight[s], None, p.microbatches, p.plan_schedule.split_backward)
     cand = p.candidate(split)
     assert cand.simulation is not None
     assert cand.peaks == cand.simulation.per_rank_peak_bytes

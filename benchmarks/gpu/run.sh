@@ -2,11 +2,12 @@
 # The project's GPU check in one script, for the device machine (benchmarks/gpu/README.md):
 # carried wheels installed into /tmp/site, the gpu-marked tests, then the fidelity benchmark.
 # Run from the repository root:   bash benchmarks/gpu/run.sh [PHASES]
-# PHASES: any of sanity pytest fidelity compiled (default: the first three). Each phase has its own time
+# PHASES: any of sanity pytest fidelity compiled units (default: the first three). Each phase has its own time
 # limit (PYTEST_S, FIDELITY_S) and writes as it goes, so a cut run still reports. Everything
 # lands in $OUT (at most 8 files come back): log.txt, pytest.txt, fidelity.json,
 # gpu_fidelity.md, graphs.tgz (the traced graphs with measured costs, for benchmarks/data/),
-# compiled.txt and compiled_vs_torch_gpu.md (benchmarks/compiled_vs_torch.py on the GPU).
+# compiled.txt and compiled_vs_torch_gpu.md (benchmarks/compiled_vs_torch.py on the GPU),
+# units.txt (benchmarks/gpu/pipeline_units.py: per-module keep/recompute/offload on CUDA).
 # FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt").
 set -u
 O=${OUT:-/tmp/out}
@@ -54,7 +55,11 @@ torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortoo
       code=$?
       tail -25 "$O/compiled.txt"; cp docs/compiled_vs_torch_gpu.md "$O/" 2>/dev/null
       echo "compiled exit $code"; [ "$code" = 0 ] || rc=1 ;;
-    *) echo "unknown phase $ph (use sanity, pytest, fidelity, compiled)"; rc=2 ;;
+    units)
+      timeout "${UNITS_S:-120}" python3 benchmarks/gpu/pipeline_units.py >"$O/units.txt" 2>&1
+      code=$?
+      tail -12 "$O/units.txt"; echo "units exit $code"; [ "$code" = 0 ] || rc=1 ;;
+    *) echo "unknown phase $ph (use sanity, pytest, fidelity, compiled, units)"; rc=2 ;;
   esac
 done
 echo "== end $(date -u +%T) rc $rc"

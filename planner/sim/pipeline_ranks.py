@@ -12,10 +12,12 @@ communication. A rank that can never go on is a deadlock, reported with what it 
 
 Per-rank memory over time (planner.sim.stage_costs' rules, as torch.distributed.pipelining
 allocates): the stages' model state and torch's receive buffers (per micro-batch, the whole
-step), plus each micro-batch's kept bytes (taken when its F starts: its saved bytes and the
-input gradient its backward will send; when its B, or its W, ends all but what torch keeps to
-the step's end, the sent outputs, loss and input gradient, are released), plus a stage's
-transient bytes while one of its computes runs. A micro-batch the stage recomputes
+step), plus each micro-batch's kept bytes (taken when its F starts: its saved bytes; the input
+gradient its backward sends from that B's, or I's, start; when its B, or its W, ends all but
+what torch keeps to the step's end, the sent outputs, loss and input gradient, are
+released), plus a stage's transient bytes while one of its computes runs (a W its own:
+planner.sim.rank_memory.compute_transient_bytes); under I/W also the gradients an I keeps
+until its W ends. A micro-batch the stage recomputes
 (PipelineStage.recompute_microbatches) keeps only the held bytes from F on; its B (or I) reruns
 the forward first (forward_ms longer) and takes the rest of the saved bytes back when it starts.
 Stages with unit_policies (per-module remat/offload) run with the costs of
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
 from planner.core.resources import Resources
+from planner.sim.rank_memory import compute_transient_bytes
 from planner.sim.result import PlanError, RankResult, SimulationResult
 from planner.sim.stage_costs import (
     StageCosts,
@@ -228,12 +231,18 @@ class _Ranks:
         seq = 4 * len(self.spans)  # this compute's events: seq .. seq + 3, in this order
         if op is F:
             self.events.append((start, rank, seq, kept))
-        elif op in (B, I_) and again:
-            self.events.append((start, rank, seq, released_bytes(c)))
-        self.events.append((start, rank, seq + 1, c.transient_bytes))
-        self.events.append((end, rank, seq + 2, -c.transient_bytes))
+        elif op in (B, I_):  # its input gradient (kept to the step's end), a rerun's saved
+            self.events.append((start, rank, seq,
+                                c.send_backward_bytes + (released_bytes(c) if again else 0)))
+        if op is I_:  # the gradients torch's I keeps for the W
+            self.events.append((start, rank, seq, c.weight_pending_bytes))
+        transient = compute_transient_bytes(c, op, again)
+        self.events.append((start, rank, seq + 1, transient))
+        self.events.append((end, rank, seq + 2, -transient))
         if op in (B, W):
             self.events.append((end, rank, seq + 3, -released_bytes(c)))
+        if op is W:
+            self.events.append((end, rank, seq + 3, -c.weight_pending_bytes))
         if self.host_bytes[s] and op in (F, B, W):  # offloaded: host from F to B/W's end
             delta = self.host_bytes[s] if op is F else -self.host_bytes[s]
             self.host_events.append((start if op is F else end, rank, seq, delta))

@@ -1,7 +1,18 @@
 """The memory rules of a pipeline rank, from list order alone (planner.sim.stage_costs says
 what each stage holds and why; planner.sim.pipeline_ranks replays the same rules in time):
 model state and receive buffers from the start, what each micro-batch keeps from its F,
-transients while a stage computes, releases when its backward ends."""
+transients while a stage computes, releases when its backward ends.
+
+Zero-bubble I/W (torch 2.13's _backward.py, stage_backward_input / stage_backward_weight;
+measured per action on 2 gloo ranks): on every stage but the first, I stores the gradient at
+each weight path's root until its W ends (`weight_pending_bytes`: the backward storages the
+stage's weight-gradient nodes read from its other backward nodes; a received one is in its
+receive buffer). W runs one autograd call per weight group (a module's parameters), each a
+graph task of its own: a checkpoint rerun there keeps what that task does not unpack (the
+recomputed roots an input-gradient node reads) until W ends, once per group
+(`weight_rerun_residue_bytes`; `weight_rerun_bytes` for a micro-batch whose whole stage is
+recomputed, planner.sim.stage_policies per recomputed unit). On the first stage I does nothing
+and W runs the whole backward, one rerun per checkpoint."""
 
 from __future__ import annotations
 
@@ -28,21 +39,42 @@ class StageSizes(Protocol):
     def held_bytes(self) -> int: ...
     @property
     def buffer_bytes(self) -> int: ...
+    @property
+    def weight_pending_bytes(self) -> int: ...
+    @property
+    def weight_transient_bytes(self) -> int: ...
+    @property
+    def weight_rerun_bytes(self) -> int: ...
 
 
 # -- the memory rules of a pipeline rank (planner.sim.pipeline_ranks replays them in time) ------
 def kept_bytes(sizes: StageSizes, recomputed: bool) -> int:
     """What a micro-batch keeps from its F: the saved bytes, or only the held ones (sent
-    outputs, loss) when the stage recomputes it; plus the input gradient its backward will
-    send, which torch keeps to the step's end: charged from the F (an upper bound until the
-    backward ends) so that a rank's memory changes only at F and at a B/W's end, whatever
-    the order of its I and W."""
-    return (sizes.held_bytes if recomputed else sizes.saved_bytes) + sizes.send_backward_bytes
+    outputs, loss) when the stage recomputes it. The input gradient its B (or I) sends,
+    which torch keeps to the step's end, is charged from that B's (I's) start."""
+    return sizes.held_bytes if recomputed else sizes.saved_bytes
 
 
 def released_bytes(sizes: StageSizes) -> int:
     """What a micro-batch frees when its B (or W) ends: the saved bytes torch does not hold."""
     return sizes.saved_bytes - sizes.held_bytes
+
+
+def compute_transient_bytes(sizes: StageSizes, op: PipelineOp, recomputed: bool) -> int:
+    """What a compute holds on top of the rank's live bytes while it runs: a W its own
+    (`weight_rerun_bytes` on a micro-batch the stage recomputes), any other the stage's."""
+    if op is PipelineOp.backward_weight:
+        return sizes.weight_rerun_bytes if recomputed else sizes.weight_transient_bytes
+    return sizes.transient_bytes
+
+
+def weight_rerun_residue_bytes(groups: int, input_read_bytes: int, weight_read_bytes: int) -> int:
+    """What a checkpoint's reruns leave alive in a split W (torch's stage_backward_weight: one
+    autograd call per weight group, each a graph task that reruns the checkpoint and unpacks
+    only its weight nodes' saved tensors): per group, the recomputed roots an input-gradient
+    node reads (freed with the graph when W ends), and once the roots only weight nodes read
+    (freed when their node has run)."""
+    return groups * input_read_bytes + weight_read_bytes if groups else 0
 
 
 def rank_base_bytes(sizes: Sequence[StageSizes], stage_rank_of: Sequence[int], rank: int) -> int:
@@ -65,21 +97,32 @@ def microbatch_count(lists: Sequence[Sequence[PipelineAction]]) -> int:
 
 
 def one_stage_peak_bytes(
-    sizes: StageSizes, inflight: int, stored: int | None = None, microbatches: int | None = None
+    sizes: StageSizes, inflight: int, stored: int | None = None, microbatches: int | None = None,
+    split_backward: bool = False,
 ) -> int:
     """Peak of a rank running this stage alone over `microbatches` (None: `inflight`, a lower
     bound) with `inflight` micro-batches holding activations, `stored` of them in full (None:
     all; the others recomputed), when the schedule holds the most: the micro-batches before
-    them finished, each still holding its held bytes and input gradient. Exact without
-    recomputation, else an upper bound counting the rematerialised bytes once on top."""
+    them finished, each still holding its held bytes and input gradient, a B (or I) running
+    (its input gradient taken); or at the last B, when every other micro-batch is finished
+    (more, where a stage sends more than it frees). Exact without recomputation, else an
+    upper bound counting the rematerialised bytes once on top. Under zero-bubble I/W
+    (`split_backward`) one I's gradients kept for its W are added, and the larger of the
+    I's and W's transients: exact where each W follows its I (a rank holding several I's
+    gradients at once peaks higher: planner.sim.rank_memory.rank_peak_bytes is exact)."""
     k = inflight
     m = max(k, microbatches if microbatches is not None else k)
     q = k if stored is None else min(stored, k)
     extra = released_bytes(sizes) if q < k else 0
-    finished = (m - k) * (sizes.held_bytes + sizes.send_backward_bytes)
-    return (sizes.model_state_bytes + m * sizes.buffer_bytes + finished
-            + q * kept_bytes(sizes, False) + (k - q) * kept_bytes(sizes, True) + extra
-            + sizes.transient_bytes)
+    done = sizes.held_bytes + sizes.send_backward_bytes  # a finished micro-batch
+    transient = sizes.transient_bytes
+    if split_backward:  # an I's gradients kept for its W, and the larger of the I's or W's
+        weight = sizes.weight_rerun_bytes if q < k else sizes.weight_transient_bytes
+        transient = sizes.weight_pending_bytes + max(transient, weight)
+    filled = (m - k) * done + q * kept_bytes(sizes, False) + (k - q) * kept_bytes(sizes, True)
+    last = (m - 1) * done + sizes.saved_bytes  # recomputed: its held bytes and the rerun's
+    return (sizes.model_state_bytes + m * sizes.buffer_bytes + max(filled + extra, last)
+            + sizes.send_backward_bytes + transient)
 
 
 def rank_peak_bytes(
@@ -92,8 +135,9 @@ def rank_peak_bytes(
     """Each rank's peak as planner.sim.pipeline_ranks counts it, from list order alone (a rank's
     memory changes only at its own actions): model state and receive buffers for
     `microbatches` (None: as many as the lists run), `kept_bytes` per micro-batch from F, the
-    rest of saved from a recomputing B/I, a stage's transient while its compute runs, the
-    released bytes when B (or W) ends."""
+    input gradient from a B/I's start and the rest of saved too when it recomputes,
+    `weight_pending_bytes` from an I to its W's end, a compute's transient while it runs
+    (`compute_transient_bytes`), the released bytes when B (or W) ends."""
     m = microbatch_count(lists) if microbatches is None else microbatches
     peaks = []
     for rank, row in enumerate(lists):
@@ -103,12 +147,16 @@ def rank_peak_bytes(
             again = a.microbatch_index in recompute[a.stage_index]
             if a.op is PipelineOp.forward:
                 live += kept_bytes(c, again)
-            elif a.op in _GRADIENT_OPS and again:
-                live += released_bytes(c)
+            elif a.op in _GRADIENT_OPS:
+                live += c.send_backward_bytes + (released_bytes(c) if again else 0)
+            if a.op is PipelineOp.backward_input:
+                live += c.weight_pending_bytes
             if a.is_compute:
-                peak = max(peak, live + c.transient_bytes)
+                peak = max(peak, live + compute_transient_bytes(c, a.op, again))
             if a.op in _RELEASING_OPS:
                 live -= released_bytes(c)
+            if a.op is PipelineOp.backward_weight:
+                live -= c.weight_pending_bytes
         peaks.append(peak)
     return peaks
 

@@ -7,18 +7,15 @@ gradient_node of its trainable parameters, when the graph has model_state), I th
 identifiable, half and half.
 
 A stage holds the nodes it names by id and every node of its modules (and their submodules);
-a node no stage names follows its inputs (see `place_the_rest`), so a loss outside every module
-lands on the last stage. Forward data must flow to the same or later stages, gradients to the
-same or earlier ones.
+a node no stage names follows its inputs (`place_the_rest`: a loss outside every module lands on
+the last stage). Forward data flows to the same or later stages, gradients to earlier ones.
 
 Memory of a stage (per rank, summed over its stages), as torch.distributed.pipelining allocates
 it (torch 2.13, stage.py / schedules.py; measured on CPU in tests/test_pipeline_buffers.py):
-- model state: each parameter's bytes (weights, gradient, optimizer state after ZeRO; whatever
-  the gradient lifetime) go to the stage that owns its gradient_node, else a node of its module
-  or of the nearest enclosing module that has nodes (a block-level trace names 'h.0', its
-  parameters 'h.0.attn.qkv');
-  the rest of the step's fixed bytes (inputs, buffers, unplaced parameters; the whole fixed bytes
-  without model_state) is split evenly over the stages;
+- model state: each parameter's bytes (weights, gradient, optimizer state after ZeRO) go to the
+  stage owning its gradient_node, else a node of its module or of the nearest enclosing module
+  with nodes (a block-level trace names 'h.0', its parameters 'h.0.attn.qkv'); the rest of the
+  fixed bytes (inputs, buffers, unplaced parameters; all without model_state) evenly;
 - receive buffers (`buffer_bytes`, per micro-batch, for the whole step): PipelineStage allocates,
   at its first step and for every micro-batch, a buffer for the input it receives from stage - 1
   (`input_bytes`) and one for the gradient of its output from stage + 1; a received input lives
@@ -27,20 +24,18 @@ it (torch 2.13, stage.py / schedules.py; measured on CPU in tests/test_pipeline_
   backward reads, plus what torch keeps to the end of the step (`held_bytes`): the forward
   outputs it sends (the send's work holds them) and its loss;
 - under recomputation (a micro-batch in the stage's recompute_microbatches) only `held_bytes`
-  are kept from F (the checkpoint's inputs are the receive buffers); the backward first reruns
-  the forward (B and I take forward_ms longer) and holds the rest of saved again until the
-  backward (with I/W: the W) ends;
-- the input gradient a B (or I) sends (`send_backward_bytes`) stays to the end of the step
-  (charged from the micro-batch's F: `kept_bytes`);
+  from F (the checkpoint's inputs are the receive buffers); B (or I) reruns the forward first
+  (forward_ms longer) and holds the rest of saved again until B (or W) ends;
+- the input gradient a B (or I) sends (`send_backward_bytes`) from its start to the step's end;
 - transient while an F/B/I/W runs: the largest of one node's working bytes (`node_transient_bytes`:
   a forward node its workspace and, unless a backward node keeps it, its output; a backward node
   its output, workspace and the gradients it reads).
-Boundary bytes: a send from stage s to s+1 carries every forward storage made at stages <= s and
-read by a forward node of a later stage; a gradient send from s to s-1 every backward storage
-made at stages >= s and read by a backward node of an earlier stage. A module-level trace
-(metadata.extra.level 'module') charges a module's forward node its saved activations, output
-included: the tensor crossing a cut is then sized by the gradient crossing it back (the module's
-input gradient has its input's shape).
+- zero-bubble I/W: what torch keeps from I to W, a split W's reruns (planner.sim.rank_memory).
+Boundary bytes: a send from stage s to s+1 carries the forward storages made at stages <= s that
+a later stage's forward reads; a gradient send from s to s-1 the backward storages made at >= s
+that an earlier stage's backward reads. On a module-level trace (metadata.extra.level 'module',
+a module's forward node charged its saved activations) the tensor crossing a cut is sized by the
+gradient crossing it back (the module's input gradient has its input's shape).
 """
 
 from __future__ import annotations
@@ -61,6 +56,7 @@ from planner.sim.rank_memory import rank_base_bytes as rank_base_bytes
 from planner.sim.rank_memory import rank_peak_bytes as rank_peak_bytes
 from planner.sim.rank_memory import rank_start_bytes as rank_start_bytes
 from planner.sim.rank_memory import released_bytes as released_bytes
+from planner.sim.rank_memory import weight_rerun_residue_bytes
 from planner.sim.result import PlanError
 
 
@@ -81,6 +77,10 @@ class StageCosts:
     send_backward_bytes: int  # to stage - 1 (kept from B/I to the step's end)
     held_bytes: int  # of saved_bytes, kept to the step's end: sent outputs and the loss
     buffer_bytes: int  # torch's receive buffers: input and output gradient
+    weight_pending_bytes: int  # kept from I to W's end: gradients I stores for W (0: stage 0)
+    weight_transient_bytes: int  # transient while W runs (reruns of recomputed units included)
+    weight_rerun_bytes: int  # the same for a micro-batch the whole stage recomputes
+    first_stage: bool  # torch's I does nothing there; its W runs the whole backward
 
     @property
     def compute_ms(self) -> float:
@@ -156,6 +156,10 @@ class StageSums:
     transient_bytes: list[int]  # the largest `node_transient_bytes` of one node
     node_count: list[int]
     flows: list[tuple[Flow, int, int, int, int, int]]
+    # (root, its group, reading group): a backward root a weight-gradient node reads from
+    weight_reads: list[tuple[int, int, int]]  # another backward node (torch's I keeps it)
+    weight_groups: list[set[str]]  # module paths of the parameters whose gradient node it has
+    input_reads: list[tuple[int, int, int]]  # and a forward root an input-gradient node reads
 
 
 def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
@@ -164,10 +168,14 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
     ledger = MemoryLedger.of(graph)
     ms, root, succs = ledger.compute_ms, ledger.storage_root, ledger.successors
     out = StageSums([0.0] * count, [0.0] * count, [0.0] * count, [False] * count, [0] * count,
-                    [0] * count, [])
+                    [0] * count, [], [], [set() for _ in range(count)], [])
     flows = out.flows
     backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
     grad_nodes = gradient_nodes(graph)
+    for p in graph.model_state.parameters if graph.model_state is not None else ():
+        g = p.gradient_node
+        if p.trainable and g is not None and g in group:
+            out.weight_groups[group[g]].add(p.module_path)
     for v in ledger.node_ids:
         s = group[v]
         out.node_count[s] += 1
@@ -179,6 +187,12 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
             if v in grad_nodes:
                 out.weight_ms[s] += ms[v]
                 out.has_weight[s] = True
+                out.weight_reads.extend((root[u], group[root[u]], s)
+                                        for u in ledger.predecessors[v]
+                                        if u in backward and u not in grad_nodes)
+            else:
+                out.input_reads.extend((root[u], group[root[u]], s)
+                                       for u in ledger.predecessors[v] if u not in backward)
         else:
             out.forward_ms[s] += ms[v]
         r = root[v]
@@ -263,6 +277,12 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     size = MemoryLedger.of(graph).storages_bytes
     losses = loss_roots(graph)
     module_level = is_module_level(graph)
+    pending: list[set[int]] = [set() for _ in range(count)]  # stage -> gradients I keeps for W
+    rerun_read: list[set[int]] = [set() for _ in range(count)]  # stage -> saved roots I reads
+    for reads, out_sets in ((sums.weight_reads, pending), (sums.input_reads, rerun_read)):
+        for root, made, t in reads:
+            if made == t:  # a received root is in its receive buffer
+                out_sets[t].add(root)
     out = []
     for s in range(count):
         bwd = sums.backward_ms[s]
@@ -275,6 +295,8 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
             gradient_in=size(cut_b[s]), gradient_out=size(cut_b[s + 1]),
         )
         kept, held, received, buffers, sent_bytes = boundary_sizes(boundary, module_level)
+        transient = sums.transient_bytes[s]
+        read = rerun_read[s] & saved[s]
         out.append(
             StageCosts(
                 forward_ms=sums.forward_ms[s],
@@ -283,15 +305,21 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
                 backward_weight_ms=w_ms,
                 saved_bytes=kept,
                 input_bytes=received,
-                transient_bytes=sums.transient_bytes[s],
+                transient_bytes=transient,
                 model_state_bytes=states[s],
                 send_forward_bytes=sent_bytes,
                 send_backward_bytes=size(cut_b[s]),
                 held_bytes=held,
                 buffer_bytes=buffers,
+                weight_pending_bytes=0 if s == 0 else size(pending[s]),
+                weight_transient_bytes=transient,
+                weight_rerun_bytes=transient + (0 if s == 0 else weight_rerun_residue_bytes(
+                    len(sums.weight_groups[s]), size(read), size(saved[s] - read))),
+                first_stage=s == 0,
             )
         )
     return out
+
 
 
 def _backwards(graph: Graph, u: int, v: int, s: int, t: int, phase: str) -> PlanError:

@@ -51,7 +51,12 @@ from planner.core.pipeline_actions import Partition, UnitPolicy
 from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
-from planner.sim.stage_costs import StageCosts, node_transient_bytes, stage_of_nodes
+from planner.sim.stage_costs import (
+    StageCosts,
+    gradient_nodes,
+    node_transient_bytes,
+    stage_of_nodes,
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class UnitFacts:
     forward_ms: float
     backward_ms: float
     host_bytes: int  # offloaded: one host copy per (backward node, forward root) it saves
+    weight_groups: int  # modules whose parameters' gradient nodes it holds (W's autograd calls)
+    input_read: frozenset[int]  # of saved, roots an input-gradient (not weight) node reads
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,13 @@ def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> S
     backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
     held: set[int] = set()
     pairs: set[tuple[int, int]] = set()  # (backward node, forward root it saves)
+    grad_nodes = gradient_nodes(graph)
+    input_read: set[int] = set()  # forward roots an input-gradient backward node reads
+    groups: dict[str | None, set[str]] = {m: set() for m in modules}  # unit -> weight groups
+    for param in graph.model_state.parameters if graph.model_state is not None else ():
+        g = param.gradient_node
+        if param.trainable and g is not None and g in inside:
+            groups.setdefault(unit[g], set()).add(param.module_path)
     for v in inside:
         u = unit[v]
         back = v in backward
@@ -128,6 +142,8 @@ def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> S
             if back and not p_back:  # forward data this backward node keeps
                 saved[u].add(root[p])
                 pairs.add((v, root[p]))
+                if v not in grad_nodes:
+                    input_read.add(root[p])
             elif not back and not p_back:
                 if p not in inside:  # received from an earlier stage: kept per micro-batch
                     saved[None].add(root[p])
@@ -135,7 +151,8 @@ def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> S
                     inputs[u].add(root[p])
     size = ledger.storage_bytes
     units = tuple(UnitFacts(m, frozenset(saved[m]), frozenset(inputs[m]), fwd[m], bwd[m],
-                            sum(size[r] for w, r in pairs if unit[w] == m))
+                            sum(size[r] for w, r in pairs if unit[w] == m), len(groups[m]),
+                            frozenset(saved[m] & input_read))
                   for m in modules)
     order = [n.id for n in graph.nodes if n.id in inside]  # the trace's order: execution order
     return StageFacts(units, frozenset(saved[None]), frozenset(held), fwd[None], bwd[None],
@@ -180,6 +197,8 @@ def policy_stage_costs(
     forward_ms = _forward_with_copies(facts, chosen, d2h) if offloaded else base.forward_ms
     backward_ms = _backward_with_reloads(facts, chosen, h2d if offloaded else None)
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
+    weight_transient = base.weight_transient_bytes + weight_rerun_bytes(graph, facts, chosen,
+                                                                        base.first_stage)
     costs = replace(
         base,
         forward_ms=max(base.forward_ms, forward_ms),
@@ -187,8 +206,31 @@ def policy_stage_costs(
         backward_input_ms=base.backward_input_ms + extra_ms,
         saved_bytes=saved_bytes,
         transient_bytes=transient,
+        weight_transient_bytes=weight_transient,
+        weight_rerun_bytes=max(base.weight_rerun_bytes, weight_transient),
     )
     return PolicyCosts(costs, sum(u.host_bytes for u in offloaded))
+
+
+def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                       first_stage: bool) -> int:
+    """What the reruns of the recompute units leave alive in a split W (planner.sim.
+    rank_memory.weight_rerun_residue_bytes per unit): per weight group of the unit its
+    recomputed roots an input-gradient node reads, and the roots only weight nodes read, of
+    one unit at a time (a unit's groups run together: those are freed before the next unit's
+    W). None on the first stage, whose W is one whole backward (one rerun per checkpoint)."""
+    if first_stage:
+        return 0
+    size = MemoryLedger.of(graph).storage_bytes
+    per_group = only_weight = 0
+    for u in facts.units:
+        if chosen[u.name] != "recompute" or not u.weight_groups:
+            continue
+        again = u.saved - u.inputs  # what the rerun makes
+        read = again & u.input_read
+        per_group += u.weight_groups * sum(size[r] for r in read)
+        only_weight = max(only_weight, sum(size[r] for r in again - read))
+    return per_group + only_weight
 
 
 def forward_working_bytes(graph: Graph, facts: StageFacts, kept: Set[int]) -> int:

@@ -99,10 +99,12 @@ class PipelineProblem:
 
     def stage_memory(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> int:
         """Peak of a rank running this stage alone over the step's micro-batches (with one
-        stage a rank: the exact peak under GPipe and 1F1B; under zero-bubble lists it can exceed
-        it; an upper bound with recomputation, whose rematerialised bytes are counted once on
-        top). The exact figure is `peaks`."""
-        return one_stage_peak_bytes(c, self.inflight[stage_index], stored, self.microbatches)
+        stage a rank: the exact peak under GPipe and 1F1B; under zero-bubble lists exact where
+        each W follows its I, as in ZB-H1's lists, and possibly below it where a rank holds
+        several I's pending gradients; an upper bound with recomputation, whose rematerialised
+        bytes are counted once on top). The exact figure is `peaks`."""
+        return one_stage_peak_bytes(c, self.inflight[stage_index], stored, self.microbatches,
+                                    self.plan_schedule.split_backward)
 
     def stage_time(self, c: RangeCosts, stage_index: int, stored: int | None = None) -> float:
         """Average busy time per micro-batch, plus the transfers of its boundaries: the

@@ -12,7 +12,8 @@ of the all-keep stage's, the F's working bytes with nothing kept but what the st
 (`forward_bytes`), and each non-keep module's backward working bytes under its policy with
 nothing else kept (the simulator's rules, planner.sim.stage_policies, only fall when more is
 kept). A dynamic programme over the modules keeps the Pareto frontier of (bytes per
-micro-batch, offloaded bytes, largest non-keep transient, estimated ms): every peak it accepts
+micro-batch, offloaded bytes, largest non-keep transient, estimated ms, and under zero-bubble
+I/W the recompute modules' W reruns, summed): every peak it accepts
 is an upper bound of the simulator's, so the answer fits. Its time estimate for offload (copies not
 hidden behind the units after it) is refined by evaluating the best few frontier points with
 `policy_stage_costs` (the simulator's exact times) and keeping the fastest.
@@ -30,6 +31,7 @@ from planner.sim.stage_policies import (
     backward_working_bytes,
     forward_working_bytes,
     policy_stage_costs,
+    weight_rerun_bytes,
 )
 from planner.solvers.pipeline.problem import PipelineProblem
 
@@ -49,6 +51,7 @@ class Item:
     offload_transient_bytes: int  # and offloaded
     recompute_ms: float
     offload_ms: float  # estimated copy time not hidden behind the stage's other compute
+    weight_rerun_bytes: int = 0  # recomputed: what its reruns leave in a split W (bound)
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,13 @@ class _State:
     largest_bytes: int  # the largest non-keep module's transient bound
     ms: float
     choice: tuple[UnitPolicy, ...]
+    weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
-def items(problem: PipelineProblem, facts: StageFacts) -> list[Item]:
+def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False) -> list[Item]:
+    """Each module's figures; `weight_reruns`: a split W (zero-bubble, not the first stage)
+    keeps its reruns (planner.sim.stage_policies.weight_rerun_bytes, one module at a time:
+    their sum bounds the simulator's)."""
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
     out = []
@@ -99,9 +106,11 @@ def items(problem: PipelineProblem, facts: StageFacts) -> list[Item]:
             alone[u.name] = policy
             kept = least | u.inputs if policy == "recompute" else least
             transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
+        alone[u.name] = "recompute"
+        rerun = weight_rerun_bytes(problem.graph, facts, alone, False) if weight_reruns else 0
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in u.saved - others),
                         sum(size[r] for r in u.inputs), transient[0], transient[1],
-                        u.forward_ms, offload_ms))
+                        u.forward_ms, offload_ms, rerun))
     return out
 
 
@@ -122,7 +131,8 @@ def choose(
     """The fastest policies whose stage peak fits `cap` (None: none does; facts None: only
     the all-keep stage is tried)."""
     m = problem.microbatches
-    keep_peak = one_stage_peak_bytes(base, inflight, microbatches=m)
+    split = problem.plan_schedule.split_backward  # I/W: the rank's zero-bubble rules
+    keep_peak = one_stage_peak_bytes(base, inflight, microbatches=m, split_backward=split)
     if keep_peak <= cap:
         return StageChoice((), base, 0, 0.0, keep_peak, True)
     if facts is None:
@@ -133,7 +143,7 @@ def choose(
         "keep", "recompute")
     frontier = [_State(0, 0, 0, 0.0, ())]
     exact = True
-    for it in items(problem, facts):
+    for it in items(problem, facts, split and not base.first_stage):
         grown = []
         for st in frontier:
             for p in options:
@@ -146,14 +156,14 @@ def choose(
     forward = forward_bytes(problem, facts)
     fitting = [st for st in frontier if inflight * st.offload_bytes <= host_cap
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
-                                        microbatches=m) <= cap]
+                                        microbatches=m, split_backward=split) <= cap]
     best: StageChoice | None = None
     names = [u.name for u in facts.units]
     for st in sorted(fitting, key=lambda x: x.ms)[:EXACT_CHECKS]:
         policies = tuple((m, p) for m, p in zip(names, st.choice, strict=True) if p != "keep")
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res)
         c = got.costs
-        peak = one_stage_peak_bytes(c, inflight, microbatches=m)
+        peak = one_stage_peak_bytes(c, inflight, microbatches=m, split_backward=split)
         if peak > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover - bounds hold
             continue
         added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms)
@@ -165,8 +175,11 @@ def choose(
 def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
     """The stage's costs by the additive figures: saved and transient bytes at least the
     simulator's under the state's policies (`forward`: `forward_bytes`)."""
+    weight = base.weight_transient_bytes + st.weight_rerun_bytes
     return replace(base, saved_bytes=base.saved_bytes + st.delta_bytes,
-                   transient_bytes=max(base.transient_bytes, forward, st.largest_bytes))
+                   transient_bytes=max(base.transient_bytes, forward, st.largest_bytes),
+                   weight_transient_bytes=weight,
+                   weight_rerun_bytes=max(base.weight_rerun_bytes, weight))
 
 
 def additive_state(modules: list[Item], choice: tuple[UnitPolicy, ...]) -> _State:
@@ -179,23 +192,24 @@ def additive_state(modules: list[Item], choice: tuple[UnitPolicy, ...]) -> _Stat
 
 def _grow(st: _State, it: Item, policy: UnitPolicy) -> _State:
     if policy == "keep":
-        return _State(st.delta_bytes, st.offload_bytes, st.largest_bytes, st.ms,
-                      st.choice + ("keep",))
+        return replace(st, choice=st.choice + ("keep",))
     if policy == "recompute":
         return _State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,
                       max(st.largest_bytes, it.recompute_transient_bytes),
-                      st.ms + it.recompute_ms, st.choice + ("recompute",))
+                      st.ms + it.recompute_ms, st.choice + ("recompute",),
+                      st.weight_rerun_bytes + it.weight_rerun_bytes)
     return _State(st.delta_bytes - it.exclusive_bytes, st.offload_bytes + it.host_bytes,
                   max(st.largest_bytes, it.offload_transient_bytes), st.ms + it.offload_ms,
-                  st.choice + ("offload",))
+                  st.choice + ("offload",), st.weight_rerun_bytes)
 
 
 def _pareto(states: list[_State]) -> list[_State]:
-    """The states no other state matches or beats in all four figures."""
+    """The states no other state matches or beats in all five figures."""
     out: list[_State] = []
     for st in sorted(states, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes,
                                             x.largest_bytes)):
         if not any(o.delta_bytes <= st.delta_bytes and o.offload_bytes <= st.offload_bytes
-                   and o.largest_bytes <= st.largest_bytes for o in out):
+                   and o.largest_bytes <= st.largest_bytes
+                   and o.weight_rerun_bytes <= st.weight_rerun_bytes for o in out):
             out.append(st)
     return out

@@ -24,6 +24,7 @@ from functools import cached_property
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
 from planner.sim.ledger import MemoryLedger
+from planner.sim.rank_memory import weight_rerun_residue_bytes
 from planner.sim.stage_costs import (
     Boundary,
     Flow,
@@ -165,6 +166,14 @@ class UnitChain:
         self.cut_backward_bytes = [ledger.storages_bytes(c) for c in cut_b]
         self.module_level = is_module_level(self.graph)
         self.loss_roots = loss_roots(self.graph)
+        saved_reads = [(r, self.node_unit[r], t) for flow, _, t, r, _, _ in sums.flows
+                       if flow is Flow.saved]
+        # (first, end) -> bytes: gradients I keeps for W; the range's saved roots; those of
+        # them an input-gradient node reads (stage_costs' zero-bubble sizes)
+        self.pending_bytes = self._inside_bytes(sums.weight_reads)
+        self.rerun_bytes = self._inside_bytes(saved_reads)
+        self.input_read_bytes = self._inside_bytes(sums.input_reads)
+        self.weight_groups = sums.weight_groups
         state, params, rest = self._model_state(count)
         self.state_bytes = state
         self.rest_bytes = rest
@@ -173,6 +182,27 @@ class UnitChain:
                 self.groups[u]), fwd[u], bwd[u], params[u], state[u], sums.node_count[u])
             for u in range(count)
         ]
+
+    def _inside_bytes(self, reads: list[tuple[int, int, int]]) -> dict[tuple[int, int], int]:
+        """(first, end) -> bytes of the roots made in the range and read in it, for `reads`
+        (root, unit making it, unit reading it), every range: a root enters a range starting
+        at `first` at the first end that holds both its maker and a reader."""
+        readers: dict[int, set[int]] = {}
+        for r, _, t in reads:
+            readers.setdefault(r, set()).add(t)
+        unit, size, count = self.node_unit, self.size, self.length
+        out: dict[tuple[int, int], int] = {}
+        for i in range(count):
+            enters = [0] * count  # unit j -> bytes entering the range [i, j + 1)
+            for r, ts in readers.items():
+                later = [t for t in ts if t >= i]
+                if unit[r] >= i and later:
+                    enters[max(unit[r], min(later))] += size[r]
+            total = 0
+            for j in range(i, count):
+                total += enters[j]
+                out[(i, j + 1)] = total
+        return out
 
     def _model_state(self, count: int) -> tuple[list[int], list[int], int]:
         """Per unit its placed model state and weights (the simulator's placement, per unit),
@@ -251,6 +281,10 @@ class UnitChain:
             gradient_in=self.cut_backward_bytes[first], gradient_out=self.cut_backward_bytes[end],
         )
         saved, held, received, buffers, sent = boundary_sizes(boundary, self.module_level)
+        transient = max(self.transient[first:end])
+        groups = len(set().union(*self.weight_groups[first:end]))
+        read = self.input_read_bytes[(first, end)]
+        first_stage = stage_index == 0
         return RangeCosts(
             first=first,
             end=end,
@@ -260,13 +294,18 @@ class UnitChain:
             backward_weight_ms=weight,
             saved_bytes=saved,
             input_bytes=received,
-            transient_bytes=max(self.transient[first:end]),
+            transient_bytes=transient,
             model_state_bytes=sum(self.state_bytes[first:end])
             + self.share_bytes(stage_index, stage_count),
             send_forward_bytes=sent,
             send_backward_bytes=self.cut_backward_bytes[first],
             held_bytes=held,
             buffer_bytes=buffers,
+            weight_pending_bytes=0 if first_stage else self.pending_bytes[(first, end)],
+            weight_transient_bytes=transient,
+            weight_rerun_bytes=transient + (0 if first_stage else weight_rerun_residue_bytes(
+                groups, read, self.rerun_bytes[(first, end)] - read)),
+            first_stage=first_stage,
         )
 
 
