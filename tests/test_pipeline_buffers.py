@@ -20,7 +20,6 @@ from planner.core.graph import Graph
 from planner.core.pipeline_actions import (
     Partition,
     PipelineAction,
-    pipeline_action,
     rank_actions_from_text,
 )
 from planner.core.pipeline_actions import PipelineStage as StageSpec
@@ -29,6 +28,7 @@ from planner.core.resources import Resources
 from planner.runtime.pipeline_launch import run_local
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.stage_costs import one_stage_peak_bytes, rank_peak_bytes, stage_costs
+from planner.solvers.pipeline.action_lists import with_communication
 from planner.solvers.pipeline.schedules import make_schedule
 from planner.solvers.pipeline.units import UnitChain
 from planner.tracing.api import trace
@@ -48,26 +48,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 def schedule_rows(kind: str, stages: int, m: int) -> list[list[PipelineAction]]:
     """GPipe or 1F1B lists, one stage a rank, with their SEND/RECV."""
-    rows = []
-    for s in range(stages):
-        warmup = m if kind == "gpipe" else min(stages - 1 - s, m)
-        order = [("F", mb) for mb in range(warmup)]
-        for i in range(m - warmup):
-            order += [("F", warmup + i), ("B", i)]
-        order += [("B", mb) for mb in range(m - warmup, m)]
-        row = []
-        for op, mb in order:
-            if op == "F" and s > 0:
-                row.append(pipeline_action(s, "RECV_F", mb))
-            if op == "B" and s < stages - 1:
-                row.append(pipeline_action(s, "RECV_B", mb))
-            row.append(pipeline_action(s, op, mb))
-            if op == "F" and s < stages - 1:
-                row.append(pipeline_action(s, "SEND_F", mb))
-            if op == "B" and s > 0:
-                row.append(pipeline_action(s, "SEND_B", mb))
-        rows.append(row)
-    return rows
+    return with_communication(make_schedule(kind, stages, m).compute_lists(), stages)
 
 
 def partition(recompute: dict[int, list[int]] | None = None) -> Partition:

@@ -4,11 +4,9 @@ only get faster with more memory."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from pipeline_chains import random_chain
 
-from planner.solvers.pipeline.chains import LayerSpec, chain_graph
 from planner.solvers.pipeline.dp import dp_partition, least_memory_split, neighbours
 from planner.solvers.pipeline.enumerate import (
     contiguous_splits,
@@ -21,17 +19,6 @@ from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
 from planner.solvers.pipeline.units import UnitChain
 
 MiB = 2**20
-
-
-def random_chain(seed: int, layers: int):
-    rng = random.Random(seed)
-    specs = [
-        LayerSpec(f"layers.{i}", rng.uniform(0.5, 3), rng.uniform(1, 6),
-                  rng.randint(1, 40) * MiB, rng.randint(1, 8) * MiB, rng.randint(0, 30) * MiB,
-                  workspace_bytes=rng.randint(0, 4) * MiB, weight_fraction=rng.uniform(0.3, 0.7))
-        for i in range(layers)
-    ]
-    return chain_graph(specs, optimizer=rng.choice(["sgd", "adam"]))
 
 
 def step_ms(c: Candidate | None) -> float:

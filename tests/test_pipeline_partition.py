@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-import random
 
 import pytest
+from pipeline_chains import random_chain
 
 from planner.sim.stage_costs import stage_costs
 from planner.solvers.pipeline.baselines import baseline_partition, layer_balanced
@@ -16,17 +16,6 @@ from planner.solvers.pipeline.problem import PipelineProblem, Split
 from planner.solvers.pipeline.units import UnitChain, unit_key
 
 MiB = 2**20
-
-
-def random_chain(seed: int, layers: int):
-    rng = random.Random(seed)
-    specs = [
-        LayerSpec(f"layers.{i}", rng.uniform(0.5, 3), rng.uniform(1, 6),
-                  rng.randint(1, 40) * MiB, rng.randint(1, 8) * MiB, rng.randint(0, 30) * MiB,
-                  workspace_bytes=rng.randint(0, 4) * MiB, weight_fraction=rng.uniform(0.3, 0.7))
-        for i in range(layers)
-    ]
-    return chain_graph(specs, optimizer=rng.choice(["sgd", "adam"]))
 
 
 def all_splits(length: int, stages: int):
