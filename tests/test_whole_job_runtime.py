@@ -26,17 +26,18 @@ from planner.tracing.api import trace
 BATCH, MICROBATCHES = 8, 4
 GPT: dict[str, Any] = {"context": 32, "dim": 32, "layers": 8, "vocab": 64, "dropout": 0.0}
 MACHINE = with_host_memory(resources_preset("h100-pcie-gen5"), "1GiB")
+NO_HOST = resources_preset("h100-pcie-gen5")  # no host tier: stages can only recompute
 SHARE = 0.85  # of the least memory any plain contiguous split needs
 
 
-def _plan(world: int) -> tuple[Plan, int, Any]:
+def _plan(world: int, machine: Any) -> tuple[Plan, int, Any]:
     model, inputs = zoo.gpt(batch_size=BATCH // MICROBATCHES, **GPT)
     graph = trace(model, inputs).graph
     plain = PipelineProblem(graph, UnitChain(graph), world, MICROBATCHES, "1f1b", None)
     memory = int(SHARE * least_memory_split(plain)[0])
     report = partition_plan(graph, devices=world, device_memory_bytes=memory,
                             microbatches=MICROBATCHES, schedule="1f1b", method="whole",
-                            resources=MACHINE, time_limit_s=5.0, threads=1)
+                            resources=machine, time_limit_s=5.0, threads=1)
     return report.plan, memory, graph
 
 
@@ -59,18 +60,20 @@ def _worker(rank: int, world: int, plan: Plan) -> dict[str, Any]:
 
 
 @pytest.mark.slow  # traces, plans (5 s) and runs 2 and 4 gloo processes
-@pytest.mark.parametrize("world", [2, 4])
-def test_a_whole_job_plan_runs_as_planned(world: int) -> None:
+@pytest.mark.parametrize(("world", "host"), [(2, True), (4, True), (2, False)])
+def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
+    machine = MACHINE if host else NO_HOST
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors; the machine's cores go to the processes
     try:
-        plan, memory, graph = _plan(world)
+        plan, memory, graph = _plan(world, machine)
         result = run_local(_worker, world, plan)[0]
     finally:
         torch.set_num_threads(threads)
     assert plan.partition is not None and plan.predicted is not None
     policies = [p for s in plan.partition.stages for p in s.unit_policies.values()]
-    assert policies and set(policies) <= {"recompute", "offload"}, plan.partition
+    allowed = {"recompute", "offload"} if host else {"recompute"}
+    assert policies and set(policies) <= allowed, plan.partition
     predicted = plan.predicted.per_rank_peak_bytes
     assert predicted is not None and max(predicted) <= memory
     assert result["same_parameters"]
@@ -88,6 +91,6 @@ def test_a_whole_job_plan_runs_as_planned(world: int) -> None:
         # rank of 4, which keeps everything, 1.103)
         assert p <= 1.15 * m
     assert plan.rank_actions is not None
-    ranks = simulate_pipeline(graph, plan.partition, plan.rank_actions, MACHINE).ranks
+    ranks = simulate_pipeline(graph, plan.partition, plan.rank_actions, machine).ranks
     for m, r in zip(result["memory"], ranks, strict=True):
         assert m.host_peak_bytes <= r.host_peak_bytes
