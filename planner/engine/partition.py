@@ -213,6 +213,10 @@ def no_fit_message(problem: PipelineProblem, outcome: PartitionOutcome) -> tuple
     """Which rank overflows by how much, and the least memory a contiguous split needs."""
     recompute = outcome.method in ("ilp", "whole")
     least, split = least_memory_split(problem, recompute=recompute)
+    if outcome.method == "whole":  # its candidates include the plain splits: the smaller least
+        plain = least_memory_split(problem)
+        if plain[0] < least:
+            (least, split), recompute = plain, False
     cand = outcome.best if outcome.best is not None else problem.candidate(split, simulate=False)
     limit = problem.memory_bytes or 0
     worst = max(range(len(cand.peaks)), key=lambda r: cand.peaks[r])
@@ -227,8 +231,8 @@ def no_fit_message(problem: PipelineProblem, outcome: PartitionOutcome) -> tuple
         f"{format_bytes(least)} ({least} B; {how}, {proof})"
     )
     if outcome.method == "whole":  # its per-module policies are a different space: no proof
-        msg = msg.replace("the least device memory that works is", "with whole stages "
-                          "recomputed the least is") + "; no per-module recompute/offload " \
+        msg = msg.replace("the least device memory that works is", "without per-module "
+                          "policies the least is") + "; no per-module recompute/offload " \
             "choice the whole-job planner tried fits either"
     return msg, least
 
