@@ -45,8 +45,9 @@ Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and i
 Current = Callable[[], Candidate | None]  # the best plan so far
 
 ENUMERATE_LIMIT = 5000  # contiguous splits simulated one by one
-ILP_SHARE = 0.3  # of the time limit given to today's ILP (a candidate)
-DP_SHARE = 0.2  # of the time limit given to today's DP (the first candidate)
+ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
+DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
+OVERRUN = 0.8  # the DP and the ILP may run past the limit they are given (their last steps)
 PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
 
 
@@ -90,6 +91,8 @@ class WholeJob:
 
     # -- one split -------------------------------------------------------------------------------
     def with_policies(self, bounds: Bounds) -> PolicySplit | None:
+        if self.p.candidate(Split(bounds), simulate=False).fits:
+            return PolicySplit(bounds)  # all-keep fits its ranks' exact peaks: nothing is faster
         picks = [self.choice(i, j, s) for s, (i, j) in enumerate(bounds)]
         if any(c is None for c in picks):
             return None
@@ -149,7 +152,7 @@ def _key(c: Candidate) -> tuple[float, int]:
 def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
                         threads: int = 2) -> PartitionOutcome:
     from planner.solvers.pipeline.baselines import BASELINES, baseline_split
-    from planner.solvers.pipeline.dp import dp_partition, least_memory_split
+    from planner.solvers.pipeline.dp import dp_partition, improve_by_moves, least_memory_split
     from planner.solvers.pipeline.ilp import ilp_partition
 
     start = time.perf_counter()
@@ -179,7 +182,9 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             offer(job.candidate(split), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
-    dp = dp_partition(problem, time_limit_s=DP_SHARE * time_limit_s)
+    # several stages a rank: no ILP candidate, so the DP gets the ILP's share too
+    dp_share = DP_SHARE if problem.stage_count == problem.ranks else 2 * DP_SHARE
+    dp = dp_partition(problem, time_limit_s=OVERRUN * dp_share * time_limit_s)
     offer(dp.best, "dp")
     seq_bounds = dp.best.split.bounds if dp.best is not None else \
         least_memory_split(problem)[1].bounds
@@ -187,8 +192,14 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     for name in BASELINES:
         try_bounds(baseline_split(problem, name).bounds, f"the {name} split with policies")
     left_s = deadline - time.perf_counter()
-    ilp = ilp_partition(problem, time_limit_s=max(0.1, ILP_SHARE * left_s), threads=threads)
-    offer(ilp.best, "ilp")
+    share = ILP_SHARE if dp.best is not None else 2 * ILP_SHARE
+    if problem.stage_count == problem.ranks:  # interleaved: its model outgrows a short share
+        ilp = ilp_partition(problem, time_limit_s=max(0.1, OVERRUN * share * left_s),
+                            threads=threads)
+        offer(ilp.best, "ilp")
+    else:
+        notes.append("today's ILP not run (several stages a rank: its CP-SAT model does not "
+                     "fit a share of the time limit)")
     L, S = problem.length, problem.stage_count
     count = math.comb(L - 1, S - 1)
     fixed_lists = not problem.plan_schedule.split_backward
@@ -202,6 +213,11 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     else:
         _propose(job, try_bounds, lambda: best, deadline)
         notes.append(f"{count} contiguous splits: DP proposals and local moves")
+    if dp.best is not None and not complete and time.perf_counter() < deadline:
+        # the time left continues the DP's own boundary moves from its split (no policies)
+        moved, count_moves = improve_by_moves(problem, dp.best, deadline)
+        if count_moves:
+            offer(moved, "the DP's split moved further")
     wall = time.perf_counter() - start
     if best is None:
         return PartitionOutcome("whole", None, "infeasible", wall_seconds=wall,
