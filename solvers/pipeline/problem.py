@@ -180,12 +180,13 @@ class PipelineProblem:
             # simulate the lists already built (action lists and peaks are not rebuilt)
             cand = replace(cand, simulation=simulate_pipeline(
                 self.graph, cand.partition, cand.rank_actions, self.resources))
-            if best is None or _key(cand) < _key(best):
+            if best is None or simulated_key(cand) < simulated_key(best):
                 best = cand
         return best
 
 
-def _key(c: Candidate) -> tuple[float, int]:
+def simulated_key(c: Candidate) -> tuple[float, int]:
+    """What orders simulated candidates: the step (to 1e-9 ms), then the largest rank peak."""
     assert c.simulation is not None
     return (round(c.simulation.makespan_ms, 9), max(c.peaks))
 

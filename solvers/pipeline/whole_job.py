@@ -36,7 +36,14 @@ from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.stage_costs import StageCosts, rank_peak_bytes
 from planner.sim.stage_policies import stage_facts
 from planner.solvers.pipeline.chain_dp import minmax_dp, minsum_dp
-from planner.solvers.pipeline.problem import Candidate, PartitionOutcome, PipelineProblem, Split
+from planner.solvers.pipeline.enumerate import makespan_ms
+from planner.solvers.pipeline.problem import (
+    Candidate,
+    PartitionOutcome,
+    PipelineProblem,
+    Split,
+    simulated_key,
+)
 from planner.solvers.pipeline.schedules import stage_rank
 from planner.solvers.pipeline.stage_menu import StageChoice, choose
 
@@ -139,16 +146,6 @@ class WholeJob:
         return max(busy) * self.p.microbatches
 
 
-def _step(c: Candidate) -> float:
-    assert c.simulation is not None
-    return c.simulation.makespan_ms
-
-
-def _key(c: Candidate) -> tuple[float, int]:
-    assert c.simulation is not None
-    return (round(c.simulation.makespan_ms, 9), max(c.peaks))
-
-
 def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
                         threads: int = 2) -> PartitionOutcome:
     from planner.solvers.pipeline.baselines import BASELINES, baseline_split
@@ -167,7 +164,7 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
         nonlocal best, source, first_s
         if cand is None or not cand.fits or cand.simulation is None:
             return
-        if best is None or _key(cand) < _key(best):
+        if best is None or simulated_key(cand) < simulated_key(best):
             best, source = cand, name
         if first_s is None:
             first_s = time.perf_counter() - start
@@ -253,11 +250,11 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
             return False, None
         cheap = job.cheap_bound_ms(bounds)
         best = current()
-        if best is not None and cheap >= _step(best) - 1e-9:
+        if best is not None and cheap >= makespan_ms(best) - 1e-9:
             return True, min(bound, cheap)  # every later split's bound is at least `cheap`
         keep = job.keep_step_ms(bounds)
         bound = min(bound, keep)
-        if best is not None and keep >= _step(best) - 1e-9:
+        if best is not None and keep >= makespan_ms(best) - 1e-9:
             continue
         try_bounds(bounds, "enumeration")
     return True, bound
