@@ -15,6 +15,17 @@ checkpoint around the stage) runs its units under their policies too: the checkp
 same saves in its rerun, and what an offloaded unit saves is then on the host already, so the
 backward's rerun drops those saves instead of copying them again (`UnitSwitch.rerun`).
 
+Selective checkpointing (`PipelineStage.unit_saved_ops`): a "recompute" unit that names saved ops
+('aten.addmm#0': the first call of aten.addmm in its forward) runs under a selective checkpoint
+(`SavedOpsPolicy`, fresh per call): the checkpoint keeps those calls' outputs (MUST_SAVE) and
+reruns every other op (PREFER_RECOMPUTE). Calls are counted per operator as the traced graph
+names them ("aten." + the packet name, an in-place call as its functional op), views included
+(the graph leaves views out, so views are not worth naming). A named call the forward does not
+make is refused in one line (InputError) after the unit's first forward. In the rerun of a
+whole-stage checkpoint the unit runs under a plain checkpoint: the backward reads the forward's
+kept outputs, so the rerun keeps none again. A second backward through the unit (zero-bubble
+schedules split it into inputs' and weights' gradients) recomputes what the first consumed.
+
 Measuring on CPU, where device and host are one memory: host buffers are allocated outside any
 active TorchDispatchMode (as planner.runtime.offload_pool does), so a step's storage tracker
 counts them as what they are, host memory, and `HostMemory` counts them instead (in use and
@@ -23,8 +34,10 @@ peak, released when autograd frees them).
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,10 +45,14 @@ import torch
 from torch import fx, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from planner.core.errors import InputError
-from planner.core.pipeline_actions import PipelineStage
+from planner.core.pipeline_actions import PipelineStage, saved_op, saved_op_parts
 from planner.runtime.pipeline_split import owner_of
 
 POLICIES = ("keep", "recompute", "offload")
@@ -131,22 +148,106 @@ def offloaded(host: HostMemory, unit: nn.Module) -> Iterator[None]:
         yield
 
 
+def op_name(func: Any) -> str:
+    """'aten.addmm' for aten.addmm.default, 'aten.add' for aten.add_.Tensor (as the graph)."""
+    packet = getattr(func, "overloadpacket", None)
+    name = str(getattr(packet, "__name__", None) or getattr(func, "__name__", func))
+    return _functional(f"{getattr(func, 'namespace', 'aten')}.{name}")
+
+
+def _functional(op: str) -> str:
+    """'aten.add_' -> 'aten.add' (an in-place call counts as its functional op)."""
+    return op[:-1] if op.endswith("_") and not op.endswith("__") else op
+
+
+class SavedOpsPolicy:
+    """A selective-checkpointing policy for one call of a unit: MUST_SAVE for the calls named
+    ('OP#K'), PREFER_RECOMPUTE for the rest. Calls are counted per op name, the forward and a
+    recompute apart (`ctx.is_recompute`); `counts`: the forward's calls per op name."""
+
+    def __init__(self, saved: Sequence[str]) -> None:
+        self.saved = frozenset(saved_op(_functional(op), k) for op, k in map(saved_op_parts, saved))
+        self.seen: dict[bool, Counter[str]] = {False: Counter(), True: Counter()}
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self.seen[False]
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        op = op_name(func)
+        seen = self.seen[bool(getattr(ctx, "is_recompute", False))]
+        k = seen[op]
+        seen[op] += 1
+        if saved_op(op, k) in self.saved:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def missing(self) -> list[tuple[str, int]]:
+        """(name, calls of its op) for each named call the forward did not make."""
+        out = []
+        for name in sorted(self.saved):
+            op, k = saved_op_parts(name)
+            if k >= self.counts[op]:
+                out.append((name, self.counts[op]))
+        return out
+
+
+_CONSUMED = getattr(torch.utils.checkpoint, "_CONSUMED", None)  # torch's SAC cache entries
+_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)
+
+
+class _EveryBackward:
+    """The recompute side of a selective checkpoint, serving every backward through the unit.
+    Torch's marks a kept output consumed once its rerun read it (freeing it), so a second
+    backward through the region (zero-bubble schedules run one for the inputs' gradients, then
+    one per weight group) would fail: a later rerun recomputes what an earlier one consumed."""
+
+    def __init__(self, cached: Any, storage: Any) -> None:
+        self.cached = cached
+        self.storage = storage  # op -> call index -> kept output, _RECOMPUTE or _CONSUMED
+
+    def __enter__(self) -> Any:
+        for calls in self.storage.values():
+            for k, entry in calls.items():
+                if entry is _CONSUMED:
+                    calls[k] = _RECOMPUTE
+        return self.cached.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.cached.__exit__(*exc)
+
+
+def _selective(policy: SavedOpsPolicy) -> tuple[Any, Any]:
+    caching, cached = create_selective_checkpoint_contexts(policy)
+    storage = getattr(cached, "storage", None)
+    if storage is None or _CONSUMED is None or _RECOMPUTE is None:
+        return caching, cached
+    return caching, _EveryBackward(cached, storage)
+
+
 class UnitCall(nn.Module):
-    """One call of a unit in a stage's GraphModule, run under its policy."""
+    """One call of a unit in a stage's GraphModule, run under its policy; a "recompute" unit
+    with `saved_ops` under a selective checkpoint (`observed`: its forward's calls per op)."""
 
     def __init__(self, unit: nn.Module, name: str, policy: str, switch: UnitSwitch,
-                 host: HostMemory) -> None:
+                 host: HostMemory, saved_ops: Sequence[str] = (), where: str = "") -> None:
         super().__init__()
         self.units = [unit]  # a list: not registered, so parameters keep the model's names
         self.name = name
         self.policy = policy
         self.switch = switch
         self.host = host
+        self.saved_ops = tuple(saved_ops)
+        self.where = where or f"unit_saved_ops[{name!r}]"
+        self.observed: Counter[str] | None = None  # set by a selective forward
+        self.checked = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         unit = self.units[0]
         if not torch.is_grad_enabled():
             return unit(*args, **kwargs)
+        if self.policy == "recompute" and self.saved_ops and not self.switch.rerunning:
+            return self._selective(unit, *args, **kwargs)
         if self.policy == "recompute":
             return checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
         if self.switch.rerunning:  # the forward's host copies serve the backward: none again
@@ -154,6 +255,25 @@ class UnitCall(nn.Module):
                 return unit(*args, **kwargs)
         with offloaded(self.host, unit):
             return unit(*args, **kwargs)
+
+    def _selective(self, unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        policy = SavedOpsPolicy(self.saved_ops)  # fresh per call: its counts start at 0
+        out = checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True,
+                         context_fn=functools.partial(_selective, policy), **kwargs)
+        self.observed = policy.counts
+        if not self.checked:
+            missing = policy.missing()
+            if missing:
+                name, calls = missing[0]
+                op = saved_op_parts(name)[0]
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise InputError(
+                    f"{self.where}: {name!r}{more} is not a call of the unit's forward "
+                    f"({op} is called {calls} time{'' if calls == 1 else 's'} there); name calls "
+                    "'OP#K' with K below that"
+                )
+            self.checked = True
+        return out
 
 
 def _drop(t: torch.Tensor) -> None:
@@ -164,8 +284,20 @@ def _never(packed: Any) -> torch.Tensor:
     raise RuntimeError("planner.runtime.pipeline_units: a dropped saved tensor was unpacked")
 
 
-def check_unit_policies(stage: PipelineStage) -> dict[str, str]:
-    """The stage's policies other than "keep"; one line for a module or policy it cannot run."""
+class UnitPolicies(dict[str, str]):
+    """A stage's policies other than "keep", by unit, and its recompute units' saved ops
+    (`saved_ops`, PipelineStage.unit_saved_ops less empty lists)."""
+
+    def __init__(self, policies: Mapping[str, str], stage_index: int = 0,
+                 saved_ops: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(policies)
+        self.stage_index = stage_index
+        self.saved_ops = {u: tuple(ops) for u, ops in (saved_ops or {}).items() if ops}
+
+
+def check_unit_policies(stage: PipelineStage) -> UnitPolicies:
+    """The stage's policies other than "keep" (with its saved ops); one line for a module or
+    policy it cannot run."""
     out: dict[str, str] = {}
     for name, policy in stage.unit_policies.items():
         if name not in stage.modules:
@@ -180,21 +312,34 @@ def check_unit_policies(stage: PipelineStage) -> dict[str, str]:
             )
         if policy != "keep":
             out[name] = policy
-    return out
+    saved = getattr(stage, "unit_saved_ops", None) or {}
+    for name in saved:
+        if out.get(name) != "recompute":
+            raise InputError(
+                f"partition: stage {stage.stage_index}'s unit_saved_ops name {name!r}, which is "
+                "not one of its 'recompute' units; give it unit_policies 'recompute' or drop it"
+            )
+    return UnitPolicies(out, stage.stage_index, saved)
 
 
 def apply_unit_policies(
     module: fx.GraphModule, policies: Mapping[str, str], switch: UnitSwitch, host: HostMemory
 ) -> list[UnitCall]:
     """Retarget every call of a unit with a policy (or of a module inside it) to a UnitCall
-    registered on `module` (the unit itself stays registered where it was)."""
+    registered on `module` (the unit itself stays registered where it was); `policies` from
+    check_unit_policies carry the recompute units' saved ops."""
     named = list(policies)
+    saved: Mapping[str, Sequence[str]] = getattr(policies, "saved_ops", {})
+    stage = getattr(policies, "stage_index", None)
     calls: list[UnitCall] = []
     for node in module.graph.nodes:
         if node.op != "call_module" or (owner := owner_of(str(node.target), named)) is None:
             continue
+        where = f"partition: stage {stage}'s unit_saved_ops[{owner!r}]" if stage is not None \
+            else f"unit_saved_ops[{owner!r}]"
+        ops = saved.get(owner, ()) if policies[owner] == "recompute" else ()
         call = UnitCall(module.get_submodule(str(node.target)), str(node.target),
-                        policies[owner], switch, host)
+                        policies[owner], switch, host, ops, where)
         target = f"_unit_call_{len(calls)}"
         module.add_module(target, call)
         node.target = target

@@ -1,6 +1,7 @@
 """A whole-job plan from the planner, run as planned: `pipeline-whole` plans a GPT over 2 and 4
 ranks under device memory below what any plain contiguous split needs (so its stages must
-recompute or offload modules), and torch.distributed.pipelining runs that plan (gloo, CPU): the
+recompute or offload modules; without a host tier, recomputed modules keep some of their calls'
+outputs: selective checkpoints), and torch.distributed.pipelining runs that plan (gloo, CPU): the
 loss and gradients equal one process, and every rank's measured device peak stays within the
 plan's predicted peak, which is within the device memory; host peaks within the predicted."""
 
@@ -74,6 +75,8 @@ def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
     policies = [p for s in plan.partition.stages for p in s.unit_policies.values()]
     allowed = {"recompute", "offload"} if host else {"recompute"}
     assert policies and set(policies) <= allowed, plan.partition
+    if not host:  # op-level plans: recomputed blocks keep some calls' outputs (selective)
+        assert any(s.unit_saved_ops for s in plan.partition.stages), plan.partition
     predicted = plan.predicted.per_rank_peak_bytes
     assert predicted is not None and max(predicted) <= memory
     assert result["same_parameters"]
@@ -81,7 +84,8 @@ def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
     assert result["max_grad_error"] <= 1e-5 * max(1.0, result["grad_scale"])
     measured = [m.peak_bytes for m in result["memory"]]
     print(f"{world} ranks at {memory:,} B ({SHARE} of the least plain split): policies "
-          f"{[dict(s.unit_policies) for s in plan.partition.stages]}; measured {measured}, "
+          f"{[dict(s.unit_policies) for s in plan.partition.stages]}, saved calls "
+          f"{[dict(s.unit_saved_ops) for s in plan.partition.stages]}; measured {measured}, "
           f"predicted {predicted}; host measured "
           f"{[m.host_peak_bytes for m in result['memory']]}, predicted "
           f"{plan.predicted.host_peak_bytes}")

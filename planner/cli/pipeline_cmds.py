@@ -153,10 +153,13 @@ def partition_cmd(
 
 
 def _redo(row: StageRow) -> str:
-    """Micro-batches recomputed whole, and the modules a whole-job plan recomputes or offloads."""
+    """Micro-batches recomputed whole, and the modules a whole-job plan recomputes (whole, or
+    selectively: some calls' outputs kept) or offloads."""
     parts = [f"{row.recomputed} mb"] if row.recomputed else []
-    for policy in ("recompute", "offload"):
-        mods = [m for m, p in row.unit_policies.items() if p == policy]
+    kinds = {m: "selective" if p == "recompute" and row.saved_ops.get(m) else p
+             for m, p in row.unit_policies.items()}
+    for policy in ("recompute", "selective", "offload"):
+        mods = [m for m, p in kinds.items() if p == policy]
         if mods:
             more = " .." if len(mods) > 3 else ""
             parts.append(f"{policy} {len(mods)}: {', '.join(mods[:3])}{more}")

@@ -125,6 +125,18 @@ def rank_actions_from_csv(text: str) -> list[list[PipelineAction]]:
 
 
 UnitPolicy = Literal["keep", "recompute", "offload"]
+SAVED_OP = re.compile(r"[A-Za-z_][\w.]*#\d+")  # unit_saved_ops: an operator and its call index
+
+
+def saved_op(op: str, index: int) -> str:
+    """unit_saved_ops' name of the `index`-th call (from 0) of `op` in a module's forward."""
+    return f"{op}#{index}"
+
+
+def saved_op_parts(name: str) -> tuple[str, int]:
+    """('aten.addmm', 0) from 'aten.addmm#0'."""
+    op, _, k = name.rpartition("#")
+    return op, int(k)
 
 
 class PipelineStage(BaseModel):
@@ -152,6 +164,13 @@ class PipelineStage(BaseModel):
         "every micro-batch: 'recompute' keeps only the unit's input and reruns its forward before "
         "its backward; 'offload' copies them to host memory after its forward and back before "
         "its backward. A module not named keeps them (the whole-job planner's per-stage plan).",
+    )
+    unit_saved_ops: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per 'recompute' module, the ops of its forward whose outputs are kept "
+        "(selective activation checkpointing: its backward reruns every other op of the "
+        "module, not these). An op is 'OP#K': the K-th call (from 0) of operator OP in the "
+        "module's forward, e.g. 'aten.addmm#0'. Not named: the whole module is rerun.",
     )
 
     def recomputes(self, microbatch_index: int) -> bool:
@@ -186,6 +205,18 @@ class Partition(BaseModel):
                     f"stages[{s.stage_index}].unit_policies: {stray[0]!r} is not one of the "
                     "stage's modules; name a module listed in its modules"
                 )
+            for unit, ops in s.unit_saved_ops.items():
+                if s.unit_policy(unit) != "recompute":
+                    raise ValueError(
+                        f"stages[{s.stage_index}].unit_saved_ops: {unit!r} is not a 'recompute' "
+                        "module of the stage; give it unit_policies 'recompute' or drop it"
+                    )
+                bad = [op for op in ops if not SAVED_OP.fullmatch(op)]
+                if bad:
+                    raise ValueError(
+                        f"stages[{s.stage_index}].unit_saved_ops[{unit!r}]: {bad[0]!r} is not "
+                        "'OP#K' (an operator and its call index from 0, e.g. 'aten.addmm#0')"
+                    )
         return self
 
     @property

@@ -54,6 +54,7 @@ class StageRow:
     rank_peak_bytes: int
     unit_policies: dict[str, str] = field(default_factory=dict)  # module -> recompute/offload
     host_bytes: int = 0  # offloaded activations per micro-batch
+    saved_ops: dict[str, list[str]] = field(default_factory=dict)  # selective modules' kept calls
 
 
 @dataclass(frozen=True)
@@ -383,6 +384,7 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
             unit_policies={k: v for k, v in cand.partition.stage(s).unit_policies.items()
                            if v != "keep"},
             host_bytes=e.host_bytes,
+            saved_ops=dict(cand.partition.stage(s).unit_saved_ops),
         ))
     return rows
 

@@ -12,7 +12,8 @@ Policies, per micro-batch (as planner.runtime.pipeline_units runs them):
 - keep: nothing changes.
 - recompute (non-reentrant torch.utils.checkpoint of the module): the device keeps the unit's
   inputs instead of its saved roots; the stage's B (or I) reruns the unit's forward first
-  (+forward_ms).
+  (+forward_ms). With `unit_saved_ops` (selective checkpointing, planner.sim.selective_units)
+  the device also keeps the outputs of the named calls, and the rerun skips them.
 - offload (saved-tensor hooks around the module): each tensor the unit saves is copied to host
   memory as autograd saves it, one copy per saving (backward node, root) pair (`host_bytes`,
   per in-flight micro-batch: what the runtime's HostMemory measures), and reloaded when a
@@ -51,6 +52,7 @@ from planner.core.pipeline_actions import Partition, UnitPolicy
 from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
+from planner.sim.selective_units import rerun_ms, unit_cached
 from planner.sim.stage_costs import (
     StageCosts,
     gradient_nodes,
@@ -166,13 +168,16 @@ def policy_stage_costs(
     base: StageCosts,
     policies: Mapping[str, UnitPolicy],
     resources: Resources | None,
+    saved_ops: Mapping[str, Sequence[str]] | None = None,
 ) -> PolicyCosts:
-    """`base` (the stage's costs with every unit kept) under `policies`; unchanged when every
-    unit keeps."""
+    """`base` (the stage's costs with every unit kept) under `policies` (and, for recompute
+    units, `saved_ops`: selective checkpointing); unchanged when every unit keeps."""
     chosen = {u.name: policies.get(u.name, "keep") for u in facts.units}
     if all(p == "keep" for p in chosen.values()):
         return PolicyCosts(base, 0)
-    size = MemoryLedger.of(graph).storage_bytes
+    ledger = MemoryLedger.of(graph)
+    size, root = ledger.storage_bytes, ledger.storage_root
+    cached = unit_cached(graph, facts.forward, chosen, saved_ops)
 
     def nbytes(roots: Iterable[int]) -> int:
         return sum(size[r] for r in roots)
@@ -184,21 +189,22 @@ def policy_stage_costs(
         if chosen[u.name] == "keep":
             kept |= u.saved
         elif chosen[u.name] == "recompute":
-            kept |= u.inputs
+            kept |= u.inputs | {root[v] for v in cached.get(u.name, ())}
     offloaded = [u for u in facts.units if chosen[u.name] == "offload"]
     saved_bytes = base.saved_bytes - nbytes(every_saved - kept) + nbytes(kept - every_saved)
     transient = max(base.transient_bytes, forward_working_bytes(graph, facts, kept),
-                    backward_working_bytes(graph, facts, chosen, kept))
+                    backward_working_bytes(graph, facts, chosen, kept, cached=cached))
     d2h = resources.d2h if resources is not None else None
     h2d = resources.h2d if resources is not None else None
     if offloaded and (d2h is None or h2d is None):
         raise PlanError("unit_policies: 'offload' needs a host tier (resources h2d and d2h "
                         "links); give resources with a host tier or use 'recompute'")
     forward_ms = _forward_with_copies(facts, chosen, d2h) if offloaded else base.forward_ms
-    backward_ms = _backward_with_reloads(facts, chosen, h2d if offloaded else None)
+    backward_ms = _backward_with_reloads(facts, chosen, h2d if offloaded else None,
+                                         rerun_ms(graph, facts.forward, cached))
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
-    weight_transient = base.weight_transient_bytes + weight_rerun_bytes(graph, facts, chosen,
-                                                                        base.first_stage)
+    weight_transient = base.weight_transient_bytes + weight_rerun_bytes(
+        graph, facts, chosen, base.first_stage, cached)
     costs = replace(
         base,
         forward_ms=max(base.forward_ms, forward_ms),
@@ -213,7 +219,7 @@ def policy_stage_costs(
 
 
 def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
-                       first_stage: bool) -> int:
+                       first_stage: bool, cached: Mapping[str, Set[int]] | None = None) -> int:
     """What the reruns of the recompute units leave alive in a split W (planner.sim.
     rank_memory.weight_rerun_residue_bytes per unit): per weight group of the unit its
     recomputed roots an input-gradient node reads, and the roots only weight nodes read, of
@@ -221,12 +227,14 @@ def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, Uni
     W). None on the first stage, whose W is one whole backward (one rerun per checkpoint)."""
     if first_stage:
         return 0
-    size = MemoryLedger.of(graph).storage_bytes
+    ledger = MemoryLedger.of(graph)
+    size, root = ledger.storage_bytes, ledger.storage_root
     per_group = only_weight = 0
     for u in facts.units:
         if chosen[u.name] != "recompute" or not u.weight_groups:
             continue
-        again = u.saved - u.inputs  # what the rerun makes
+        # what the rerun makes (a selective checkpoint's kept outputs it does not)
+        again = u.saved - u.inputs - {root[v] for v in (cached or {}).get(u.name, ())}
         read = again & u.input_read
         per_group += u.weight_groups * sum(size[r] for r in read)
         only_weight = max(only_weight, sum(size[r] for r in again - read))
@@ -242,24 +250,30 @@ def forward_working_bytes(graph: Graph, facts: StageFacts, kept: Set[int]) -> in
 
 
 def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
-                           kept: Set[int], unfreed: Set[int] | None = None) -> int:
+                           kept: Set[int], unfreed: Set[int] | None = None,
+                           cached: Mapping[str, Set[int]] | None = None) -> int:
     """What a backward node holds on top of the micro-batch's kept bytes: its node transient
     (stage_costs), plus in an offload unit the host copies it reloads (every root it reads,
     kept or not: the runtime reloads whatever the unit saved), in a recompute unit the rerun
     of the unit's forward and then the recomputed roots until their last backward reader;
     less the kept roots already freed (made here, not held, not in `unfreed` (None: the
-    inputs of recompute units), their last backward reader run)."""
+    inputs of recompute units), their last backward reader run). `cached`: per recompute unit
+    the nodes its selective checkpoint keeps: not rerun, and never counted freed."""
     ledger = MemoryLedger.of(graph)
     root, size, preds = ledger.storage_root, ledger.storage_bytes, ledger.predecessors
     backward = {v for v, _ in facts.backward}
     made = {v for v, _ in facts.forward}
     units = {u.name: u for u in facts.units}
+    cached = cached or {}
+    cached_roots = {u: {root[v] for v in nodes} for u, nodes in cached.items()}
     # recompute unit -> its rerun's peak (new tensors, its saved ones kept to the rerun's end)
-    rerun = {u.name: _working_peak(graph, [v for v, n in facts.forward if n == u.name],
+    rerun = {u.name: _working_peak(graph, [v for v, n in facts.forward if n == u.name
+                                           and v not in cached.get(u.name, ())],
                                    frozenset(), u.saved) for u in facts.units
              if chosen[u.name] == "recompute"}
     if unfreed is None:  # a checkpoint holds its inputs: never counted freed
         unfreed = set().union(*(u.inputs for u in facts.units if chosen[u.name] == "recompute"))
+    unfreed = set(unfreed).union(*cached_roots.values())
     last: dict[int, int] = {}  # forward root -> the position of its last backward reader
     for j, (w, _) in enumerate(facts.backward):
         for p in preds[w]:
@@ -277,7 +291,8 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
         if policy == "offload":
             extra = sum(size[r] for r in {root[p] for p in preds[w] if p not in backward})
         elif policy == "recompute" and name is not None:
-            again = units[name].saved - units[name].inputs  # remade by the rerun
+            # remade by the rerun
+            again = units[name].saved - units[name].inputs - cached_roots.get(name, set())
             alive = sum(size[r] for r in again if last.get(r, -1) >= j)
             extra = alive if name in started else max(alive, rerun[name])
             started.add(name)
@@ -334,8 +349,9 @@ def _forward_with_copies(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
 
 
 def _backward_with_reloads(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
-                           h2d: Link | None) -> float:
-    """B's compute with recomputed forwards and reload waits (reverse module order)."""
+                           h2d: Link | None, reruns: Mapping[str, float]) -> float:
+    """B's compute with recomputed forwards (`reruns`: a selective unit's) and reload waits
+    (reverse module order)."""
     clock = 0.0
     release = 0.0  # when the previous offloaded unit's backward ended (its reload freed)
     for u in reversed(facts.units):
@@ -343,7 +359,7 @@ def _backward_with_reloads(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
         if policy == "offload" and h2d is not None:
             clock = max(clock, release + h2d.transfer_ms(u.host_bytes))
         if policy == "recompute":
-            clock += u.forward_ms
+            clock += reruns.get(u.name, u.forward_ms)
         clock += u.backward_ms
         if policy == "offload":
             release = clock
@@ -370,5 +386,5 @@ def apply_unit_policies(
     for s in active:
         facts = stage_facts(graph, members[s.stage_index], s.modules)
         out[s.stage_index] = policy_stage_costs(graph, facts, costs[s.stage_index],
-                                                s.unit_policies, resources)
+                                                s.unit_policies, resources, s.unit_saved_ops)
     return out

@@ -21,9 +21,8 @@ import itertools
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
 from planner.solvers.pipeline.schedules import stage_rank
 
@@ -89,8 +88,7 @@ def step_lower_bound_ms(problem: PipelineProblem, split: Split,
 
 def simulated(problem: PipelineProblem, cand: Candidate) -> Candidate:
     """`cand` (built with simulate=False) with its simulation, without rebuilding its lists."""
-    sim = simulate_pipeline(problem.graph, cand.partition, cand.rank_actions, problem.resources)
-    return replace(cand, simulation=sim)
+    return problem.simulated(cand)
 
 
 def makespan_ms(cand: Candidate) -> float:

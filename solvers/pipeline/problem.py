@@ -64,6 +64,10 @@ class PipelineProblem:
     # action lists by recomputed micro-batches, for schedules whose lists ignore stage times
     _lists: dict[tuple[frozenset[int], ...], list[list[PipelineAction]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # simulated steps by split: the DP, the ILP and the whole-job search share them
+    _simulations: dict[tuple[tuple[tuple[int, int], ...], tuple[int | None, ...]],
+                       SimulationResult] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def stage_count(self) -> int:
@@ -161,10 +165,18 @@ class PipelineProblem:
         lists = self.action_lists(split)
         peaks = self.peaks(split, lists)
         fits = self.memory_bytes is None or max(peaks) <= self.memory_bytes
-        sim = None
-        if simulate:
-            sim = simulate_pipeline(self.graph, partition, lists, self.resources)
-        return Candidate(split, partition, lists, peaks, sim, fits)
+        cand = Candidate(split, partition, lists, peaks, None, fits)
+        return self.simulated(cand) if simulate else cand
+
+    def simulated(self, cand: Candidate) -> Candidate:
+        """`cand` (built with simulate=False) with its simulation, without rebuilding its lists;
+        a split simulated before is not simulated again."""
+        key = (cand.split.bounds, cand.split.stored)
+        sim = self._simulations.get(key)
+        if sim is None:
+            sim = self._simulations[key] = simulate_pipeline(
+                self.graph, cand.partition, cand.rank_actions, self.resources)
+        return replace(cand, simulation=sim)
 
     def best_simulated(self, splits: Sequence[Split]) -> Candidate | None:
         """The fitting split with the least simulated step time (ties: lower peak)."""
@@ -177,9 +189,7 @@ class PipelineProblem:
             cand = self.candidate(split, simulate=False)
             if not cand.fits:
                 continue
-            # simulate the lists already built (action lists and peaks are not rebuilt)
-            cand = replace(cand, simulation=simulate_pipeline(
-                self.graph, cand.partition, cand.rank_actions, self.resources))
+            cand = self.simulated(cand)  # the lists already built are not rebuilt
             if best is None or simulated_key(cand) < simulated_key(best):
                 best = cand
         return best

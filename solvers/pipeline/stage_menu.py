@@ -34,9 +34,11 @@ from planner.sim.stage_policies import (
     weight_rerun_bytes,
 )
 from planner.solvers.pipeline.problem import PipelineProblem
+from planner.solvers.pipeline.selective_menu import Selective, selective_options
 
 FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
 EXACT_CHECKS = 6  # frontier points timed by the simulator's rule
+SELECTIVE = "selective"  # a choice "selective<k>": the module's k-th Selective option
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Item:
     recompute_ms: float
     offload_ms: float  # estimated copy time not hidden behind the stage's other compute
     weight_rerun_bytes: int = 0  # recomputed: what its reruns leave in a split W (bound)
+    selective: tuple[Selective, ...] = ()  # recomputed keeping some calls' outputs
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class StageChoice:
     added_ms: float  # forward + backward over the all-keep stage
     peak_bytes: int  # one_stage_peak_bytes of the effective costs
     exact: bool  # the frontier was never cut
+    saved_ops: tuple[tuple[str, tuple[str, ...]], ...] = ()  # selective recompute modules
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class _State:
     offload_bytes: int  # the host bytes
     largest_bytes: int  # the largest non-keep module's transient bound
     ms: float
-    choice: tuple[UnitPolicy, ...]
+    choice: tuple[str, ...]  # per module: a UnitPolicy or "selective<k>" (its k-th option)
     weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
@@ -82,6 +86,9 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
     their sum bounds the simulator's)."""
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
+    # zero-bubble's W reruns what its I consumed of a selective checkpoint, kept calls too (the
+    # simulator's W rule does not model that): selective options only with a whole backward
+    split = problem.plan_schedule.split_backward
     out = []
     after_fwd = [0.0] * len(facts.units)
     after_bwd = [0.0] * len(facts.units)
@@ -108,9 +115,12 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
             transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
         alone[u.name] = "recompute"
         rerun = weight_rerun_bytes(problem.graph, facts, alone, False) if weight_reruns else 0
-        out.append(Item(u.name, u.host_bytes, sum(size[r] for r in u.saved - others),
+        exclusive = u.saved - others
+        out.append(Item(u.name, u.host_bytes, sum(size[r] for r in exclusive),
                         sum(size[r] for r in u.inputs), transient[0], transient[1],
-                        u.forward_ms, offload_ms, rerun))
+                        u.forward_ms, offload_ms, rerun,
+                        () if split else selective_options(problem.graph, facts, u, exclusive,
+                                                           least, inputs, weight_reruns)))
     return out
 
 
@@ -139,14 +149,16 @@ def choose(
         return None
     res = problem.resources
     host = res is not None and res.has_host_tier and host_cap > 0
-    options: tuple[UnitPolicy, ...] = ("keep", "recompute", "offload") if host else (
+    options: tuple[str, ...] = ("keep", "recompute", "offload") if host else (
         "keep", "recompute")
     frontier = [_State(0, 0, 0, 0.0, ())]
     exact = True
-    for it in items(problem, facts, split and not base.first_stage):
+    figures = items(problem, facts, split and not base.first_stage)
+    for it in figures:
         grown = []
+        mine = options + tuple(f"{SELECTIVE}{k}" for k in range(len(it.selective)))
         for st in frontier:
-            for p in options:
+            for p in mine:
                 grown.append(_grow(st, it, p))
         frontier = _pareto(grown)
         if len(frontier) > FRONTIER_LIMIT:
@@ -158,18 +170,32 @@ def choose(
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
                                         microbatches=m, split_backward=split) <= cap]
     best: StageChoice | None = None
-    names = [u.name for u in facts.units]
     for st in sorted(fitting, key=lambda x: x.ms)[:EXACT_CHECKS]:
-        policies = tuple((m, p) for m, p in zip(names, st.choice, strict=True) if p != "keep")
-        got = policy_stage_costs(problem.graph, facts, base, dict(policies), res)
+        policies, saved_ops = _policies(figures, st.choice)
+        got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
+                                 dict(saved_ops))
         c = got.costs
         peak = one_stage_peak_bytes(c, inflight, microbatches=m, split_backward=split)
         if peak > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover - bounds hold
             continue
         added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms)
         if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
-            best = StageChoice(policies, c, got.host_bytes, added, peak, exact)
+            best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops)
     return best
+
+
+def _policies(figures: list[Item], choice: tuple[str, ...]) -> tuple[
+        tuple[tuple[str, UnitPolicy], ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """The non-keep modules' policies and the selective ones' saved ops."""
+    policies: list[tuple[str, UnitPolicy]] = []
+    saved: list[tuple[str, tuple[str, ...]]] = []
+    for it, p in zip(figures, choice, strict=True):
+        if p.startswith(SELECTIVE):
+            policies.append((it.name, "recompute"))
+            saved.append((it.name, it.selective[int(p[len(SELECTIVE):])].saved_ops))
+        elif p in ("recompute", "offload"):
+            policies.append((it.name, "recompute" if p == "recompute" else "offload"))
+    return tuple(policies), tuple(saved)
 
 
 def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
@@ -182,7 +208,7 @@ def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
                    weight_rerun_bytes=max(base.weight_rerun_bytes, weight))
 
 
-def additive_state(modules: list[Item], choice: tuple[UnitPolicy, ...]) -> _State:
+def additive_state(modules: list[Item], choice: tuple[str, ...]) -> _State:
     """The additive figures of `choice` (one policy per module, in module order)."""
     st = _State(0, 0, 0, 0.0, ())
     for it, policy in zip(modules, choice, strict=True):
@@ -190,9 +216,14 @@ def additive_state(modules: list[Item], choice: tuple[UnitPolicy, ...]) -> _Stat
     return st
 
 
-def _grow(st: _State, it: Item, policy: UnitPolicy) -> _State:
+def _grow(st: _State, it: Item, policy: str) -> _State:
     if policy == "keep":
         return replace(st, choice=st.choice + ("keep",))
+    if policy.startswith(SELECTIVE):
+        o = it.selective[int(policy[len(SELECTIVE):])]
+        return _State(st.delta_bytes + o.delta_bytes, st.offload_bytes,
+                      max(st.largest_bytes, o.transient_bytes), st.ms + o.rerun_ms,
+                      st.choice + (policy,), st.weight_rerun_bytes + o.weight_rerun_bytes)
     if policy == "recompute":
         return _State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,
                       max(st.largest_bytes, it.recompute_transient_bytes),

@@ -14,8 +14,8 @@ per-stage policy choice), the balanced splits, and then, until the time limit:
 - every contiguous split, cheapest lower bound first, when there are at most ENUMERATE_LIMIT
   (a split is skipped once its all-keep lower bound reaches the best step found: policies only
   lengthen actions, so with fixed action lists no policy can make it faster);
-- else the DP's proposals on stage costs that include each range's best policy time, then local
-  moves of single boundaries around the best split.
+- else the DP's proposals on stage costs that include each range's best policy time, then
+  today's DP's boundary moves (single boundaries and sliding runs) around the best split.
 
 Bound and status: with fixed action lists (every schedule but zero-bubble's time-driven ones) a
 plan's step is at least its split's all-keep simulated step; the least of those over all splits
@@ -54,6 +54,7 @@ Current = Callable[[], Candidate | None]  # the best plan so far
 ENUMERATE_LIMIT = 5000  # contiguous splits simulated one by one
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
+DP_SHARE_NO_ILP = 1.0  # with several stages a rank (no ILP): its moves are most of the search
 OVERRUN = 0.8  # the DP and the ILP may run past the limit they are given (their last steps)
 PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
 
@@ -107,11 +108,16 @@ class WholeJob:
 
     def candidate(self, split: PolicySplit) -> Candidate:
         p = self.p
+        if not split.policies:  # all-keep: the problem's own (its simulations are shared)
+            return p.candidate(Split(split.bounds))
         stages = []
         for s, (i, j) in enumerate(split.bounds):
             policies = dict(split.policies[s]) if split.policies else {}
+            picked = self.choice(i, j, s) if policies else None
+            saved = {m: list(ops) for m, ops in picked.saved_ops} if picked is not None else {}
             stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
-                                        modules=p.chain.modules(i, j), unit_policies=policies))
+                                        modules=p.chain.modules(i, j), unit_policies=policies,
+                                        unit_saved_ops=saved))
         partition = Partition(stages=stages)
         lists = p.action_lists(Split(split.bounds))
         costs = [self.effective(i, j, s, split) for s, (i, j) in enumerate(split.bounds)]
@@ -179,8 +185,9 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             offer(job.candidate(split), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
-    # several stages a rank: no ILP candidate, so the DP gets the ILP's share too
-    dp_share = DP_SHARE if problem.stage_count == problem.ranks else 2 * DP_SHARE
+    # several stages a rank: no ILP candidate; the DP's boundary moves find the faster splits
+    # (with OVERRUN it stops at 0.8 of the limit: the policies' search gets the rest)
+    dp_share = DP_SHARE if problem.stage_count == problem.ranks else DP_SHARE_NO_ILP
     dp = dp_partition(problem, time_limit_s=OVERRUN * dp_share * time_limit_s)
     offer(dp.best, "dp")
     seq_bounds = dp.best.split.bounds if dp.best is not None else \
@@ -261,7 +268,9 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
 
 
 def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float) -> None:
-    """DP proposals on each range's best-policy stage time, then single-boundary moves."""
+    """DP proposals on each range's best-policy stage time, then boundary moves."""
+    from planner.solvers.pipeline.dp import neighbours
+
     p = job.p
     L, S = p.length, p.stage_count
     span = max(2, math.ceil(PROPOSAL_SPAN * L / S))
@@ -284,10 +293,7 @@ def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float
         if best is None or best.split.bounds in tried:
             return
         tried.add(best.split.bounds)
-        edges = [b[0] for b in best.split.bounds] + [L]
-        for k in range(1, S):
-            for step in (-1, 1):
-                e = list(edges)
-                e[k] += step
-                if e[k - 1] < e[k] < e[k + 1] and time.perf_counter() < deadline:
-                    try_bounds(tuple((e[s], e[s + 1]) for s in range(S)), "local move")
+        for near in neighbours(Split(best.split.bounds)):  # today's DP's moves, sliding runs too
+            if time.perf_counter() >= deadline:
+                return
+            try_bounds(near.bounds, "local move")
