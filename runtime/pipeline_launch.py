@@ -43,11 +43,26 @@ def _entry(
         dist.init_process_group("gloo", rank=rank, world_size=world)
         try:
             out.put((rank, True, fn(rank, world, *args)))
+        except BaseException as e:  # queued before the group closes: the peers' errors follow
+            out.put((rank, False, _describe(e)))
         finally:
             dist.destroy_process_group()
     except BaseException as e:  # reported to the parent, which raises
-        lines = traceback.format_exception(e)
-        out.put((rank, False, f"{type(e).__name__}: {e}\n{''.join(lines[-6:])}"))
+        out.put((rank, False, _describe(e)))
+
+
+def _describe(e: BaseException) -> str:
+    lines = traceback.format_exception(e)
+    return f"{type(e).__name__}: {e}\n{''.join(lines[-6:])}"
+
+
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _first_cause(failures: list[str]) -> str:
+    """The failure that is not a peer's closed connection (the rank that failed first)."""
+    own = [f for f in failures if not any(m in f for m in PEER_GONE)]
+    return (own or failures)[0]
 
 
 def run_local(
@@ -80,7 +95,7 @@ def run_local(
             if ok:
                 got[rank] = value
             else:
-                failure = f"rank {rank}: {value}"
+                failure = _first_cause([f"rank {rank}: {value}", *_more_failures(results)])
     finally:
         for p in procs:
             p.join(timeout=5 if failure is None else 0.5)
@@ -90,3 +105,15 @@ def run_local(
     if failure is not None:
         raise RuntimeError(failure)
     return [got[r] for r in range(world_size)]
+
+
+def _more_failures(results: Any, wait_s: float = 1.0) -> list[str]:
+    """Other ranks' failures that arrive within `wait_s` of the first."""
+    out: list[str] = []
+    while True:
+        try:
+            rank, ok, value = results.get(timeout=wait_s)
+        except queue.Empty:
+            return out
+        if not ok:
+            out.append(f"rank {rank}: {value}")

@@ -31,6 +31,7 @@ from planner.runtime.pipeline_units import (
     check_unit_policies,
     op_name,
 )
+from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.solvers.pipeline.schedules import make_schedule
 from planner.tracing.api import trace
 from planner.tracing.memory import StorageTracker
@@ -234,24 +235,49 @@ def test_selective_peak_lies_between_all_recompute_and_all_keep(
         assert selective[rank].host_peak_bytes == 0
 
 
-def _refusing_worker(rank: int, world: int, saved: dict[str, list[str]]) -> tuple[str, str]:
-    """Each rank's error as (type, message): the rank whose unit names a call its forward does
-    not make raises InputError from `step`, its peer loses the connection."""
+def _refusing_worker(rank: int, world: int, saved: dict[str, list[str]]) -> None:
+    """The rank whose unit names a call its forward does not make raises InputError from
+    `step`; its peer then loses the connection."""
     from planner.runtime.pipeline import build_pipeline
 
     model, inputs = zoo.gpt(batch_size=BATCH, **GPT)
-    try:
-        build_pipeline(model, make_plan("1f1b", ALL_RECOMPUTE, saved), inputs).step(*inputs)
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        return type(e).__name__, str(e)
-    return "", ""
+    build_pipeline(model, make_plan("1f1b", ALL_RECOMPUTE, saved), inputs).step(*inputs)
 
 
 @pytest.mark.slow  # 2 processes
 def test_a_pipeline_refuses_a_saved_op_the_forward_does_not_call_in_one_line() -> None:
-    errors = run_local(_refusing_worker, 2, {"h.1": ["aten.addmm#99"]})
-    kind, message = errors[0]
-    assert kind == "InputError", errors
-    assert message.startswith("partition: stage 0's unit_saved_ops['h.1']: 'aten.addmm#99' is "
-                              "not a call of the unit's forward")
-    assert "\n" not in message
+    """run_local reports the rank that failed first (not its peer's closed connection)."""
+    with pytest.raises(RuntimeError) as info:
+        run_local(_refusing_worker, 2, {"h.1": ["aten.addmm#99"]})
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("rank 0: InputError: partition: stage 0's unit_saved_ops['h.1']: "
+                            "'aten.addmm#99' is not a call of the unit's forward"), first
+
+
+@pytest.fixture(scope="module")
+def step_graph() -> Any:
+    """One micro-batch's step of the GPT at op level (the plans' graph)."""
+    model, inputs = zoo.gpt(batch_size=BATCH // MICROBATCHES, **GPT)
+    return trace(model, inputs).graph
+
+
+# measured <= predicted <= SLACK x measured per rank (the simulator's selective rule,
+# planner.sim.selective_units). Measured (CPU, 2026-11-26): see the printed rows.
+SLACK = {"1f1b": 1.10, "gpipe": 1.10, "zb-h1": 1.30}
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)))
+@pytest.mark.slow  # shares the 2-process fixture
+def test_measured_peak_is_at_most_the_simulated_and_close(
+    results: list[dict[str, Any]], step_graph: Any, index: int
+) -> None:
+    cfg = CONFIGS[index]
+    plan = make_plan(cfg["schedule"], cfg["policies"], cfg["saved"], cfg.get("recompute"))
+    assert plan.partition is not None and plan.rank_actions is not None
+    predicted = simulate_pipeline(step_graph, plan.partition, plan.rank_actions, None)
+    measured = [m.peak_bytes for m in results[index]["memory"]]
+    ratios = [p / m for m, p in zip(measured, predicted.per_rank_peak_bytes, strict=True)]
+    print(f"{cfg['schedule']} {len(cfg['saved'])} selective: measured {measured}, predicted "
+          f"{predicted.per_rank_peak_bytes}, predicted/measured {[round(r, 3) for r in ratios]}")
+    for r in ratios:
+        assert 1.0 <= r <= SLACK[cfg["schedule"]], (cfg, measured, predicted.per_rank_peak_bytes)

@@ -204,7 +204,7 @@ def policy_stage_costs(
                                          rerun_ms(graph, facts.forward, cached))
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
     weight_transient = base.weight_transient_bytes + weight_rerun_bytes(
-        graph, facts, chosen, base.first_stage, cached)
+        graph, facts, chosen, base.first_stage)
     costs = replace(
         base,
         forward_ms=max(base.forward_ms, forward_ms),
@@ -219,7 +219,7 @@ def policy_stage_costs(
 
 
 def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
-                       first_stage: bool, cached: Mapping[str, Set[int]] | None = None) -> int:
+                       first_stage: bool) -> int:
     """What the reruns of the recompute units leave alive in a split W (planner.sim.
     rank_memory.weight_rerun_residue_bytes per unit): per weight group of the unit its
     recomputed roots an input-gradient node reads, and the roots only weight nodes read, of
@@ -227,14 +227,14 @@ def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, Uni
     W). None on the first stage, whose W is one whole backward (one rerun per checkpoint)."""
     if first_stage:
         return 0
-    ledger = MemoryLedger.of(graph)
-    size, root = ledger.storage_bytes, ledger.storage_root
+    size = MemoryLedger.of(graph).storage_bytes
     per_group = only_weight = 0
     for u in facts.units:
         if chosen[u.name] != "recompute" or not u.weight_groups:
             continue
-        # what the rerun makes (a selective checkpoint's kept outputs it does not)
-        again = u.saved - u.inputs - {root[v] for v in (cached or {}).get(u.name, ())}
+        # what the rerun makes: a selective checkpoint's kept calls too (the I pass consumed
+        # them; planner.runtime.pipeline_units has the W pass rerun them)
+        again = u.saved - u.inputs
         read = again & u.input_read
         per_group += u.weight_groups * sum(size[r] for r in read)
         only_weight = max(only_weight, sum(size[r] for r in again - read))

@@ -100,7 +100,7 @@ def selective_options(graph: Graph, facts: StageFacts, u: UnitFacts, exclusive: 
                  + sum(size[r] for r in roots - u.saved))
         transient = backward_working_bytes(graph, facts, alone, set(least) | u.inputs | roots,
                                            inputs, cached=cached)
-        rerun = weight_rerun_bytes(graph, facts, alone, False, cached) if weight_reruns else 0
+        rerun = weight_rerun_bytes(graph, facts, alone, False) if weight_reruns else 0
         out.append(Selective(tuple(c.name for c in taken), delta, transient,
                              rerun_ms(graph, facts.forward, cached)[u.name], rerun))
     return tuple(out)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
+from planner.core.resources import Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes
 from planner.sim.stage_policies import (
@@ -37,7 +38,7 @@ from planner.solvers.pipeline.problem import PipelineProblem
 from planner.solvers.pipeline.selective_menu import Selective, selective_options
 
 FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
-EXACT_CHECKS = 6  # frontier points timed by the simulator's rule
+EXACT_CHECKS = 6  # frontier points timed by the simulator's rule (twice: also device-only)
 SELECTIVE = "selective"  # a choice "selective<k>": the module's k-th Selective option
 
 
@@ -86,9 +87,6 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
     their sum bounds the simulator's)."""
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
-    # zero-bubble's W reruns what its I consumed of a selective checkpoint, kept calls too (the
-    # simulator's W rule does not model that): selective options only with a whole backward
-    split = problem.plan_schedule.split_backward
     out = []
     after_fwd = [0.0] * len(facts.units)
     after_bwd = [0.0] * len(facts.units)
@@ -119,8 +117,8 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in exclusive),
                         sum(size[r] for r in u.inputs), transient[0], transient[1],
                         u.forward_ms, offload_ms, rerun,
-                        () if split else selective_options(problem.graph, facts, u, exclusive,
-                                                           least, inputs, weight_reruns)))
+                        selective_options(problem.graph, facts, u, exclusive, least, inputs,
+                                          weight_reruns)))
     return out
 
 
@@ -170,7 +168,7 @@ def choose(
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
                                         microbatches=m, split_backward=split) <= cap]
     best: StageChoice | None = None
-    for st in sorted(fitting, key=lambda x: x.ms)[:EXACT_CHECKS]:
+    for st in _to_check(fitting, base, res):
         policies, saved_ops = _policies(figures, st.choice)
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
                                  dict(saved_ops))
@@ -182,6 +180,22 @@ def choose(
         if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
             best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops)
     return best
+
+
+def _to_check(fitting: list[_State], base: StageCosts, res: Resources | None) -> list[_State]:
+    """The frontier points timed by the simulator's rule: the fastest by an estimate that also
+    charges the offloaded bytes' copies on the one host link (what the per-module estimates
+    miss: copies queue behind each other), and the fastest that offload nothing."""
+    def estimate(st: _State) -> float:
+        if not st.offload_bytes or res is None or res.d2h is None or res.h2d is None:
+            return st.ms
+        queued = (max(0.0, res.d2h.transfer_ms(st.offload_bytes) - base.forward_ms)
+                  + max(0.0, res.h2d.transfer_ms(st.offload_bytes) - base.backward_ms))
+        return st.ms + queued
+
+    ranked = sorted(fitting, key=estimate)[:EXACT_CHECKS]
+    device_only = sorted((st for st in fitting if not st.offload_bytes), key=lambda x: x.ms)
+    return ranked + [st for st in device_only[:EXACT_CHECKS] if st not in ranked]
 
 
 def _policies(figures: list[Item], choice: tuple[str, ...]) -> tuple[
