@@ -206,6 +206,22 @@ def test_host_tier_brings_offload_within_host_memory(gpt: Graph) -> None:
         assert got.best.simulation.host_peak_bytes <= sim.host_peak_bytes // 4
 
 
+def test_one_stage_may_use_more_than_an_even_share_of_the_host_pool(gpt: Graph) -> None:
+    """Host memory is one pool: a stage's plan may hold more than pool / stages while the
+    stages' plans together fit it (the even share is the fallback)."""
+    memory = int(plain_least(gpt, HOST) * 0.85)
+    roomy = whole_job_partition(problem(gpt, memory, HOST), time_limit_s=5)
+    per_rank = [r.host_peak_bytes for r in roomy.best.simulation.ranks]
+    pool = int(1.1 * sum(per_rank))
+    assert max(per_rank) > pool // len(per_rank)  # more than an even share would give
+    p = problem(gpt, memory, HOST.model_copy(update={"host_memory_bytes": pool}))
+    got = whole_job_partition(p, time_limit_s=5)
+    check_plan(p, got)
+    held = [r.host_peak_bytes for r in got.best.simulation.ranks]
+    assert max(held) > pool // len(held) and sum(held) <= pool
+    assert makespan(got) <= makespan(roomy) + 1e-9
+
+
 def test_status_is_optimal_only_with_a_proof(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     p = problem(gpt, None)
     full = whole_job_partition(p, time_limit_s=5)

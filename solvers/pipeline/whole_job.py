@@ -64,6 +64,7 @@ class PolicySplit(Split):
     """A split with, per stage, its non-keep modules' policies."""
 
     policies: tuple[tuple[tuple[str, UnitPolicy], ...], ...] = ()
+    host_cap: int = 0  # the host bytes each stage's knapsack had (the pool, or an even share)
 
 
 class WholeJob:
@@ -74,24 +75,29 @@ class WholeJob:
         self.cap = math.inf if mem is None else mem / v  # a stage's share of its rank
         res = problem.resources
         host = res.host_memory_bytes if res is not None and res.has_host_tier else 0
-        self.host_cap = (host or 0) // problem.stage_count
+        # each stage may first use the whole host pool; where the stages' plans together
+        # overflow it, every stage gets an even share
+        self.host_caps = (host or 0, (host or 0) // problem.stage_count)
         self.host_memory = host or 0
         self.exact = True  # every knapsack solved on an uncut frontier
         self.keep_time: dict[Bounds, float] = {}
-        self.choices: dict[tuple[int, int, int], StageChoice | None] = {}  # (i, j, stage) ->
+        self.choices: dict[tuple[int, int, int, int], StageChoice | None] = {}  # (i, j,
+        # stage, host cap) -> the stage's choice
 
     # -- one stage -------------------------------------------------------------------------------
-    def choice(self, i: int, j: int, s: int) -> StageChoice | None:
-        """Stage s = units [i, j): its fastest policies within its share (None: none fit)."""
-        key = (i, j, s)
+    def choice(self, i: int, j: int, s: int, host_cap: int | None = None) -> StageChoice | None:
+        """Stage s = units [i, j): its fastest policies within its share of device memory and
+        `host_cap` host bytes (None: the whole pool); None: none fit."""
+        host_cap = self.host_caps[0] if host_cap is None else host_cap
+        key = (i, j, s, host_cap)
         if key not in self.choices:
             base = self.p.costs(i, j, s)
-            cheap = choose(self.p, None, base, self.p.inflight[s], self.cap, self.host_cap)
+            cheap = choose(self.p, None, base, self.p.inflight[s], self.cap, host_cap)
             if cheap is None:  # the all-keep stage does not fit: build its module facts
                 chain = self.p.chain
                 nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
                 facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
-                cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, self.host_cap)
+                cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap)
             if cheap is not None and not cheap.exact:
                 self.exact = False
             self.choices[key] = cheap
@@ -101,10 +107,16 @@ class WholeJob:
     def with_policies(self, bounds: Bounds) -> PolicySplit | None:
         if self.p.candidate(Split(bounds), simulate=False).fits:
             return PolicySplit(bounds)  # all-keep fits its ranks' exact peaks: nothing is faster
-        picks = [self.choice(i, j, s) for s, (i, j) in enumerate(bounds)]
-        if any(c is None for c in picks):
-            return None
-        return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None))
+        for host_cap in dict.fromkeys(self.host_caps):  # the pool first, then even shares
+            picks = [self.choice(i, j, s, host_cap) for s, (i, j) in enumerate(bounds)]
+            if any(c is None for c in picks):
+                return None  # an even share is smaller: nothing more fits
+            on_host = sum(self.p.inflight[s] * c.host_bytes
+                          for s, c in enumerate(picks) if c is not None)
+            if on_host <= self.host_memory:
+                return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
+                                   host_cap)
+        return None
 
     def candidate(self, split: PolicySplit) -> Candidate:
         p = self.p
@@ -113,7 +125,7 @@ class WholeJob:
         stages = []
         for s, (i, j) in enumerate(split.bounds):
             policies = dict(split.policies[s]) if split.policies else {}
-            picked = self.choice(i, j, s) if policies else None
+            picked = self.choice(i, j, s, split.host_cap) if policies else None
             saved = {m: list(ops) for m, ops in picked.saved_ops} if picked is not None else {}
             stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
                                         modules=p.chain.modules(i, j), unit_policies=policies,
@@ -131,7 +143,7 @@ class WholeJob:
 
     def effective(self, i: int, j: int, s: int, split: PolicySplit) -> StageCosts:
         if split.policies and split.policies[s]:
-            c = self.choice(i, j, s)
+            c = self.choice(i, j, s, split.host_cap)
             assert c is not None and c.policies == split.policies[s]
             return c.costs
         return self.p.costs(i, j, s)
