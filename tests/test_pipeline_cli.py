@@ -150,3 +150,28 @@ def test_api_partitions_is_the_plans_route(server: ServerProcess) -> None:
         assert r.status_code == 422, r.text
         message = r.json()["error"]["message"]
         assert message.startswith("split:") and "no such layer" in message
+
+
+def test_a_whole_job_plan_shows_its_selective_checkpoints(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`--method whole` on an op-level trace below the plain least memory: the table names the
+    modules recomputed selectively, and plan.json carries their kept calls."""
+    from planner import zoo
+    from planner.engine.partition import make_problem
+    from planner.solvers.pipeline.dp import least_memory_split
+    from planner.tracing import trace
+
+    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    graph = trace(model, inputs).graph
+    path, plan_path = tmp_path / "gpt.json", tmp_path / "plan.json"
+    write_json(path, graph)
+    least = least_memory_split(make_problem(graph, devices=2, memory_bytes=None,
+                                            microbatches=4, schedule="1f1b"))[0]
+    code, out, err = run(capsys, "partition", path, "--devices", "2", "--device-memory",
+                         str(int(0.8 * least)), "--microbatches", "4", "--method", "whole",
+                         "--time-limit", "5", "-o", plan_path)
+    assert code == 0, err
+    assert "selective" in out, out
+    plan = load_plan(plan_path)
+    assert plan.partition is not None
+    assert any(ops for s in plan.partition.stages for ops in s.unit_saved_ops.values())
