@@ -46,16 +46,22 @@ from torch import fx, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import (
-    CheckpointPolicy,
     checkpoint,
-    create_selective_checkpoint_contexts,
 )
 
 from planner.core.errors import InputError
-from planner.core.pipeline_actions import PipelineStage, saved_op, saved_op_parts
+from planner.core.pipeline_actions import PipelineStage, saved_op_parts
 from planner.runtime.pipeline_split import owner_of
+from planner.runtime.unit_ops import (  # op_name: re-exported
+    CallOutputs,
+    SavedOpsPolicy,
+    op_name,
+    selective_contexts,
+)
 
 POLICIES = ("keep", "recompute", "offload")
+__all__ = ["HostMemory", "UnitCall", "UnitPolicies", "UnitSwitch", "apply_unit_policies",
+           "check_unit_policies", "offloaded", "op_name"]
 
 
 class HostMemory:
@@ -123,9 +129,11 @@ def _unpack(packed: Any) -> torch.Tensor:
 
 
 @contextmanager
-def offloaded(host: HostMemory, unit: nn.Module) -> Iterator[None]:
+def offloaded(host: HostMemory, unit: nn.Module,
+              only: CallOutputs | None = None) -> Iterator[None]:
     """Saved tensors of what runs inside go to host memory, once per tensor (the unit's
-    parameters, meta and empty tensors stay: copying them frees nothing)."""
+    parameters, meta and empty tensors stay: copying them frees nothing); with `only`, just
+    the saved tensors on the storages it records (its named calls' outputs)."""
     kept = frozenset(p.untyped_storage().data_ptr()
                      for p in (*unit.parameters(), *unit.buffers()))
     # a saved tensor's identity -> (its storage, its copy); the address may be reused once the
@@ -136,7 +144,7 @@ def offloaded(host: HostMemory, unit: nn.Module) -> Iterator[None]:
         if t.is_meta or t.layout != torch.strided or t.numel() == 0:
             return t
         ptr = t.untyped_storage().data_ptr()
-        if ptr in kept:
+        if ptr in kept or (only is not None and ptr not in only.storages):
             return t
         key = (ptr, t.storage_offset(), tuple(t.size()), t.stride(), t.dtype, t._version)
         known = copies.get(key)
@@ -145,84 +153,11 @@ def offloaded(host: HostMemory, unit: nn.Module) -> Iterator[None]:
         return known[1]
 
     with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-        yield
-
-
-def op_name(func: Any) -> str:
-    """'aten.addmm' for aten.addmm.default, 'aten.add' for aten.add_.Tensor (as the graph)."""
-    packet = getattr(func, "overloadpacket", None)
-    name = str(getattr(packet, "__name__", None) or getattr(func, "__name__", func))
-    return _functional(f"{getattr(func, 'namespace', 'aten')}.{name}")
-
-
-def _functional(op: str) -> str:
-    """'aten.add_' -> 'aten.add' (an in-place call counts as its functional op)."""
-    return op[:-1] if op.endswith("_") and not op.endswith("__") else op
-
-
-class SavedOpsPolicy:
-    """A selective-checkpointing policy for one call of a unit: MUST_SAVE for the calls named
-    ('OP#K'), PREFER_RECOMPUTE for the rest. Calls are counted per op name, the forward and a
-    recompute apart (`ctx.is_recompute`); `counts`: the forward's calls per op name."""
-
-    def __init__(self, saved: Sequence[str]) -> None:
-        self.saved = frozenset(saved_op(_functional(op), k) for op, k in map(saved_op_parts, saved))
-        self.seen: dict[bool, Counter[str]] = {False: Counter(), True: Counter()}
-
-    @property
-    def counts(self) -> Counter[str]:
-        return self.seen[False]
-
-    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        op = op_name(func)
-        seen = self.seen[bool(getattr(ctx, "is_recompute", False))]
-        k = seen[op]
-        seen[op] += 1
-        if saved_op(op, k) in self.saved:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
-
-    def missing(self) -> list[tuple[str, int]]:
-        """(name, calls of its op) for each named call the forward did not make."""
-        out = []
-        for name in sorted(self.saved):
-            op, k = saved_op_parts(name)
-            if k >= self.counts[op]:
-                out.append((name, self.counts[op]))
-        return out
-
-
-_CONSUMED = getattr(torch.utils.checkpoint, "_CONSUMED", None)  # torch's SAC cache entries
-_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)
-
-
-class _EveryBackward:
-    """The recompute side of a selective checkpoint, serving every backward through the unit.
-    Torch's marks a kept output consumed once its rerun read it (freeing it), so a second
-    backward through the region (zero-bubble schedules run one for the inputs' gradients, then
-    one per weight group) would fail: a later rerun recomputes what an earlier one consumed."""
-
-    def __init__(self, cached: Any, storage: Any) -> None:
-        self.cached = cached
-        self.storage = storage  # op -> call index -> kept output, _RECOMPUTE or _CONSUMED
-
-    def __enter__(self) -> Any:
-        for calls in self.storage.values():
-            for k, entry in calls.items():
-                if entry is _CONSUMED:
-                    calls[k] = _RECOMPUTE
-        return self.cached.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self.cached.__exit__(*exc)
-
-
-def _selective(policy: SavedOpsPolicy) -> tuple[Any, Any]:
-    caching, cached = create_selective_checkpoint_contexts(policy)
-    storage = getattr(cached, "storage", None)
-    if storage is None or _CONSUMED is None or _RECOMPUTE is None:
-        return caching, cached
-    return caching, _EveryBackward(cached, storage)
+        if only is None:
+            yield
+        else:
+            with only:
+                yield
 
 
 class UnitCall(nn.Module):
@@ -230,7 +165,8 @@ class UnitCall(nn.Module):
     with `saved_ops` under a selective checkpoint (`observed`: its forward's calls per op)."""
 
     def __init__(self, unit: nn.Module, name: str, policy: str, switch: UnitSwitch,
-                 host: HostMemory, saved_ops: Sequence[str] = (), where: str = "") -> None:
+                 host: HostMemory, saved_ops: Sequence[str] = (), where: str = "",
+                 offload_ops: Sequence[str] = ()) -> None:
         super().__init__()
         self.units = [unit]  # a list: not registered, so parameters keep the model's names
         self.name = name
@@ -238,7 +174,9 @@ class UnitCall(nn.Module):
         self.switch = switch
         self.host = host
         self.saved_ops = tuple(saved_ops)
-        self.where = where or f"unit_saved_ops[{name!r}]"
+        self.offload_ops = tuple(offload_ops)
+        field = "unit_offload_ops" if self.offload_ops else "unit_saved_ops"
+        self.where = where or f"{field}[{name!r}]"
         self.observed: Counter[str] | None = None  # set by a selective forward
         self.checked = False
 
@@ -253,16 +191,26 @@ class UnitCall(nn.Module):
         if self.switch.rerunning:  # the forward's host copies serve the backward: none again
             with torch.autograd.graph.saved_tensors_hooks(_drop, _never):
                 return unit(*args, **kwargs)
-        with offloaded(self.host, unit):
-            return unit(*args, **kwargs)
+        if not self.offload_ops:
+            with offloaded(self.host, unit):
+                return unit(*args, **kwargs)
+        calls = CallOutputs(self.offload_ops)  # fresh per call: its counts start at 0
+        with offloaded(self.host, unit, calls):
+            out = unit(*args, **kwargs)
+        self._check(calls.counts, calls.missing())
+        return out
 
     def _selective(self, unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
         policy = SavedOpsPolicy(self.saved_ops)  # fresh per call: its counts start at 0
         out = checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True,
-                         context_fn=functools.partial(_selective, policy), **kwargs)
-        self.observed = policy.counts
+                         context_fn=functools.partial(selective_contexts, policy), **kwargs)
+        self._check(policy.counts, policy.missing())
+        return out
+
+    def _check(self, counts: Counter[str], missing: list[tuple[str, int]]) -> None:
+        """After the unit's first forward: one line for a named call it did not make."""
+        self.observed = counts
         if not self.checked:
-            missing = policy.missing()
             if missing:
                 name, calls = missing[0]
                 op = saved_op_parts(name)[0]
@@ -273,7 +221,6 @@ class UnitCall(nn.Module):
                     "'OP#K' with K below that"
                 )
             self.checked = True
-        return out
 
 
 def _drop(t: torch.Tensor) -> None:
@@ -285,14 +232,17 @@ def _never(packed: Any) -> torch.Tensor:
 
 
 class UnitPolicies(dict[str, str]):
-    """A stage's policies other than "keep", by unit, and its recompute units' saved ops
-    (`saved_ops`, PipelineStage.unit_saved_ops less empty lists)."""
+    """A stage's policies other than "keep", by unit, its recompute units' saved ops
+    (`saved_ops`, PipelineStage.unit_saved_ops less empty lists) and its offload units' moved
+    calls (`offload_ops`, PipelineStage.unit_offload_ops)."""
 
     def __init__(self, policies: Mapping[str, str], stage_index: int = 0,
-                 saved_ops: Mapping[str, Sequence[str]] | None = None) -> None:
+                 saved_ops: Mapping[str, Sequence[str]] | None = None,
+                 offload_ops: Mapping[str, Sequence[str]] | None = None) -> None:
         super().__init__(policies)
         self.stage_index = stage_index
         self.saved_ops = {u: tuple(ops) for u, ops in (saved_ops or {}).items() if ops}
+        self.offload_ops = {u: tuple(ops) for u, ops in (offload_ops or {}).items() if ops}
 
 
 def check_unit_policies(stage: PipelineStage) -> UnitPolicies:
@@ -313,13 +263,16 @@ def check_unit_policies(stage: PipelineStage) -> UnitPolicies:
         if policy != "keep":
             out[name] = policy
     saved = getattr(stage, "unit_saved_ops", None) or {}
-    for name in saved:
-        if out.get(name) != "recompute":
-            raise InputError(
-                f"partition: stage {stage.stage_index}'s unit_saved_ops name {name!r}, which is "
-                "not one of its 'recompute' units; give it unit_policies 'recompute' or drop it"
-            )
-    return UnitPolicies(out, stage.stage_index, saved)
+    moved = getattr(stage, "unit_offload_ops", None) or {}
+    for field, named, policy in (("unit_saved_ops", saved, "recompute"),
+                                 ("unit_offload_ops", moved, "offload")):
+        for name in named:
+            if out.get(name) != policy:
+                raise InputError(
+                    f"partition: stage {stage.stage_index}'s {field} name {name!r}, which is not "
+                    f"one of its {policy!r} units; give it unit_policies {policy!r} or drop it"
+                )
+    return UnitPolicies(out, stage.stage_index, saved, moved)
 
 
 def apply_unit_policies(
@@ -330,16 +283,20 @@ def apply_unit_policies(
     check_unit_policies carry the recompute units' saved ops."""
     named = list(policies)
     saved: Mapping[str, Sequence[str]] = getattr(policies, "saved_ops", {})
+    moved: Mapping[str, Sequence[str]] = getattr(policies, "offload_ops", {})
     stage = getattr(policies, "stage_index", None)
     calls: list[UnitCall] = []
     for node in module.graph.nodes:
         if node.op != "call_module" or (owner := owner_of(str(node.target), named)) is None:
             continue
-        where = f"partition: stage {stage}'s unit_saved_ops[{owner!r}]" if stage is not None \
-            else f"unit_saved_ops[{owner!r}]"
+        offload = policies[owner] == "offload"
+        field = "unit_offload_ops" if offload else "unit_saved_ops"
+        where = f"partition: stage {stage}'s {field}[{owner!r}]" if stage is not None \
+            else f"{field}[{owner!r}]"
         ops = saved.get(owner, ()) if policies[owner] == "recompute" else ()
         call = UnitCall(module.get_submodule(str(node.target)), str(node.target),
-                        policies[owner], switch, host, ops, where)
+                        policies[owner], switch, host, ops, where,
+                        moved.get(owner, ()) if offload else ())
         target = f"_unit_call_{len(calls)}"
         module.add_module(target, call)
         node.target = target

@@ -125,24 +125,26 @@ def _op_stage(op_gpt: Graph, s: int) -> tuple[Partition, StageFacts, StageCosts]
 
 @pytest.mark.parametrize("s", [0, 1])
 def test_the_menus_additive_figures_bound_the_simulators_rule(op_gpt: Graph, s: int) -> None:
-    """For every policy choice of a stage's blocks (selective checkpoints included): the
-    knapsack's saved and transient bytes are at least the simulator's, its host bytes equal
-    them (so what it accepts fits)."""
+    """For every policy choice of a stage's blocks (selective checkpoints and partial offloads
+    included): the knapsack's saved and transient bytes are at least the simulator's, its host
+    bytes equal them (so what it accepts fits)."""
     _, facts, base = _op_stage(op_gpt, s)
     p = problem(op_gpt, None, HOST, ranks=2)
     figures = stage_menu.items(p, facts)
     forward = stage_menu.forward_bytes(p, facts)
     blocks = [i for i, u in enumerate(facts.units) if u.name.startswith("h.")]
-    menus = [("keep", "recompute", "offload",
-              *(f"selective{k}" for k in range(len(figures[i].selective)))) for i in blocks]
-    assert all(len(m) > 4 for m in menus)  # every block has selective options
+    menus = [("keep", "recompute", "offload", *(f"op{k}" for k in range(len(figures[i].ops))))
+             for i in blocks]
+    kinds = {o.policy for i in blocks for o in figures[i].ops}
+    assert kinds == {"recompute", "offload"}  # selective checkpoints and partial offloads
     for picked in itertools.product(*menus):
         choice = ["keep"] * len(facts.units)
         for i, policy in zip(blocks, picked, strict=True):
             choice[i] = policy
         st = stage_menu.additive_state(figures, tuple(choice))
-        policies, saved_ops = stage_menu._policies(figures, tuple(choice))
-        exact = policy_stage_costs(op_gpt, facts, base, dict(policies), HOST, dict(saved_ops))
+        policies, saved_ops, offload_ops = stage_menu._policies(figures, tuple(choice))
+        exact = policy_stage_costs(op_gpt, facts, base, dict(policies), HOST, dict(saved_ops),
+                                   dict(offload_ops))
         bound = stage_menu.bound_costs(base, forward, st)
         assert bound.saved_bytes >= exact.costs.saved_bytes, picked
         assert bound.transient_bytes >= exact.costs.transient_bytes, picked
@@ -263,7 +265,7 @@ def test_selective_checkpoints_are_chosen_where_they_beat_whole_modules(
     """Below the plain least memory without a host tier, the per-stage plans keep some calls'
     outputs of recomputed modules (unit_saved_ops): the step is faster than with whole-module
     recomputation only, and its peaks are still the simulator's."""
-    import planner.solvers.pipeline.selective_menu as selective_menu
+    import planner.solvers.pipeline.op_options as op_options
 
     memory = int(plain_least(op_gpt) * 0.8)
     p = problem(op_gpt, memory, None, ranks=2, m=4)
@@ -272,7 +274,7 @@ def test_selective_checkpoints_are_chosen_where_they_beat_whole_modules(
     assert got.best is not None
     saved = [ops for s in got.best.partition.stages for ops in s.unit_saved_ops.values()]
     assert saved and all(ops for ops in saved)
-    monkeypatch.setattr(selective_menu, "FRACTIONS", ())
+    monkeypatch.setattr(op_options, "FRACTIONS", ())
     whole_only = whole_job_partition(problem(op_gpt, memory, None, ranks=2, m=4),
                                      time_limit_s=5, threads=1)
     assert not any(s.unit_saved_ops for s in whole_only.best.partition.stages)

@@ -85,7 +85,8 @@ def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
     measured = [m.peak_bytes for m in result["memory"]]
     print(f"{world} ranks at {memory:,} B ({SHARE} of the least plain split): policies "
           f"{[dict(s.unit_policies) for s in plan.partition.stages]}, saved calls "
-          f"{[dict(s.unit_saved_ops) for s in plan.partition.stages]}; measured {measured}, "
+          f"{[dict(s.unit_saved_ops) for s in plan.partition.stages]}, moved calls "
+          f"{[dict(s.unit_offload_ops) for s in plan.partition.stages]}; measured {measured}, "
           f"predicted {predicted}; host measured "
           f"{[m.host_peak_bytes for m in result['memory']]}, predicted "
           f"{plan.predicted.host_peak_bytes}")

@@ -154,11 +154,12 @@ def partition_cmd(
 
 def _redo(row: StageRow) -> str:
     """Micro-batches recomputed whole, and the modules a whole-job plan recomputes (whole, or
-    selectively: some calls' outputs kept) or offloads."""
+    selectively: some calls' outputs kept) or offloads (all it saves, or some calls' outputs)."""
     parts = [f"{row.recomputed} mb"] if row.recomputed else []
-    kinds = {m: "selective" if p == "recompute" and row.saved_ops.get(m) else p
+    kinds = {m: "selective" if p == "recompute" and row.saved_ops.get(m)
+             else "offload part" if p == "offload" and row.offload_ops.get(m) else p
              for m, p in row.unit_policies.items()}
-    for policy in ("recompute", "selective", "offload"):
+    for policy in ("recompute", "selective", "offload", "offload part"):
         mods = [m for m, p in kinds.items() if p == policy]
         if mods:
             more = " .." if len(mods) > 3 else ""

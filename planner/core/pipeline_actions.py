@@ -172,12 +172,34 @@ class PipelineStage(BaseModel):
         "module, not these). An op is 'OP#K': the K-th call (from 0) of operator OP in the "
         "module's forward, e.g. 'aten.addmm#0'. Not named: the whole module is rerun.",
     )
+    unit_offload_ops: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per 'offload' module, the ops of its forward whose outputs go to host "
+        "memory ('OP#K' as in unit_saved_ops); the module's other saved tensors stay on the "
+        "device. Not named: everything the module saves is offloaded.",
+    )
 
     def recomputes(self, microbatch_index: int) -> bool:
         return microbatch_index in self.recompute_microbatches
 
     def unit_policy(self, module: str) -> UnitPolicy:
         return self.unit_policies.get(module, "keep")
+
+
+def _check_named_ops(stage: PipelineStage, field: str, named: dict[str, list[str]],
+                     policy: str) -> None:
+    for unit, ops in named.items():
+        if stage.unit_policy(unit) != policy:
+            raise ValueError(
+                f"stages[{stage.stage_index}].{field}: {unit!r} is not a {policy!r} module of "
+                f"the stage; give it unit_policies {policy!r} or drop it"
+            )
+        bad = [op for op in ops if not SAVED_OP.fullmatch(op)]
+        if bad:
+            raise ValueError(
+                f"stages[{stage.stage_index}].{field}[{unit!r}]: {bad[0]!r} is not 'OP#K' (an "
+                "operator and its call index from 0, e.g. 'aten.addmm#0')"
+            )
 
 
 class Partition(BaseModel):
@@ -205,18 +227,8 @@ class Partition(BaseModel):
                     f"stages[{s.stage_index}].unit_policies: {stray[0]!r} is not one of the "
                     "stage's modules; name a module listed in its modules"
                 )
-            for unit, ops in s.unit_saved_ops.items():
-                if s.unit_policy(unit) != "recompute":
-                    raise ValueError(
-                        f"stages[{s.stage_index}].unit_saved_ops: {unit!r} is not a 'recompute' "
-                        "module of the stage; give it unit_policies 'recompute' or drop it"
-                    )
-                bad = [op for op in ops if not SAVED_OP.fullmatch(op)]
-                if bad:
-                    raise ValueError(
-                        f"stages[{s.stage_index}].unit_saved_ops[{unit!r}]: {bad[0]!r} is not "
-                        "'OP#K' (an operator and its call index from 0, e.g. 'aten.addmm#0')"
-                    )
+            _check_named_ops(s, "unit_saved_ops", s.unit_saved_ops, "recompute")
+            _check_named_ops(s, "unit_offload_ops", s.unit_offload_ops, "offload")
         return self
 
     @property

@@ -55,6 +55,7 @@ class StageRow:
     unit_policies: dict[str, str] = field(default_factory=dict)  # module -> recompute/offload
     host_bytes: int = 0  # offloaded activations per micro-batch
     saved_ops: dict[str, list[str]] = field(default_factory=dict)  # selective modules' kept calls
+    offload_ops: dict[str, list[str]] = field(default_factory=dict)  # partial offloads' moved calls
 
 
 @dataclass(frozen=True)
@@ -385,6 +386,7 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
                            if v != "keep"},
             host_bytes=e.host_bytes,
             saved_ops=dict(cand.partition.stage(s).unit_saved_ops),
+            offload_ops=dict(cand.partition.stage(s).unit_offload_ops),
         ))
     return rows
 

@@ -9,7 +9,10 @@ the outputs of the call before them, not calls, and an in-place call counts as i
 operator, as the runtime counts them.
 
 Per unit this module gives the nodes the checkpoint keeps (`cached`), which the simulator's rule
-(planner.sim.stage_policies) adds to the device's kept bytes and leaves out of the rerun.
+(planner.sim.stage_policies) adds to the device's kept bytes and leaves out of the rerun; and,
+for an 'offload' unit that names calls (PipelineStage.unit_offload_ops), the storage roots it
+moves to the host (`unit_moved`): only saved tensors on those calls' outputs are copied, the
+unit's other saved tensors stay on the device.
 """
 
 from __future__ import annotations
@@ -54,10 +57,12 @@ def call_outputs(graph: Graph, forward: Sequence[int], node: int) -> frozenset[i
 
 
 def cached_nodes(graph: Graph, forward: Mapping[str, Sequence[int]],
-                 saved_ops: Mapping[str, Sequence[str]]) -> dict[str, frozenset[int]]:
-    """Per unit with saved ops, the forward nodes whose outputs its checkpoint keeps;
-    `forward`: each unit's forward nodes in execution order. PlanError (one line) for an op
-    the unit's forward does not call."""
+                 saved_ops: Mapping[str, Sequence[str]],
+                 field: str = "unit_saved_ops") -> dict[str, frozenset[int]]:
+    """Per unit with named calls, the forward nodes of those calls and their getitems (what a
+    selective checkpoint keeps, or what a partial offload moves); `forward`: each unit's
+    forward nodes in execution order. PlanError (one line, naming `field`) for a call the
+    unit's forward does not make."""
     out: dict[str, frozenset[int]] = {}
     for unit, ops in saved_ops.items():
         nodes = forward.get(unit, ())
@@ -69,7 +74,7 @@ def cached_nodes(graph: Graph, forward: Mapping[str, Sequence[int]],
             if v is None:
                 count = sum(1 for c in calls if c.rpartition("#")[0] == op_name(op))
                 raise PlanError(
-                    f"unit_saved_ops[{unit!r}]: {name!r} is not a call of the module's forward "
+                    f"{field}[{unit!r}]: {name!r} is not a call of the module's forward "
                     f"({op} is called {count} times there); name calls 'OP#K' with K below that"
                 )
             kept |= call_outputs(graph, nodes, v)
@@ -96,3 +101,17 @@ def rerun_ms(graph: Graph, forward: Order, cached: Mapping[str, Set[int]]) -> di
     ms = MemoryLedger.of(graph).compute_ms
     return {u: sum(ms[v] for v, n in forward if n == u and v not in nodes)
             for u, nodes in cached.items()}
+
+
+def unit_moved(graph: Graph, forward: Order, chosen: Mapping[str, UnitPolicy],
+               offload_ops: Mapping[str, Sequence[str]] | None) -> dict[str, frozenset[int]]:
+    """Per offload unit with named calls (unit_offload_ops), the storage roots of those calls'
+    outputs: the only saved tensors it copies to the host (the rest stay on the device)."""
+    named = {u: ops for u, ops in (offload_ops or {}).items()
+             if chosen.get(u) == "offload" and ops}
+    if not named:
+        return {}
+    root = MemoryLedger.of(graph).storage_root
+    nodes = {u: [v for v, n in forward if n == u] for u in named}
+    return {u: frozenset(root[v] for v in calls)
+            for u, calls in cached_nodes(graph, nodes, named, "unit_offload_ops").items()}

@@ -49,16 +49,17 @@ from dataclasses import dataclass, replace
 
 from planner.core.graph import Graph, Phase
 from planner.core.pipeline_actions import Partition, UnitPolicy
-from planner.core.resources import Link, Resources
+from planner.core.resources import Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
-from planner.sim.selective_units import rerun_ms, unit_cached
+from planner.sim.selective_units import rerun_ms, unit_cached, unit_moved
 from planner.sim.stage_costs import (
     StageCosts,
     gradient_nodes,
     node_transient_bytes,
     stage_of_nodes,
 )
+from planner.sim.unit_times import backward_with_reloads, forward_with_copies
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,14 @@ class UnitFacts:
     host_bytes: int  # offloaded: one host copy per (backward node, forward root) it saves
     weight_groups: int  # modules whose parameters' gradient nodes it holds (W's autograd calls)
     input_read: frozenset[int]  # of saved, roots an input-gradient (not weight) node reads
+    saving: tuple[tuple[int, int], ...] = ()  # (saved root, its backward nodes saving it)
+    weight_read: frozenset[int] = frozenset()  # of saved, roots a weight-gradient node reads
+
+    def host_bytes_of(self, moved: Set[int] | None, size: Mapping[int, int]) -> int:
+        """Host bytes when only the `moved` roots go to the host (None: every saved one)."""
+        if moved is None:
+            return self.host_bytes
+        return sum(count * size[r] for r, count in self.saving if r in moved)
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,7 @@ def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> S
     pairs: set[tuple[int, int]] = set()  # (backward node, forward root it saves)
     grad_nodes = gradient_nodes(graph)
     input_read: set[int] = set()  # forward roots an input-gradient backward node reads
+    weight_read: set[int] = set()  # forward roots a weight-gradient node reads
     groups: dict[str | None, set[str]] = {m: set() for m in modules}  # unit -> weight groups
     for param in graph.model_state.parameters if graph.model_state is not None else ():
         g = param.gradient_node
@@ -144,17 +154,21 @@ def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> S
             if back and not p_back:  # forward data this backward node keeps
                 saved[u].add(root[p])
                 pairs.add((v, root[p]))
-                if v not in grad_nodes:
-                    input_read.add(root[p])
+                (input_read if v not in grad_nodes else weight_read).add(root[p])
             elif not back and not p_back:
                 if p not in inside:  # received from an earlier stage: kept per micro-batch
                     saved[None].add(root[p])
                 if u is not None and (p not in inside or unit[p] != u):
                     inputs[u].add(root[p])
     size = ledger.storage_bytes
+    saving: dict[str | None, dict[int, int]] = {m: {} for m in modules}
+    for w, r in pairs:
+        if unit[w] is not None:
+            saving[unit[w]][r] = saving[unit[w]].get(r, 0) + 1
     units = tuple(UnitFacts(m, frozenset(saved[m]), frozenset(inputs[m]), fwd[m], bwd[m],
                             sum(size[r] for w, r in pairs if unit[w] == m), len(groups[m]),
-                            frozenset(saved[m] & input_read))
+                            frozenset(saved[m] & input_read), tuple(sorted(saving[m].items())),
+                            frozenset(saved[m] & weight_read))
                   for m in modules)
     order = [n.id for n in graph.nodes if n.id in inside]  # the trace's order: execution order
     return StageFacts(units, frozenset(saved[None]), frozenset(held), fwd[None], bwd[None],
@@ -169,15 +183,18 @@ def policy_stage_costs(
     policies: Mapping[str, UnitPolicy],
     resources: Resources | None,
     saved_ops: Mapping[str, Sequence[str]] | None = None,
+    offload_ops: Mapping[str, Sequence[str]] | None = None,
 ) -> PolicyCosts:
-    """`base` (the stage's costs with every unit kept) under `policies` (and, for recompute
-    units, `saved_ops`: selective checkpointing); unchanged when every unit keeps."""
+    """`base` (the stage's costs with every unit kept) under `policies` (for recompute units
+    `saved_ops`: selective checkpointing; for offload units `offload_ops`: only those calls'
+    outputs go to the host); unchanged when every unit keeps."""
     chosen = {u.name: policies.get(u.name, "keep") for u in facts.units}
     if all(p == "keep" for p in chosen.values()):
         return PolicyCosts(base, 0)
     ledger = MemoryLedger.of(graph)
     size, root = ledger.storage_bytes, ledger.storage_root
     cached = unit_cached(graph, facts.forward, chosen, saved_ops)
+    moved = unit_moved(graph, facts.forward, chosen, offload_ops)
 
     def nbytes(roots: Iterable[int]) -> int:
         return sum(size[r] for r in roots)
@@ -190,21 +207,26 @@ def policy_stage_costs(
             kept |= u.saved
         elif chosen[u.name] == "recompute":
             kept |= u.inputs | {root[v] for v in cached.get(u.name, ())}
+        elif u.name in moved:  # a partial offload: what it does not move stays
+            kept |= u.saved - moved[u.name]
     offloaded = [u for u in facts.units if chosen[u.name] == "offload"]
+    host = {u.name: u.host_bytes_of(moved.get(u.name), size) for u in offloaded}
     saved_bytes = base.saved_bytes - nbytes(every_saved - kept) + nbytes(kept - every_saved)
     transient = max(base.transient_bytes, forward_working_bytes(graph, facts, kept),
-                    backward_working_bytes(graph, facts, chosen, kept, cached=cached))
+                    backward_working_bytes(graph, facts, chosen, kept, cached=cached,
+                                           moved=moved))
     d2h = resources.d2h if resources is not None else None
     h2d = resources.h2d if resources is not None else None
     if offloaded and (d2h is None or h2d is None):
         raise PlanError("unit_policies: 'offload' needs a host tier (resources h2d and d2h "
                         "links); give resources with a host tier or use 'recompute'")
-    forward_ms = _forward_with_copies(facts, chosen, d2h) if offloaded else base.forward_ms
-    backward_ms = _backward_with_reloads(facts, chosen, h2d if offloaded else None,
-                                         rerun_ms(graph, facts.forward, cached))
+    forward_ms = forward_with_copies(facts, host, d2h) if offloaded else base.forward_ms
+    backward_ms = backward_with_reloads(facts, chosen, h2d if offloaded else None,
+                                         rerun_ms(graph, facts.forward, cached), host)
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
     weight_transient = base.weight_transient_bytes + weight_rerun_bytes(
-        graph, facts, chosen, base.first_stage)
+        graph, facts, chosen, base.first_stage) + weight_reload_bytes(
+        facts, chosen, moved, size, base.first_stage)
     costs = replace(
         base,
         forward_ms=max(base.forward_ms, forward_ms),
@@ -215,7 +237,7 @@ def policy_stage_costs(
         weight_transient_bytes=weight_transient,
         weight_rerun_bytes=max(base.weight_rerun_bytes, weight_transient),
     )
-    return PolicyCosts(costs, sum(u.host_bytes for u in offloaded))
+    return PolicyCosts(costs, sum(host.values()))
 
 
 def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
@@ -241,6 +263,17 @@ def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, Uni
     return per_group + only_weight
 
 
+def weight_reload_bytes(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                        moved: Mapping[str, Set[int]], size: Mapping[int, int],
+                        first_stage: bool) -> int:
+    """What a split W reloads from the host (zero-bubble, not the first stage): an offloaded
+    unit's weight-gradient nodes unpack their saved tensors again in W, one unit at a time."""
+    if first_stage:
+        return 0
+    return max((sum(size[r] for r in u.weight_read & moved.get(u.name, u.saved))
+                for u in facts.units if chosen[u.name] == "offload"), default=0)
+
+
 def forward_working_bytes(graph: Graph, facts: StageFacts, kept: Set[int]) -> int:
     """What the stage's F holds on top of its kept bytes (charged in full from F's start):
     the most that is alive at once (`_working_peak`) less the kept roots it makes. What a
@@ -251,14 +284,16 @@ def forward_working_bytes(graph: Graph, facts: StageFacts, kept: Set[int]) -> in
 
 def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
                            kept: Set[int], unfreed: Set[int] | None = None,
-                           cached: Mapping[str, Set[int]] | None = None) -> int:
+                           cached: Mapping[str, Set[int]] | None = None,
+                           moved: Mapping[str, Set[int]] | None = None) -> int:
     """What a backward node holds on top of the micro-batch's kept bytes: its node transient
     (stage_costs), plus in an offload unit the host copies it reloads (every root it reads,
     kept or not: the runtime reloads whatever the unit saved), in a recompute unit the rerun
     of the unit's forward and then the recomputed roots until their last backward reader;
     less the kept roots already freed (made here, not held, not in `unfreed` (None: the
     inputs of recompute units), their last backward reader run). `cached`: per recompute unit
-    the nodes its selective checkpoint keeps: not rerun, and never counted freed."""
+    the nodes its selective checkpoint keeps: not rerun, and never counted freed. `moved`: per
+    partially offloaded unit the roots it reloads (the others are kept)."""
     ledger = MemoryLedger.of(graph)
     root, size, preds = ledger.storage_root, ledger.storage_bytes, ledger.predecessors
     backward = {v for v, _ in facts.backward}
@@ -289,7 +324,10 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
         extra = 0
         policy = chosen[name] if name is not None else "keep"
         if policy == "offload":
-            extra = sum(size[r] for r in {root[p] for p in preds[w] if p not in backward})
+            reloaded = {root[p] for p in preds[w] if p not in backward}
+            if moved and name is not None and name in moved:
+                reloaded &= moved[name]
+            extra = sum(size[r] for r in reloaded)
         elif policy == "recompute" and name is not None:
             # remade by the rerun
             again = units[name].saved - units[name].inputs - cached_roots.get(name, set())
@@ -336,36 +374,6 @@ def _working_peak(graph: Graph, order: Sequence[int], kept: Set[int],
     return max(0, peak - made_kept)
 
 
-def _forward_with_copies(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
-                         d2h: Link | None) -> float:
-    """F's end: compute in order, each offloaded unit's d2h copy FIFO after its forward."""
-    clock = facts.rest_forward_ms
-    link = 0.0
-    for u in facts.units:
-        clock += u.forward_ms
-        if chosen[u.name] == "offload" and d2h is not None:
-            link = max(link, clock) + d2h.transfer_ms(u.host_bytes)
-    return max(clock, link)
-
-
-def _backward_with_reloads(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
-                           h2d: Link | None, reruns: Mapping[str, float]) -> float:
-    """B's compute with recomputed forwards (`reruns`: a selective unit's) and reload waits
-    (reverse module order)."""
-    clock = 0.0
-    release = 0.0  # when the previous offloaded unit's backward ended (its reload freed)
-    for u in reversed(facts.units):
-        policy = chosen[u.name]
-        if policy == "offload" and h2d is not None:
-            clock = max(clock, release + h2d.transfer_ms(u.host_bytes))
-        if policy == "recompute":
-            clock += reruns.get(u.name, u.forward_ms)
-        clock += u.backward_ms
-        if policy == "offload":
-            release = clock
-    return clock + facts.rest_backward_ms
-
-
 def apply_unit_policies(
     graph: Graph,
     partition: Partition,
@@ -386,5 +394,6 @@ def apply_unit_policies(
     for s in active:
         facts = stage_facts(graph, members[s.stage_index], s.modules)
         out[s.stage_index] = policy_stage_costs(graph, facts, costs[s.stage_index],
-                                                s.unit_policies, resources, s.unit_saved_ops)
+                                                s.unit_policies, resources, s.unit_saved_ops,
+                                                s.unit_offload_ops)
     return out

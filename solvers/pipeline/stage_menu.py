@@ -34,12 +34,17 @@ from planner.sim.stage_policies import (
     policy_stage_costs,
     weight_rerun_bytes,
 )
+from planner.solvers.pipeline.op_options import (
+    OpOption,
+    module,
+    offload_options,
+    selective_options,
+)
 from planner.solvers.pipeline.problem import PipelineProblem
-from planner.solvers.pipeline.selective_menu import Selective, selective_options
 
 FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
 EXACT_CHECKS = 6  # frontier points timed by the simulator's rule (twice: also device-only)
-SELECTIVE = "selective"  # a choice "selective<k>": the module's k-th Selective option
+OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class Item:
     recompute_ms: float
     offload_ms: float  # estimated copy time not hidden behind the stage's other compute
     weight_rerun_bytes: int = 0  # recomputed: what its reruns leave in a split W (bound)
-    selective: tuple[Selective, ...] = ()  # recomputed keeping some calls' outputs
+    ops: tuple[OpOption, ...] = ()  # op-level options: selective checkpoints, partial offloads
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class StageChoice:
     peak_bytes: int  # one_stage_peak_bytes of the effective costs
     exact: bool  # the frontier was never cut
     saved_ops: tuple[tuple[str, tuple[str, ...]], ...] = ()  # selective recompute modules
+    offload_ops: tuple[tuple[str, tuple[str, ...]], ...] = ()  # partially offloaded modules
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class _State:
     offload_bytes: int  # the host bytes
     largest_bytes: int  # the largest non-keep module's transient bound
     ms: float
-    choice: tuple[str, ...]  # per module: a UnitPolicy or "selective<k>" (its k-th option)
+    choice: tuple[str, ...]  # per module: a UnitPolicy or "op<k>" (its k-th op-level option)
     weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
@@ -95,15 +101,16 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         after_bwd[n] = after_bwd[n + 1] + facts.units[n + 1].backward_ms
     least = set(facts.rest_saved | facts.held)  # kept whatever the policies
     inputs = set().union(*(u.inputs for u in facts.units))  # never freed, whoever recomputes
+    host_tier = res is not None and res.d2h is not None and res.h2d is not None
+    split = problem.plan_schedule.split_backward
     for n, u in enumerate(facts.units):
-        others = set(least)
-        for w in facts.units:
-            if w is not u:
-                others |= w.saved
-        offload_ms = 0.0
-        if res is not None and res.d2h is not None and res.h2d is not None:
-            offload_ms = (max(0.0, res.d2h.transfer_ms(u.host_bytes) - after_fwd[n])
-                          + max(0.0, res.h2d.transfer_ms(u.host_bytes) - after_bwd[n]))
+        def copy_ms(nbytes: int, n: int = n) -> float:  # not hidden behind later compute
+            if res is None or res.d2h is None or res.h2d is None:
+                return 0.0
+            return (max(0.0, res.d2h.transfer_ms(nbytes) - after_fwd[n])
+                    + max(0.0, res.h2d.transfer_ms(nbytes) - after_bwd[n]))
+
+        m = module(facts, u, least, inputs)
         alone: dict[str, UnitPolicy] = {w.name: "keep" for w in facts.units}
         transient = []
         policy: UnitPolicy
@@ -113,12 +120,12 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
             transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
         alone[u.name] = "recompute"
         rerun = weight_rerun_bytes(problem.graph, facts, alone, False) if weight_reruns else 0
-        exclusive = u.saved - others
-        out.append(Item(u.name, u.host_bytes, sum(size[r] for r in exclusive),
+        ops = selective_options(problem.graph, m, weight_reruns)
+        if host_tier and not split:  # zero-bubble: the simulator is 0.6 % under torch there
+            ops += offload_options(problem.graph, m, copy_ms)
+        out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0], transient[1],
-                        u.forward_ms, offload_ms, rerun,
-                        selective_options(problem.graph, facts, u, exclusive, least, inputs,
-                                          weight_reruns)))
+                        u.forward_ms, copy_ms(u.host_bytes), rerun, ops))
     return out
 
 
@@ -154,7 +161,8 @@ def choose(
     figures = items(problem, facts, split and not base.first_stage)
     for it in figures:
         grown = []
-        mine = options + tuple(f"{SELECTIVE}{k}" for k in range(len(it.selective)))
+        mine = options + tuple(f"{OP}{k}" for k, o in enumerate(it.ops)
+                               if host or o.policy != "offload")
         for st in frontier:
             for p in mine:
                 grown.append(_grow(st, it, p))
@@ -169,16 +177,17 @@ def choose(
                                         microbatches=m, split_backward=split) <= cap]
     best: StageChoice | None = None
     for st in _to_check(fitting, base, res):
-        policies, saved_ops = _policies(figures, st.choice)
+        policies, saved_ops, offload_ops = _policies(figures, st.choice)
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
-                                 dict(saved_ops))
+                                 dict(saved_ops), dict(offload_ops))
         c = got.costs
         peak = one_stage_peak_bytes(c, inflight, microbatches=m, split_backward=split)
         if peak > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover - bounds hold
             continue
         added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms)
         if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
-            best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops)
+            best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops,
+                               offload_ops)
     return best
 
 
@@ -198,18 +207,24 @@ def _to_check(fitting: list[_State], base: StageCosts, res: Resources | None) ->
     return ranked + [st for st in device_only[:EXACT_CHECKS] if st not in ranked]
 
 
+Named = tuple[tuple[str, tuple[str, ...]], ...]  # module -> its named calls
+
+
 def _policies(figures: list[Item], choice: tuple[str, ...]) -> tuple[
-        tuple[tuple[str, UnitPolicy], ...], tuple[tuple[str, tuple[str, ...]], ...]]:
-    """The non-keep modules' policies and the selective ones' saved ops."""
+        tuple[tuple[str, UnitPolicy], ...], Named, Named]:
+    """The non-keep modules' policies, the selective ones' kept calls and the partially
+    offloaded ones' moved calls."""
     policies: list[tuple[str, UnitPolicy]] = []
     saved: list[tuple[str, tuple[str, ...]]] = []
+    moved: list[tuple[str, tuple[str, ...]]] = []
     for it, p in zip(figures, choice, strict=True):
-        if p.startswith(SELECTIVE):
-            policies.append((it.name, "recompute"))
-            saved.append((it.name, it.selective[int(p[len(SELECTIVE):])].saved_ops))
+        if p.startswith(OP):
+            o = it.ops[int(p[len(OP):])]
+            policies.append((it.name, o.policy))
+            (saved if o.policy == "recompute" else moved).append((it.name, o.ops))
         elif p in ("recompute", "offload"):
             policies.append((it.name, "recompute" if p == "recompute" else "offload"))
-    return tuple(policies), tuple(saved)
+    return tuple(policies), tuple(saved), tuple(moved)
 
 
 def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
@@ -233,10 +248,10 @@ def additive_state(modules: list[Item], choice: tuple[str, ...]) -> _State:
 def _grow(st: _State, it: Item, policy: str) -> _State:
     if policy == "keep":
         return replace(st, choice=st.choice + ("keep",))
-    if policy.startswith(SELECTIVE):
-        o = it.selective[int(policy[len(SELECTIVE):])]
-        return _State(st.delta_bytes + o.delta_bytes, st.offload_bytes,
-                      max(st.largest_bytes, o.transient_bytes), st.ms + o.rerun_ms,
+    if policy.startswith(OP):
+        o = it.ops[int(policy[len(OP):])]
+        return _State(st.delta_bytes + o.delta_bytes, st.offload_bytes + o.host_bytes,
+                      max(st.largest_bytes, o.transient_bytes), st.ms + o.ms,
                       st.choice + (policy,), st.weight_rerun_bytes + o.weight_rerun_bytes)
     if policy == "recompute":
         return _State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,

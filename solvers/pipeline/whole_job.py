@@ -126,10 +126,11 @@ class WholeJob:
         for s, (i, j) in enumerate(split.bounds):
             policies = dict(split.policies[s]) if split.policies else {}
             picked = self.choice(i, j, s, split.host_cap) if policies else None
-            saved = {m: list(ops) for m, ops in picked.saved_ops} if picked is not None else {}
+            saved = {m: list(ops) for m, ops in picked.saved_ops} if picked else {}
+            moved = {m: list(ops) for m, ops in picked.offload_ops} if picked else {}
             stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
                                         modules=p.chain.modules(i, j), unit_policies=policies,
-                                        unit_saved_ops=saved))
+                                        unit_saved_ops=saved, unit_offload_ops=moved))
         partition = Partition(stages=stages)
         lists = p.action_lists(Split(split.bounds))
         costs = [self.effective(i, j, s, split) for s, (i, j) in enumerate(split.bounds)]
