@@ -14,13 +14,18 @@ nothing else kept (the simulator's rules, planner.sim.stage_policies, only fall 
 kept). A dynamic programme over the modules keeps the Pareto frontier of (bytes per
 micro-batch, offloaded bytes, largest non-keep transient, estimated ms, and under zero-bubble
 I/W the recompute modules' W reruns, summed): every peak it accepts
-is an upper bound of the simulator's, so the answer fits. Its time estimate for offload (copies not
-hidden behind the units after it) is refined by evaluating the best few frontier points with
-`policy_stage_costs` (the simulator's exact times) and keeping the fastest.
+is an upper bound of the simulator's, so the answer fits. Besides the three whole-module
+policies, each module offers op-level options (planner.solvers.pipeline.op_options: selective
+checkpoints and partial offloads). The fitting frontier points are then ranked by the
+simulator's own time rule (planner.sim.unit_times: copies queue on the host links, which the
+per-module estimates cannot see), and the fastest few are checked with `policy_stage_costs`.
+The frontier filter keeps, per (largest transient, W reruns), a staircase over (bytes per
+micro-batch, host bytes), so it stays near linear in the frontier's size.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
@@ -34,6 +39,7 @@ from planner.sim.stage_policies import (
     policy_stage_costs,
     weight_rerun_bytes,
 )
+from planner.sim.unit_times import backward_with_reloads, forward_with_copies
 from planner.solvers.pipeline.op_options import (
     OpOption,
     module,
@@ -43,7 +49,7 @@ from planner.solvers.pipeline.op_options import (
 from planner.solvers.pipeline.problem import PipelineProblem
 
 FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
-EXACT_CHECKS = 6  # frontier points timed by the simulator's rule (twice: also device-only)
+EXACT_CHECKS = 6  # frontier points, fastest first, whose bytes the simulator's rule checks
 OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
 
 
@@ -176,7 +182,7 @@ def choose(
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
                                         microbatches=m, split_backward=split) <= cap]
     best: StageChoice | None = None
-    for st in _to_check(fitting, base, res):
+    for st in _to_check(fitting, figures, facts, base, res):
         policies, saved_ops, offload_ops = _policies(figures, st.choice)
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
                                  dict(saved_ops), dict(offload_ops))
@@ -191,20 +197,36 @@ def choose(
     return best
 
 
-def _to_check(fitting: list[_State], base: StageCosts, res: Resources | None) -> list[_State]:
-    """The frontier points timed by the simulator's rule: the fastest by an estimate that also
-    charges the offloaded bytes' copies on the one host link (what the per-module estimates
-    miss: copies queue behind each other), and the fastest that offload nothing."""
-    def estimate(st: _State) -> float:
-        if not st.offload_bytes or res is None or res.d2h is None or res.h2d is None:
-            return st.ms
-        queued = (max(0.0, res.d2h.transfer_ms(st.offload_bytes) - base.forward_ms)
-                  + max(0.0, res.h2d.transfer_ms(st.offload_bytes) - base.backward_ms))
-        return st.ms + queued
+def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, base: StageCosts,
+              res: Resources | None) -> list[_State]:
+    """The frontier points whose bytes the simulator's rule checks: the fastest by the rule's
+    own time (planner.sim.unit_times: copies queue on the host links, reloads wait), which
+    needs only each module's host bytes and rerun time."""
+    d2h = res.d2h if res is not None else None
+    h2d = res.h2d if res is not None else None
+    compute = facts.rest_backward_ms + sum(u.backward_ms for u in facts.units)
 
-    ranked = sorted(fitting, key=estimate)[:EXACT_CHECKS]
-    device_only = sorted((st for st in fitting if not st.offload_bytes), key=lambda x: x.ms)
-    return ranked + [st for st in device_only[:EXACT_CHECKS] if st not in ranked]
+    def added_ms(st: _State) -> float:
+        chosen: dict[str, UnitPolicy] = {u.name: "keep" for u in facts.units}
+        host: dict[str, int] = {}
+        reruns: dict[str, float] = {}
+        for it, p in zip(figures, st.choice, strict=True):
+            if p.startswith(OP):
+                o = it.ops[int(p[len(OP):])]
+                chosen[it.name] = o.policy
+                if o.policy == "offload":
+                    host[it.name] = o.host_bytes
+                else:
+                    reruns[it.name] = o.ms
+            elif p in ("recompute", "offload"):
+                chosen[it.name] = "recompute" if p == "recompute" else "offload"
+                if p == "offload":
+                    host[it.name] = it.host_bytes
+        forward = forward_with_copies(facts, host, d2h) if host else base.forward_ms
+        backward = backward_with_reloads(facts, chosen, h2d if host else None, reruns, host)
+        return max(0.0, forward - base.forward_ms) + backward - compute
+
+    return sorted(fitting, key=added_ms)[:EXACT_CHECKS]
 
 
 Named = tuple[tuple[str, tuple[str, ...]], ...]  # module -> its named calls
@@ -264,12 +286,40 @@ def _grow(st: _State, it: Item, policy: str) -> _State:
 
 
 def _pareto(states: list[_State]) -> list[_State]:
-    """The states no other state matches or beats in all five figures."""
+    """The states no other state matches or beats in all five figures: in time order, a state
+    is kept unless a kept one has every byte figure at most its own. Kept states are grouped by
+    (largest transient, W reruns), each group a staircase over (saved delta, host bytes)."""
     out: list[_State] = []
+    groups: dict[tuple[int, int], _Staircase] = {}
     for st in sorted(states, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes,
                                             x.largest_bytes)):
-        if not any(o.delta_bytes <= st.delta_bytes and o.offload_bytes <= st.offload_bytes
-                   and o.largest_bytes <= st.largest_bytes
-                   and o.weight_rerun_bytes <= st.weight_rerun_bytes for o in out):
-            out.append(st)
+        if any(big <= st.largest_bytes and rerun <= st.weight_rerun_bytes
+               and stair.covers(st.delta_bytes, st.offload_bytes)
+               for (big, rerun), stair in groups.items()):
+            continue
+        out.append(st)
+        groups.setdefault((st.largest_bytes, st.weight_rerun_bytes), _Staircase()).add(
+            st.delta_bytes, st.offload_bytes)
     return out
+
+
+class _Staircase:
+    """Points (d, o) none of which dominates another: d increasing, o strictly decreasing."""
+
+    def __init__(self) -> None:
+        self.d: list[int] = []
+        self.o: list[int] = []
+
+    def covers(self, d: int, o: int) -> bool:
+        """Some point has d' <= d and o' <= o."""
+        i = bisect.bisect_right(self.d, d) - 1
+        return i >= 0 and self.o[i] <= o
+
+    def add(self, d: int, o: int) -> None:
+        """A point no present one covers; drops the ones it covers."""
+        i = bisect.bisect_left(self.d, d)
+        j = i
+        while j < len(self.d) and self.o[j] >= o:
+            j += 1
+        self.d[i:j] = [d]
+        self.o[i:j] = [o]

@@ -51,7 +51,7 @@ Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
 Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
 Current = Callable[[], Candidate | None]  # the best plan so far
 
-ENUMERATE_LIMIT = 5000  # contiguous splits simulated one by one
+ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
 DP_SHARE_NO_ILP = 1.0  # with several stages a rank (no ILP): its moves are most of the search
