@@ -48,7 +48,7 @@ from planner.solvers.pipeline.op_options import (
 )
 from planner.solvers.pipeline.problem import PipelineProblem
 
-FRONTIER_LIMIT = 4000  # states kept per module (beyond: the answer is no longer proven least)
+FRONTIER_LIMIT = 1500  # states kept per module (beyond: the answer is no longer proven least)
 EXACT_CHECKS = 6  # frontier points, fastest first, whose bytes the simulator's rule checks
 OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
 
@@ -291,15 +291,20 @@ def _pareto(states: list[_State]) -> list[_State]:
     (largest transient, W reruns), each group a staircase over (saved delta, host bytes)."""
     out: list[_State] = []
     groups: dict[tuple[int, int], _Staircase] = {}
+    keys: list[tuple[int, int]] = []  # the groups' keys, sorted: a prefix can cover a state
     for st in sorted(states, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes,
                                             x.largest_bytes)):
-        if any(big <= st.largest_bytes and rerun <= st.weight_rerun_bytes
-               and stair.covers(st.delta_bytes, st.offload_bytes)
-               for (big, rerun), stair in groups.items()):
+        end = bisect.bisect_right(keys, (st.largest_bytes, st.weight_rerun_bytes))
+        if any(keys[k][1] <= st.weight_rerun_bytes
+               and groups[keys[k]].covers(st.delta_bytes, st.offload_bytes)
+               for k in range(end)):
             continue
         out.append(st)
-        groups.setdefault((st.largest_bytes, st.weight_rerun_bytes), _Staircase()).add(
-            st.delta_bytes, st.offload_bytes)
+        key = (st.largest_bytes, st.weight_rerun_bytes)
+        if key not in groups:
+            groups[key] = _Staircase()
+            bisect.insort(keys, key)
+        groups[key].add(st.delta_bytes, st.offload_bytes)
     return out
 
 

@@ -54,7 +54,9 @@ Current = Callable[[], Candidate | None]  # the best plan so far
 ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
-DP_SHARE_NO_ILP = 1.0  # with several stages a rank (no ILP): its moves are most of the search
+DP_SHARE_NO_ILP = 0.6  # with several stages a rank (no ILP candidate)
+MOVES_SHARE = 0.8  # the DP's moves continue to this share of the limit (several stages a rank)
+ROOM_SHARE = 0.1  # at most this share of the limit is kept clear for the last split judged
 OVERRUN = 0.8  # the DP and the ILP may run past the limit they are given (their last steps)
 PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
 
@@ -198,16 +200,23 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             offer(job.candidate(split), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
-    # several stages a rank: no ILP candidate; the DP's boundary moves find the faster splits
-    # (with OVERRUN it stops at 0.8 of the limit: the policies' search gets the rest)
+    # several stages a rank: no ILP candidate, so the DP gets the ILP's share too
     dp_share = DP_SHARE if problem.stage_count == problem.ranks else DP_SHARE_NO_ILP
     dp = dp_partition(problem, time_limit_s=OVERRUN * dp_share * time_limit_s)
     offer(dp.best, "dp")
     seq_bounds = dp.best.split.bounds if dp.best is not None else \
         least_memory_split(problem)[1].bounds
     try_bounds(seq_bounds, "the DP's split with per-stage policies")
+    room_s = min(slowest_s, ROOM_SHARE * time_limit_s)  # kept clear of the deadline
     for name in BASELINES:
+        if best is not None and time.perf_counter() > deadline - room_s:
+            break
         try_bounds(baseline_split(problem, name).bounds, f"the {name} split with policies")
+    if dp.best is not None and problem.stage_count > problem.ranks:
+        # the DP's boundary moves go on first (its simulations are shared), until MOVES_SHARE
+        # of the time limit: with several stages a rank they find most of the faster splits
+        moved, _ = improve_by_moves(problem, dp.best, start + MOVES_SHARE * time_limit_s)
+        offer(moved, "the DP's split moved further")
     left_s = deadline - time.perf_counter()
     share = ILP_SHARE if dp.best is not None else 2 * ILP_SHARE
     if problem.stage_count == problem.ranks:  # interleaved: its model outgrows a short share
@@ -222,7 +231,7 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     fixed_lists = not problem.plan_schedule.split_backward
     complete = False
     bound: float | None = None
-    deadline -= slowest_s  # room for the last split judged
+    deadline -= min(slowest_s, ROOM_SHARE * time_limit_s)  # room for the last split judged
     if count <= ENUMERATE_LIMIT:
         complete, bound = _enumerate(job, try_bounds, lambda: best, deadline)
         notes.append(f"{count} contiguous splits " + ("all judged" if complete else
