@@ -26,6 +26,7 @@ micro-batch, host bytes), so it stays near linear in the frontier's size.
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
@@ -48,9 +49,14 @@ from planner.solvers.pipeline.op_options import (
 )
 from planner.solvers.pipeline.problem import PipelineProblem
 
-FRONTIER_LIMIT = 1500  # states kept per module (beyond: the answer is no longer proven least)
+FRONTIER_WORK = 24000  # states kept per module times modules (beyond: not proven least)
+FRONTIER_LIMITS = (300, 3000)  # the least and most states kept per module
 EXACT_CHECKS = 6  # frontier points, fastest first, whose bytes the simulator's rule checks
 OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
+
+
+class TimeUp(Exception):  # noqa: N818 - a signal, not an error
+    """choose() ran past its deadline (nothing is known about the stage)."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +99,11 @@ class _State:
     weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
-def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False) -> list[Item]:
+def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False,
+          op_level: bool = True) -> list[Item]:
     """Each module's figures; `weight_reruns`: a split W (zero-bubble, not the first stage)
     keeps its reruns (planner.sim.stage_policies.weight_rerun_bytes, one module at a time:
-    their sum bounds the simulator's)."""
+    their sum bounds the simulator's); `op_level`: with its op-level options."""
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
     out = []
@@ -126,8 +133,8 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
             transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
         alone[u.name] = "recompute"
         rerun = weight_rerun_bytes(problem.graph, facts, alone, False) if weight_reruns else 0
-        ops = selective_options(problem.graph, m, weight_reruns)
-        if host_tier and not split:  # zero-bubble: the simulator is 0.6 % under torch there
+        ops = selective_options(problem.graph, m, weight_reruns) if op_level else ()
+        if host_tier and not split and op_level:  # zero-bubble: 0.6 % under torch there
             ops += offload_options(problem.graph, m, copy_ms)
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0], transient[1],
@@ -148,9 +155,12 @@ def choose(
     inflight: int,
     cap: float,
     host_cap: int,
+    op_level: bool = True,
+    deadline: float | None = None,
 ) -> StageChoice | None:
     """The fastest policies whose stage peak fits `cap` (None: none does; facts None: only
-    the all-keep stage is tried)."""
+    the all-keep stage is tried; `op_level` False: whole-module policies only, faster).
+    TimeUp past `deadline` (perf_counter)."""
     m = problem.microbatches
     split = problem.plan_schedule.split_backward  # I/W: the rank's zero-bubble rules
     keep_peak = one_stage_peak_bytes(base, inflight, microbatches=m, split_backward=split)
@@ -164,8 +174,12 @@ def choose(
         "keep", "recompute")
     frontier = [_State(0, 0, 0, 0.0, ())]
     exact = True
-    figures = items(problem, facts, split and not base.first_stage)
+    figures = items(problem, facts, split and not base.first_stage, op_level)
+    limit = min(max(FRONTIER_WORK // max(1, len(figures)), FRONTIER_LIMITS[0]),
+                FRONTIER_LIMITS[1])
     for it in figures:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeUp
         grown = []
         mine = options + tuple(f"{OP}{k}" for k, o in enumerate(it.ops)
                                if host or o.policy != "offload")
@@ -173,10 +187,9 @@ def choose(
             for p in mine:
                 grown.append(_grow(st, it, p))
         frontier = _pareto(grown)
-        if len(frontier) > FRONTIER_LIMIT:
+        if len(frontier) > limit:
             exact = False
-            frontier = sorted(frontier, key=lambda x: inflight * x.delta_bytes + x.offload_bytes)
-            frontier = frontier[:FRONTIER_LIMIT]
+            frontier = _cut(frontier, inflight, limit)
     forward = forward_bytes(problem, facts)
     fitting = [st for st in frontier if inflight * st.offload_bytes <= host_cap
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
@@ -247,6 +260,17 @@ def _policies(figures: list[Item], choice: tuple[str, ...]) -> tuple[
         elif p in ("recompute", "offload"):
             policies.append((it.name, "recompute" if p == "recompute" else "offload"))
     return tuple(policies), tuple(saved), tuple(moved)
+
+
+def _cut(frontier: list[_State], inflight: int, limit: int) -> list[_State]:
+    """`limit` states of a frontier in time order: the fastest half, and the rest least in
+    device bytes (what the stage keeps in flight plus the largest transient), so both the
+    fastest plans and those that fit tight memory survive the cut."""
+    fast = frontier[:limit // 2]
+    rest = sorted(frontier[limit // 2:],
+                  key=lambda x: (inflight * x.delta_bytes + x.largest_bytes, x.offload_bytes))
+    kept = fast + rest[:limit - len(fast)]
+    return sorted(kept, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes, x.largest_bytes))
 
 
 def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:

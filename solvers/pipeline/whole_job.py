@@ -45,7 +45,7 @@ from planner.solvers.pipeline.problem import (
     simulated_key,
 )
 from planner.solvers.pipeline.schedules import stage_rank
-from planner.solvers.pipeline.stage_menu import StageChoice, choose
+from planner.solvers.pipeline.stage_menu import StageChoice, TimeUp, choose
 
 Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
 Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
@@ -56,7 +56,7 @@ ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 whe
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
 DP_SHARE_NO_ILP = 0.6  # with several stages a rank (no ILP candidate)
 MOVES_SHARE = 0.8  # the DP's moves continue to this share of the limit (several stages a rank)
-ROOM_SHARE = 0.1  # at most this share of the limit is kept clear for the last split judged
+ROOM_SHARE = 0.2  # at most this share of the limit is kept clear for the last split judged
 OVERRUN = 0.8  # the DP and the ILP may run past the limit they are given (their last steps)
 PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
 
@@ -82,16 +82,19 @@ class WholeJob:
         self.host_caps = (host or 0, (host or 0) // problem.stage_count)
         self.host_memory = host or 0
         self.exact = True  # every knapsack solved on an uncut frontier
+        self.deadline: float | None = None  # once a plan exists: knapsacks stop (TimeUp) past it
         self.keep_time: dict[Bounds, float] = {}
-        self.choices: dict[tuple[int, int, int, int], StageChoice | None] = {}  # (i, j,
-        # stage, host cap) -> the stage's choice
+        self.choices: dict[tuple[int, int, int, int, bool], StageChoice | None] = {}  # (i,
+        # j, stage, host cap, op level) -> the stage's choice
 
     # -- one stage -------------------------------------------------------------------------------
-    def choice(self, i: int, j: int, s: int, host_cap: int | None = None) -> StageChoice | None:
+    def choice(self, i: int, j: int, s: int, host_cap: int | None = None,
+               op_level: bool = True) -> StageChoice | None:
         """Stage s = units [i, j): its fastest policies within its share of device memory and
-        `host_cap` host bytes (None: the whole pool); None: none fit."""
+        `host_cap` host bytes (None: the whole pool); None: none fit. Without `op_level`: only
+        whole-module policies (the DP proposals' stage costs: at least the op-level ones)."""
         host_cap = self.host_caps[0] if host_cap is None else host_cap
-        key = (i, j, s, host_cap)
+        key = (i, j, s, host_cap, op_level)
         if key not in self.choices:
             base = self.p.costs(i, j, s)
             cheap = choose(self.p, None, base, self.p.inflight[s], self.cap, host_cap)
@@ -99,7 +102,8 @@ class WholeJob:
                 chain = self.p.chain
                 nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
                 facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
-                cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap)
+                cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
+                               op_level, self.deadline)
             if cheap is not None and not cheap.exact:
                 self.exact = False
             self.choices[key] = cheap
@@ -195,7 +199,11 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     def try_bounds(bounds: Bounds, name: str) -> None:
         nonlocal slowest_s
         began = time.perf_counter()
-        split = job.with_policies(bounds)
+        job.deadline = start + time_limit_s if best is not None else None
+        try:
+            split = job.with_policies(bounds)
+        except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
+            return
         if split is not None:
             offer(job.candidate(split), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
@@ -207,9 +215,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     seq_bounds = dp.best.split.bounds if dp.best is not None else \
         least_memory_split(problem)[1].bounds
     try_bounds(seq_bounds, "the DP's split with per-stage policies")
-    room_s = min(slowest_s, ROOM_SHARE * time_limit_s)  # kept clear of the deadline
-    for name in BASELINES:
-        if best is not None and time.perf_counter() > deadline - room_s:
+    for name in BASELINES:  # each as slow as the slowest so far: none started past the limit
+        if best is not None and time.perf_counter() + slowest_s > deadline:
             break
         try_bounds(baseline_split(problem, name).bounds, f"the {name} split with policies")
     if dp.best is not None and problem.stage_count > problem.ranks:
@@ -300,7 +307,10 @@ def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float
     def cost(i: int, j: int, s: int) -> float | None:
         if j - i > span or time.perf_counter() > deadline:
             return None
-        c = job.choice(i, j, s)
+        try:  # whole-module policies: quicker, an upper bound of the op-level time
+            c = job.choice(i, j, s, op_level=False)
+        except TimeUp:
+            return None
         return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.added_ms
 
     found = minmax_dp(L, S, cost)
