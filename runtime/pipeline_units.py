@@ -144,7 +144,7 @@ def offloaded(host: HostMemory, unit: nn.Module,
         if t.is_meta or t.layout != torch.strided or t.numel() == 0:
             return t
         ptr = t.untyped_storage().data_ptr()
-        if ptr in kept or (only is not None and ptr not in only.storages):
+        if ptr in kept or (only is not None and not only.holds(t)):
             return t
         key = (ptr, t.storage_offset(), tuple(t.size()), t.stride(), t.dtype, t._version)
         known = copies.get(key)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -110,15 +111,16 @@ def _missing(named: frozenset[str], counts: Counter[str]) -> list[tuple[str, int
 
 
 class CallOutputs(TorchDispatchMode):
-    """While active: counts every call per op name and records the storages (their data
-    pointers, alive while the unit's forward runs) of the named calls' outputs."""
+    """While active: counts every call per op name and records the storages of the named
+    calls' outputs (weakly: an output freed during the forward may have its address reused by
+    a tensor no named call made, which `holds` then tells apart)."""
 
     def __init__(self, named: Sequence[str]) -> None:
         super().__init__()
         self.named = frozenset(saved_op(_functional(op), k)
                                for op, k in map(saved_op_parts, named))
         self.counts: Counter[str] = Counter()
-        self.storages: set[int] = set()
+        self.storages: dict[int, StorageWeakRef] = {}  # data pointer -> the storage
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
@@ -129,8 +131,15 @@ class CallOutputs(TorchDispatchMode):
         if saved_op(op, k) in self.named:
             for t in pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                    self.storages.add(t.untyped_storage().data_ptr())
+                    storage = t.untyped_storage()
+                    self.storages[storage.data_ptr()] = StorageWeakRef(storage)
         return out
 
     def missing(self) -> list[tuple[str, int]]:
         return _missing(self.named, self.counts)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """`t` lies on a named call's output storage (that storage, still alive)."""
+        storage = t.untyped_storage()
+        ref = self.storages.get(storage.data_ptr())
+        return ref is not None and not ref.expired() and ref.cdata == storage._cdata
