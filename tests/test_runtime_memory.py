@@ -30,8 +30,12 @@ def test_measured_peak_within_prediction_and_falls_with_budget(model: str) -> No
         # Gradients stay in .grad in a real step: the whole step is within the prediction plus
         # the gradients' bytes.
         assert measured.peak_bytes <= (predicted_bytes + measured.gradient_bytes) * TOLERANCE, rows
+    # predictions fall with the budget; measured peaks, each within its prediction, fall from
+    # the largest budget to the least (two close plans' measured peaks may cross: 17,484 and
+    # 18,636 B under predictions of 25,292 and 21,580 B, seen once under load)
+    predicted = [r[1] for r in rows]
+    assert predicted == sorted(predicted, reverse=True), rows
     measured_peaks = [r[2] for r in rows]
-    assert measured_peaks == sorted(measured_peaks, reverse=True), rows
     assert measured_peaks[-1] < measured_peaks[0], rows
 
 
