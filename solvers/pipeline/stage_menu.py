@@ -224,17 +224,12 @@ def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, bas
         host: dict[str, int] = {}
         reruns: dict[str, float] = {}
         for it, p in zip(figures, st.choice, strict=True):
-            if p.startswith(OP):
-                o = it.ops[int(p[len(OP):])]
-                chosen[it.name] = o.policy
-                if o.policy == "offload":
-                    host[it.name] = o.host_bytes
-                else:
-                    reruns[it.name] = o.ms
-            elif p in ("recompute", "offload"):
-                chosen[it.name] = "recompute" if p == "recompute" else "offload"
-                if p == "offload":
-                    host[it.name] = it.host_bytes
+            policy, o = _picked(it, p)
+            chosen[it.name] = policy
+            if policy == "offload":
+                host[it.name] = o.host_bytes if o is not None else it.host_bytes
+            elif policy == "recompute" and o is not None:
+                reruns[it.name] = o.ms
         forward = forward_with_copies(facts, host, d2h) if host else base.forward_ms
         backward = backward_with_reloads(facts, chosen, h2d if host else None, reruns, host)
         return max(0.0, forward - base.forward_ms) + backward - compute
@@ -253,13 +248,21 @@ def _policies(figures: list[Item], choice: tuple[str, ...]) -> tuple[
     saved: list[tuple[str, tuple[str, ...]]] = []
     moved: list[tuple[str, tuple[str, ...]]] = []
     for it, p in zip(figures, choice, strict=True):
-        if p.startswith(OP):
-            o = it.ops[int(p[len(OP):])]
-            policies.append((it.name, o.policy))
-            (saved if o.policy == "recompute" else moved).append((it.name, o.ops))
-        elif p in ("recompute", "offload"):
-            policies.append((it.name, "recompute" if p == "recompute" else "offload"))
+        policy, o = _picked(it, p)
+        if policy == "keep":
+            continue
+        policies.append((it.name, policy))
+        if o is not None:
+            (saved if policy == "recompute" else moved).append((it.name, o.ops))
     return tuple(policies), tuple(saved), tuple(moved)
+
+
+def _picked(it: Item, p: str) -> tuple[UnitPolicy, OpOption | None]:
+    """A module's policy under the choice `p`, and its op-level option (None: whole module)."""
+    if p.startswith(OP):
+        o = it.ops[int(p[len(OP):])]
+        return o.policy, o
+    return ("recompute" if p == "recompute" else "offload" if p == "offload" else "keep"), None
 
 
 def _cut(frontier: list[_State], inflight: int, limit: int) -> list[_State]:

@@ -130,7 +130,7 @@ class WholeJob:
             return p.candidate(Split(split.bounds))
         stages = []
         for s, (i, j) in enumerate(split.bounds):
-            policies = dict(split.policies[s]) if split.policies else {}
+            policies = dict(split.policies[s])
             picked = self.choice(i, j, s, split.host_cap) if policies else None
             saved = {m: list(ops) for m, ops in picked.saved_ops} if picked else {}
             moved = {m: list(ops) for m, ops in picked.offload_ops} if picked else {}
