@@ -14,12 +14,11 @@ Policies, per micro-batch (as planner.runtime.pipeline_units runs them):
   inputs instead of its saved roots; the stage's B (or I) reruns the unit's forward first
   (+forward_ms). With `unit_saved_ops` (selective checkpointing, planner.sim.selective_units)
   the device also keeps the outputs of the named calls, and the rerun skips them.
-  With `unit_offload_ops` an offload unit moves only the saved roots of the named calls'
-  outputs: its other saved roots stay on the device, and only the moved ones are copied.
 - offload (saved-tensor hooks around the module): each tensor the unit saves is copied to host
   memory as autograd saves it, one copy per saving (backward node, root) pair (`host_bytes`,
   per in-flight micro-batch: what the runtime's HostMemory measures), and reloaded when a
-  backward node unpacks it.
+  backward node unpacks it. With `unit_offload_ops` only the saved roots of the named calls'
+  outputs are moved (and copied); the unit's other saved roots stay on the device.
 
 Device memory: saved bytes = the union of what the stage keeps: what it sends on and its loss
 (held bytes, whatever the policies), the saved roots of keep units and of nodes outside units,
