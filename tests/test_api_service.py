@@ -103,9 +103,9 @@ import sys, time, httpx
 url, out = sys.argv[1], sys.argv[2]
 with httpx.Client(base_url=url, timeout=10) as c, open(out, "w") as f:
     while True:
-        t = time.perf_counter()
+        started, t = time.time(), time.perf_counter()
         assert c.get("/healthz").status_code == 200
-        f.write(f"{time.time()} {time.perf_counter() - t}\\n")
+        f.write(f"{started} {time.perf_counter() - t}\\n")
         f.flush()
         time.sleep(0.02)
 """
@@ -142,8 +142,9 @@ def test_twenty_concurrent_submissions_while_healthz_stays_fast(
         assert_valid_plan(GRAPH, answer)
     assert len({a["budget_bytes"] for a in answers}) == 20
     rows = [tuple(map(float, line.split())) for line in samples.read_text().splitlines()]
-    # While solves run (after the last acknowledgement) the requirement is < 100 ms; during
-    # the burst of 20 validating uploads the numbers are printed (CPU-bound, GIL shared).
+    # While solves run (probes sent after the last acknowledgement) the requirement is < 100 ms;
+    # during the burst of 20 validating uploads the numbers are printed (CPU-bound, GIL shared).
+    # A probe is classed by when it was sent: one sent during the burst may answer after it.
     solving = [latency for t, latency in rows if t >= acknowledged]
     burst = [latency for t, latency in rows if t < acknowledged]
     for label, values in (("submission burst", burst), ("while solving", solving)):
