@@ -291,3 +291,28 @@ def test_a_saved_op_the_module_never_calls_is_refused_in_one_line(op_gpt: Graph)
     with pytest.raises(PlanError, match=r"unit_saved_ops\['h.2'\]: 'aten.addmm#9' is not a call"):
         policy_stage_costs(op_gpt, facts, base, {"h.2": "recompute"}, HOST,
                            {"h.2": ["aten.addmm#9"]})
+
+
+def test_before_the_first_plan_unfit_splits_wait_for_their_op_level_knapsacks(
+        gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Anytime: while no plan exists, each split is first judged with whole-module policies
+    (quicker); a split none fits gets its op-level knapsacks only once no split fits that way,
+    so the first plan does not wait for them."""
+    calls: list[tuple[tuple[tuple[int, int], ...], bool, bool]] = []
+    judge = whole_job.WholeJob.with_policies
+
+    def logged(self, bounds, op_level=True):  # type: ignore[no-untyped-def]
+        got = judge(self, bounds, op_level)
+        calls.append((bounds, op_level, got is not None))
+        return got
+
+    monkeypatch.setattr(whole_job.WholeJob, "with_policies", logged)
+    memory = int(plain_least(gpt) * 0.8)
+    p = problem(gpt, memory)
+    got = whole_job_partition(p, time_limit_s=5)
+    check_plan(p, got)
+    first = next(k for k, (_, _, fits) in enumerate(calls) if fits)
+    unfit = {b for b, op_level, fits in calls[:first] if not op_level and not fits}
+    assert unfit, "the test needs splits no whole-module plan fits"
+    assert not any(op_level and b in unfit for b, op_level, _ in calls[:first])
+    assert calls[first][1] is False  # the first plan came from the whole-module pass

@@ -16,6 +16,9 @@ per-stage policy choice), the balanced splits, and then, until the time limit:
   lengthen actions, so with fixed action lists no policy can make it faster);
 - else the DP's proposals on stage costs that include each range's best policy time, then
   today's DP's boundary moves (single boundaries and sliding runs) around the best split.
+Anytime: while no plan exists, a split is first judged with whole-module policies only (several
+times quicker); one that none fits waits for its op-level knapsacks until every other split has
+been tried, so the first plan does not wait behind splits that cannot hold one.
 
 Bound and status: with fixed action lists (every schedule but zero-bubble's time-driven ones) a
 plan's step is at least its split's all-keep simulated step; the least of those over all splits
@@ -67,6 +70,7 @@ class PolicySplit(Split):
 
     policies: tuple[tuple[tuple[str, UnitPolicy], ...], ...] = ()
     host_cap: int = 0  # the host bytes each stage's knapsack had (the pool, or an even share)
+    op_level: bool = True  # the knapsacks had op-level options (else whole-module only)
 
 
 class WholeJob:
@@ -110,18 +114,18 @@ class WholeJob:
         return self.choices[key]
 
     # -- one split -------------------------------------------------------------------------------
-    def with_policies(self, bounds: Bounds) -> PolicySplit | None:
+    def with_policies(self, bounds: Bounds, op_level: bool = True) -> PolicySplit | None:
         if self.p.candidate(Split(bounds), simulate=False).fits:
             return PolicySplit(bounds)  # all-keep fits its ranks' exact peaks: nothing is faster
         for host_cap in dict.fromkeys(self.host_caps):  # the pool first, then even shares
-            picks = [self.choice(i, j, s, host_cap) for s, (i, j) in enumerate(bounds)]
+            picks = [self.choice(i, j, s, host_cap, op_level) for s, (i, j) in enumerate(bounds)]
             if any(c is None for c in picks):
                 return None  # an even share is smaller: nothing more fits
             on_host = sum(self.p.inflight[s] * c.host_bytes
                           for s, c in enumerate(picks) if c is not None)
             if on_host <= self.host_memory:
                 return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
-                                   host_cap)
+                                   host_cap, op_level)
         return None
 
     def candidate(self, split: PolicySplit) -> Candidate:
@@ -131,7 +135,7 @@ class WholeJob:
         stages = []
         for s, (i, j) in enumerate(split.bounds):
             policies = dict(split.policies[s])
-            picked = self.choice(i, j, s, split.host_cap) if policies else None
+            picked = self.choice(i, j, s, split.host_cap, split.op_level) if policies else None
             saved = {m: list(ops) for m, ops in picked.saved_ops} if picked else {}
             moved = {m: list(ops) for m, ops in picked.offload_ops} if picked else {}
             stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
@@ -150,7 +154,7 @@ class WholeJob:
 
     def effective(self, i: int, j: int, s: int, split: PolicySplit) -> StageCosts:
         if split.policies and split.policies[s]:
-            c = self.choice(i, j, s, split.host_cap)
+            c = self.choice(i, j, s, split.host_cap, split.op_level)
             assert c is not None and c.policies == split.policies[s]
             return c.costs
         return self.p.costs(i, j, s)
@@ -195,14 +199,25 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             first_s = time.perf_counter() - start
 
     slowest_s = 0.0  # the longest one split's judgement took (kept clear of the deadline)
+    unfit: list[Bounds] = []  # splits no whole-module plan fits, not yet tried at op level
+    late = False  # trying them now
+    timed_out = False  # some split stayed unjudged (TimeUp)
 
     def try_bounds(bounds: Bounds, name: str) -> None:
-        nonlocal slowest_s
+        nonlocal slowest_s, timed_out
         began = time.perf_counter()
+        if best is None and not late:  # anytime: whole-module knapsacks first (quicker)
+            job.deadline = None
+            quick = job.with_policies(bounds, op_level=False)
+            if quick is None:  # op-level options seldom fit where whole modules do not:
+                unfit.append(bounds)  # those wait until no split fits otherwise
+                return
+            offer(job.candidate(quick), name)
         job.deadline = start + time_limit_s if best is not None else None
         try:
             split = job.with_policies(bounds)
         except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
+            timed_out = True
             return
         if split is not None:
             offer(job.candidate(split), name)
@@ -246,6 +261,14 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     else:
         _propose(job, try_bounds, lambda: best, deadline)
         notes.append(f"{count} contiguous splits: DP proposals and local moves")
+    late = True  # the splits no whole-module plan fits, at op level (unless no faster)
+    for bounds in dict.fromkeys(unfit):
+        if time.perf_counter() > deadline:
+            complete = False
+            break
+        if best is None or job.keep_step_ms(bounds) < makespan_ms(best) - 1e-9:
+            try_bounds(bounds, "op-level options")
+    complete = complete and not timed_out
     if dp.best is not None and not complete and time.perf_counter() < deadline:
         # the time left continues the DP's own boundary moves from its split (no policies)
         moved, count_moves = improve_by_moves(problem, dp.best, deadline)
