@@ -316,3 +316,23 @@ def test_before_the_first_plan_unfit_splits_wait_for_their_op_level_knapsacks(
     assert unfit, "the test needs splits no whole-module plan fits"
     assert not any(op_level and b in unfit for b, op_level, _ in calls[:first])
     assert calls[first][1] is False  # the first plan came from the whole-module pass
+
+
+def test_a_stage_may_rerun_whole_as_one_checkpoint(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where no per-module choice fits, a stage recomputed as one checkpoint in every
+    micro-batch (it keeps only its input) is the stage's plan; the plan's peaks are the
+    simulator's, and it fits below the least memory a plain split needs."""
+    import planner.solvers.pipeline.ilp as ilp
+    from planner.solvers.pipeline.problem import PartitionOutcome
+
+    monkeypatch.setattr(whole_job, "choose", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ilp, "ilp_partition",  # its recomputation is not the one tested
+                        lambda *args, **kwargs: PartitionOutcome("ilp", None, "infeasible"))
+    memory = int(plain_least(gpt) * 0.9)
+    p = problem(gpt, memory)
+    got = whole_job_partition(p, time_limit_s=3)
+    check_plan(p, got)
+    stages = got.best.partition.stages
+    rerun = [s for s in stages if s.recompute_microbatches]
+    assert rerun and not any(s.unit_policies for s in stages)
+    assert all(s.recompute_microbatches == list(range(8)) for s in rerun)

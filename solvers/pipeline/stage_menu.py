@@ -87,6 +87,8 @@ class StageChoice:
     exact: bool  # the frontier was never cut
     saved_ops: tuple[tuple[str, tuple[str, ...]], ...] = ()  # selective recompute modules
     offload_ops: tuple[tuple[str, tuple[str, ...]], ...] = ()  # partially offloaded modules
+    whole_stage: bool = False  # no policies: the stage reruns its whole forward in every
+    # micro-batch's backward, keeping only its input (PipelineStage.recompute_microbatches)
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,19 @@ def choose(
             best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops,
                                offload_ops)
     return best
+
+
+def whole_stage(problem: PipelineProblem, base: StageCosts, inflight: int,
+                cap: float) -> StageChoice | None:
+    """The stage recomputed as one checkpoint in every micro-batch (the ILP's recomputation):
+    it keeps only its input and held bytes, where per-module recomputation keeps every
+    module's input, for the same rerun (its forward); None where even that does not fit."""
+    split = problem.plan_schedule.split_backward
+    peak = one_stage_peak_bytes(base, inflight, stored=0, microbatches=problem.microbatches,
+                                split_backward=split)
+    if peak > cap:
+        return None
+    return StageChoice((), base, 0, base.forward_ms, peak, True, whole_stage=True)
 
 
 def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, base: StageCosts,

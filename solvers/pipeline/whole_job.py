@@ -48,7 +48,7 @@ from planner.solvers.pipeline.problem import (
     simulated_key,
 )
 from planner.solvers.pipeline.schedules import stage_rank
-from planner.solvers.pipeline.stage_menu import StageChoice, TimeUp, choose
+from planner.solvers.pipeline.stage_menu import StageChoice, TimeUp, choose, whole_stage
 
 Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
 Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
@@ -71,6 +71,7 @@ class PolicySplit(Split):
     policies: tuple[tuple[tuple[str, UnitPolicy], ...], ...] = ()
     host_cap: int = 0  # the host bytes each stage's knapsack had (the pool, or an even share)
     op_level: bool = True  # the knapsacks had op-level options (else whole-module only)
+    rerun: frozenset[int] = frozenset()  # stages recomputed whole in every micro-batch
 
 
 class WholeJob:
@@ -108,6 +109,10 @@ class WholeJob:
                 facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
                 cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
                                op_level, self.deadline)
+                rerun = whole_stage(self.p, base, self.p.inflight[s], self.cap)
+                if rerun is not None and (cheap is None or (rerun.added_ms, rerun.peak_bytes)
+                                          < (cheap.added_ms, cheap.peak_bytes)):
+                    cheap = rerun
             if cheap is not None and not cheap.exact:
                 self.exact = False
             self.choices[key] = cheap
@@ -125,13 +130,16 @@ class WholeJob:
                           for s, c in enumerate(picks) if c is not None)
             if on_host <= self.host_memory:
                 return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
-                                   host_cap, op_level)
+                                   host_cap, op_level, frozenset(
+                                       s for s, c in enumerate(picks) if c and c.whole_stage))
         return None
 
     def candidate(self, split: PolicySplit) -> Candidate:
         p = self.p
-        if not split.policies:  # all-keep: the problem's own (its simulations are shared)
+        if not split.policies and not split.rerun:  # all-keep: the problem's own (shared)
             return p.candidate(Split(split.bounds))
+        every = frozenset(range(p.microbatches))
+        recompute = [every if s in split.rerun else frozenset() for s in range(p.stage_count)]
         stages = []
         for s, (i, j) in enumerate(split.bounds):
             policies = dict(split.policies[s])
@@ -140,12 +148,13 @@ class WholeJob:
             moved = {m: list(ops) for m, ops in picked.offload_ops} if picked else {}
             stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
                                         modules=p.chain.modules(i, j), unit_policies=policies,
-                                        unit_saved_ops=saved, unit_offload_ops=moved))
+                                        unit_saved_ops=saved, unit_offload_ops=moved,
+                                        recompute_microbatches=sorted(recompute[s])))
         partition = Partition(stages=stages)
         lists = p.action_lists(Split(split.bounds))
         costs = [self.effective(i, j, s, split) for s, (i, j) in enumerate(split.bounds)]
         peaks = rank_peak_bytes(lists, [stage_rank(s, p.ranks) for s in range(p.stage_count)],
-                                costs, [frozenset()] * p.stage_count)
+                                costs, recompute)
         fits = p.memory_bytes is None or max(peaks) <= p.memory_bytes
         sim = simulate_pipeline(p.graph, partition, lists, p.resources) if fits else None
         if sim is not None and sim.host_peak_bytes > self.host_memory:
