@@ -21,7 +21,9 @@ stages in `recompute_stages=`) run the stage's forward under non-reentrant
 which reruns the forward first (RNG state replayed). Per unit, the stage's own plan
 (`PipelineStage.unit_policies`: a module it names -> "keep", "recompute" or "offload") runs that
 module checkpointed, or with its saved tensors in host memory, in every micro-batch
-(planner.runtime.pipeline_units); `measure_step` reports the host bytes apart.
+(planner.runtime.pipeline_units); `measure_step` reports the host bytes apart. Under
+zero-bubble schedules a stage's W (weights' gradients) runs as one autograd call over torch's
+weight groups, so a checkpoint reruns once in it, not once per group (a GPT block: six).
 
 Losses: a model that returns a scalar loss needs no loss function (each micro-batch's loss is
 the model's); otherwise pass `loss_fn(output, target)` and `target=` to `step`. Losses are
@@ -119,6 +121,31 @@ class _Stage(PipelineStage):
         finally:
             if isinstance(module, StageModule):
                 module.microbatch = None
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
+        # torch's W runs one autograd call per weight group, and each call reruns every
+        # checkpoint it passes through and leaves the rerun's input-gradient tensors alive
+        # until the graph is freed (a GPT block: six reruns); one call over all groups reruns
+        # each checkpoint once
+        state = getattr(self, "backward_state", {}).get(bwd_chunk_id)
+        if self.dw_builder is None and state is not None:
+            input_values, groups, stage_output, output_grads = state
+            if groups is not None and len(groups) > 1:
+                self.backward_state[bwd_chunk_id] = (
+                    input_values, [merged_weight_groups(groups)], stage_output, output_grads)
+        super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
+
+
+def merged_weight_groups(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """torch's weight groups (params, their intermediates and those's gradients from I) as one:
+    each intermediate's gradient is still clamped to its own (stage_backward_weight's prehooks
+    with several intermediates), so every parameter's gradient is the same."""
+    merged: dict[str, Any] = {"params": set(), "intermediates": [], "grads": []}
+    for g in groups:
+        merged["params"] |= set(g["params"])
+        merged["intermediates"].extend(g["intermediates"])
+        merged["grads"].extend(g["grads"])
+    return merged
 
 
 def _model_loss(output: Any, target: Any) -> Any:

@@ -148,8 +148,11 @@ def test_zero_bubble_one_stage_peak_is_the_rank_peak_with_what_i_keeps_for_w(
     assert costs[0].weight_pending_bytes == 0 < costs[1].weight_pending_bytes
     assert costs[0].first_stage and not costs[1].first_stage
     assert one_stage_peak_bytes(costs[1], 1, None, MICROBATCHES) < peaks[1]
-    # a whole stage recomputed: its split W reruns the stage once per weight group
-    assert costs[1].weight_rerun_bytes > 4 * costs[1].saved_bytes
+    # a whole stage recomputed: its split W reruns the stage once (one autograd call), and
+    # what that rerun leaves is counted on top of the W's own transient
+    c = costs[1]
+    assert c.weight_transient_bytes < c.weight_rerun_bytes < c.weight_transient_bytes + 2 * (
+        c.saved_bytes)
     assert costs[0].weight_rerun_bytes == costs[0].transient_bytes
 
 

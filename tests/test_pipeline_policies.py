@@ -260,11 +260,11 @@ def test_measured_per_rank_peak_is_at_most_the_simulated_and_close(
 
 
 # zero-bubble I/W (ZB-H1): what torch keeps from I to W and the checkpoint reruns of a split W
-# (one autograd call per weight group: planner.sim.stage_costs) are counted as upper bounds.
-# measured <= predicted <= ZB_SLACK x measured per rank. Measured (CPU, 2026-11-26), rank 1:
-# keep 1.016, mixed 1.129, all recompute 1.153, whole stage recomputed 1.261 (its W reruns the
-# stage once per weight group: 26 here, 10.8 MB measured against 1.6 MB kept)
-ZB_SLACK = 1.30
+# (one autograd call for all weight groups: planner.runtime.pipeline) are counted as upper
+# bounds. measured <= predicted <= ZB_SLACK x measured per rank. Measured (CPU, 2026-11-26),
+# rank 1: keep 1.016, mixed 1.074, all recompute 1.159, whole stage recomputed 1.447 (1,595,312
+# B; with torch's one call per weight group its W reran the stage 26 times: 10.8 MB)
+ZB_SLACK = 1.45
 ZERO_BUBBLE = [i for i, c in enumerate(CONFIGS[2]) if c["schedule"] == "zb-h1"]
 
 

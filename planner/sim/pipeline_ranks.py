@@ -19,7 +19,9 @@ released), plus a stage's transient bytes while one of its computes runs (a W it
 planner.sim.rank_memory.compute_transient_bytes); under I/W also the gradients an I keeps
 until its W ends. A micro-batch the stage recomputes
 (PipelineStage.recompute_microbatches) keeps only the held bytes from F on; its B (or I) reruns
-the forward first (forward_ms longer) and takes the rest of the saved bytes back when it starts.
+the forward first (forward_ms longer) and takes the rest of the saved bytes back when it starts;
+under zero-bubble a later stage's W reruns it once more (planner.runtime.pipeline runs a W as
+one autograd call; the first stage's W is its whole backward, timed at its I here).
 Stages with unit_policies (per-module remat/offload) run with the costs of
 planner.sim.stage_policies; their offloaded bytes are host memory from F to B's (W's) end
 (host_peak_bytes: all ranks together, one host).
@@ -225,8 +227,8 @@ class _Ranks:
         kept = kept_bytes(c, again)
         duration = {F: c.forward_ms, B: c.backward_ms, I_: c.backward_input_ms,
                     W: c.backward_weight_ms}[op]
-        if again and op in (B, I_):
-            duration += c.forward_ms
+        if again and (op in (B, I_) or (op is W and not c.first_stage)):
+            duration += c.forward_ms  # a later stage's W reruns it once more (one autograd call)
         end = start + duration
         seq = 4 * len(self.spans)  # this compute's events: seq .. seq + 3, in this order
         if op is F:

@@ -69,12 +69,12 @@ def compute_transient_bytes(sizes: StageSizes, op: PipelineOp, recomputed: bool)
 
 
 def weight_rerun_residue_bytes(groups: int, input_read_bytes: int, weight_read_bytes: int) -> int:
-    """What a checkpoint's reruns leave alive in a split W (torch's stage_backward_weight: one
-    autograd call per weight group, each a graph task that reruns the checkpoint and unpacks
-    only its weight nodes' saved tensors): per group, the recomputed roots an input-gradient
-    node reads (freed with the graph when W ends), and once the roots only weight nodes read
-    (freed when their node has run)."""
-    return groups * input_read_bytes + weight_read_bytes if groups else 0
+    """What a checkpoint's rerun leaves alive in a split W (`groups`: the weight groups it
+    serves; planner.runtime.pipeline runs them as one autograd call, a graph task that reruns
+    the checkpoint once and unpacks only its weight nodes' saved tensors): the recomputed roots
+    an input-gradient node reads (freed with the graph when W ends), and the roots only weight
+    nodes read (freed when their node has run)."""
+    return input_read_bytes + weight_read_bytes if groups else 0
 
 
 def rank_base_bytes(sizes: Sequence[StageSizes], stage_rank_of: Sequence[int], rank: int) -> int:

@@ -233,6 +233,8 @@ def policy_stage_costs(
         forward_ms=max(base.forward_ms, forward_ms),
         backward_ms=base.backward_ms + extra_ms,
         backward_input_ms=base.backward_input_ms + extra_ms,
+        backward_weight_ms=base.backward_weight_ms + weight_rerun_ms(facts, chosen,
+                                                                     base.first_stage),
         saved_bytes=saved_bytes,
         transient_bytes=transient,
         weight_transient_bytes=weight_transient,
@@ -244,14 +246,16 @@ def policy_stage_costs(
 def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, UnitPolicy],
                        first_stage: bool) -> int:
     """What the reruns of the recompute units leave alive in a split W (planner.sim.
-    rank_memory.weight_rerun_residue_bytes per unit): per weight group of the unit its
-    recomputed roots an input-gradient node reads, and the roots only weight nodes read, of
-    one unit at a time (a unit's groups run together: those are freed before the next unit's
-    W). None on the first stage, whose W is one whole backward (one rerun per checkpoint)."""
+    rank_memory.weight_rerun_residue_bytes per unit): the W is one autograd call
+    (planner.runtime.pipeline merges torch's weight groups), so each unit reruns once: every
+    unit's recomputed roots an input-gradient node reads (counted alive until W ends: one
+    unit's at a time measured under torch, tests/test_pipeline_selective_runtime.py), and the
+    roots only weight nodes read, of one unit at a time. None on the first stage, whose W is
+    one whole backward (one rerun per checkpoint)."""
     if first_stage:
         return 0
     size = MemoryLedger.of(graph).storage_bytes
-    per_group = only_weight = 0
+    input_read = only_weight = 0
     for u in facts.units:
         if chosen[u.name] != "recompute" or not u.weight_groups:
             continue
@@ -259,9 +263,20 @@ def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, Uni
         # them; planner.runtime.pipeline_units has the W pass rerun them)
         again = u.saved - u.inputs
         read = again & u.input_read
-        per_group += u.weight_groups * sum(size[r] for r in read)
+        input_read += sum(size[r] for r in read)
         only_weight = max(only_weight, sum(size[r] for r in again - read))
-    return per_group + only_weight
+    return input_read + only_weight
+
+
+def weight_rerun_ms(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                    first_stage: bool) -> float:
+    """What a split W adds (zero-bubble, not the first stage): its autograd call reruns each
+    recompute unit's forward once more, the calls a selective checkpoint kept too (the I pass
+    consumed them)."""
+    if first_stage:
+        return 0.0
+    return sum(u.forward_ms for u in facts.units
+               if chosen[u.name] == "recompute" and u.weight_groups)
 
 
 def weight_reload_bytes(facts: StageFacts, chosen: Mapping[str, UnitPolicy],

@@ -139,7 +139,8 @@ class PipelineProblem:
                 times.append(StageTimes(
                     forward_ms=c.forward_ms,
                     backward_input_ms=c.backward_input_ms + again * c.forward_ms,
-                    backward_weight_ms=c.backward_weight_ms,
+                    backward_weight_ms=c.backward_weight_ms
+                    + (0.0 if c.first_stage else again * c.forward_ms),
                     send_forward_ms=self.transfer_ms(c.send_forward_bytes),
                     send_backward_ms=self.transfer_ms(c.send_backward_bytes),
                 ))

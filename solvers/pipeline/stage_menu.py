@@ -138,9 +138,12 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         ops = selective_options(problem.graph, m, weight_reruns) if op_level else ()
         if host_tier and not split and op_level:  # zero-bubble: 0.6 % under torch there
             ops += offload_options(problem.graph, m, copy_ms)
+        again_ms = u.forward_ms if weight_reruns and u.weight_groups else 0.0  # W's rerun
+        ops = tuple(replace(o, ms=o.ms + again_ms) if o.policy == "recompute" else o
+                    for o in ops)
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0], transient[1],
-                        u.forward_ms, copy_ms(u.host_bytes), rerun, ops))
+                        u.forward_ms + again_ms, copy_ms(u.host_bytes), rerun, ops))
     return out
 
 
@@ -205,7 +208,8 @@ def choose(
         peak = one_stage_peak_bytes(c, inflight, microbatches=m, split_backward=split)
         if peak > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover - bounds hold
             continue
-        added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms)
+        added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms) + (
+            c.backward_weight_ms - base.backward_weight_ms if split else 0.0)  # W's reruns
         if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
             best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops,
                                offload_ops)
@@ -216,13 +220,15 @@ def whole_stage(problem: PipelineProblem, base: StageCosts, inflight: int,
                 cap: float) -> StageChoice | None:
     """The stage recomputed as one checkpoint in every micro-batch (the ILP's recomputation):
     it keeps only its input and held bytes, where per-module recomputation keeps every
-    module's input, for the same rerun (its forward); None where even that does not fit."""
+    module's input, for the same rerun (its forward; a split W reruns it again, as it does a
+    module's); None where even that does not fit."""
     split = problem.plan_schedule.split_backward
     peak = one_stage_peak_bytes(base, inflight, stored=0, microbatches=problem.microbatches,
                                 split_backward=split)
     if peak > cap:
         return None
-    return StageChoice((), base, 0, base.forward_ms, peak, True, whole_stage=True)
+    reruns = 2 if split and not base.first_stage else 1
+    return StageChoice((), base, 0, reruns * base.forward_ms, peak, True, whole_stage=True)
 
 
 def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, base: StageCosts,
@@ -243,8 +249,8 @@ def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, bas
             chosen[it.name] = policy
             if policy == "offload":
                 host[it.name] = o.host_bytes if o is not None else it.host_bytes
-            elif policy == "recompute" and o is not None:
-                reruns[it.name] = o.ms
+            elif policy == "recompute":  # with a split W's rerun (items), as the knapsack adds
+                reruns[it.name] = o.ms if o is not None else it.recompute_ms
         forward = forward_with_copies(facts, host, d2h) if host else base.forward_ms
         backward = backward_with_reloads(facts, chosen, h2d if host else None, reruns, host)
         return max(0.0, forward - base.forward_ms) + backward - compute

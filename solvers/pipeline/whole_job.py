@@ -254,6 +254,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
         ilp = ilp_partition(problem, time_limit_s=max(0.1, OVERRUN * share * left_s),
                             threads=threads)
         offer(ilp.best, "ilp")
+        if ilp.best is not None:  # its split with per-module policies, not whole-stage reruns
+            try_bounds(ilp.best.split.bounds, "the ILP's split with per-stage policies")
     else:
         notes.append("today's ILP not run (several stages a rank: its CP-SAT model does not "
                      "fit a share of the time limit)")
