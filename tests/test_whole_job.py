@@ -336,22 +336,3 @@ def test_a_stage_may_rerun_whole_as_one_checkpoint(gpt: Graph, monkeypatch) -> N
     rerun = [s for s in stages if s.recompute_microbatches]
     assert rerun and not any(s.unit_policies for s in stages)
     assert all(s.recompute_microbatches == list(range(8)) for s in rerun)
-
-
-def test_a_host_tier_never_makes_a_stage_plan_slower(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A cut frontier (more states than kept) may drop the plans that need no host; the
-    stage's choice is then also made without the host options, so a host tier never makes it
-    slower than none."""
-    monkeypatch.setattr(stage_menu, "FRONTIER_WORK", 1)
-    monkeypatch.setattr(stage_menu, "FRONTIER_LIMITS", (2, 2))  # every frontier cut to 2
-    memory = int(plain_least(gpt) * 0.85)
-    no_host = HOST.model_copy(update={"host_memory_bytes": None, "h2d": None, "d2h": None})
-    jobs = [whole_job.WholeJob(problem(gpt, memory, r)) for r in (HOST, no_host)]
-    compared = 0
-    for i, j in itertools.combinations(range(11), 2):
-        for s in range(4):
-            with_host, without = (job.choice(i, j, s) for job in jobs)
-            if without is not None and not without.exact:
-                assert with_host is not None and with_host.added_ms <= without.added_ms + 1e-12
-                compared += 1
-    assert compared

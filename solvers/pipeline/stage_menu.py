@@ -213,11 +213,6 @@ def choose(
         if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
             best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops,
                                offload_ops)
-    if host and not exact:  # the cut frontier may have lost what needs no host: that menu too
-        plain = choose(problem, facts, base, inflight, cap, 0, op_level, deadline)
-        if plain is not None and (best is None or (plain.added_ms, plain.peak_bytes)
-                                  < (best.added_ms, best.peak_bytes)):
-            best = replace(plain, exact=False)
     return best
 
 
