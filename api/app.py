@@ -11,6 +11,7 @@ solving happens in worker processes (planner.service.jobs).
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,6 +43,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sys.setswitchinterval(0.001)
     parts.store.create_schema()
     parts.manager.start()
+    # What start-up made lives as long as the process: out of the collector's reach, a full
+    # collection (~130k objects: 80 ms, and 129 ms on /healthz under load) walks only what
+    # requests made since.
+    gc.collect()
+    gc.freeze()
     try:
         yield
     finally:
