@@ -128,7 +128,7 @@ class _Stage(PipelineStage):
         # until the graph is freed (a GPT block: six reruns); one call over all groups reruns
         # each checkpoint once
         state = getattr(self, "backward_state", {}).get(bwd_chunk_id)
-        if self.dw_builder is None and state is not None:
+        if self.dw_builder is None and isinstance(state, tuple) and len(state) == 4:
             input_values, groups, stage_output, output_grads = state
             if groups is not None and len(groups) > 1:
                 self.backward_state[bwd_chunk_id] = (
