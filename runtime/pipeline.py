@@ -20,7 +20,8 @@ stages in `recompute_stages=`) run the stage's forward under non-reentrant
 `torch.utils.checkpoint`: such a micro-batch keeps only the stage's inputs until its backward,
 which reruns the forward first (RNG state replayed). Per unit, the stage's own plan
 (`PipelineStage.unit_policies`: a module it names -> "keep", "recompute" or "offload") runs that
-module checkpointed, or with its saved tensors in host memory, in every micro-batch
+module checkpointed, or with its saved tensors in host memory, in every micro-batch but those of
+a variant (`PipelineStage.variants`), which run the variant's unit plan instead
 (planner.runtime.pipeline_units); `measure_step` reports the host bytes apart. Under
 zero-bubble schedules a stage's W (weights' gradients) runs as one autograd call over torch's
 weight groups, so a checkpoint reruns once in it, not once per group (a GPT block: six).
@@ -79,8 +80,10 @@ from planner.tracing.memory import StorageTracker
 
 class StageModule(nn.Module):
     """One stage's module: the stage program, keyword inputs filtered; the forward of the
-    micro-batches in `recompute` runs checkpointed (the stage sets `microbatch` before each),
-    its rerun told to `switch` (planner.runtime.pipeline_units)."""
+    micro-batches in `recompute` runs checkpointed (the stage sets `microbatch` before each).
+    `switch` (planner.runtime.pipeline_units) is told the micro-batch, so that its unit calls
+    run that micro-batch's unit plan, and the checkpoint's rerun in the backward, with the
+    micro-batch its forward ran."""
 
     def __init__(self, program: StageProgram, recompute: frozenset[int],
                  switch: UnitSwitch | None = None) -> None:
@@ -93,19 +96,21 @@ class StageModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         keywords = {k: kwargs[k] for k in self.keyword_inputs}
-        if self.microbatch in self.recompute and torch.is_grad_enabled():
-            runs = itertools.count()
+        microbatch = self.microbatch  # the backward's rerun runs when it is None again
+        with self.switch.running(microbatch):
+            if microbatch in self.recompute and torch.is_grad_enabled():
+                runs = itertools.count()
 
-            def whole_stage(*args: Any, **kwargs: Any) -> Any:
-                if next(runs) == 0:
-                    return self.program(*args, **kwargs)
-                with self.switch.rerun():  # the backward's rerun
-                    return self.program(*args, **kwargs)
+                def whole_stage(*args: Any, **kwargs: Any) -> Any:
+                    if next(runs) == 0:
+                        return self.program(*args, **kwargs)
+                    with self.switch.rerun(microbatch):  # the backward's rerun
+                        return self.program(*args, **kwargs)
 
-            return checkpoint(
-                whole_stage, *args, use_reentrant=False, preserve_rng_state=True, **keywords
-            )
-        return self.program(*args, **keywords)
+                return checkpoint(
+                    whole_stage, *args, use_reentrant=False, preserve_rng_state=True, **keywords
+                )
+            return self.program(*args, **keywords)
 
 
 class _Stage(PipelineStage):
@@ -174,6 +179,7 @@ class PipelineRun:
         if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
             raise InputError(f"plan ({plan.method}): status {plan.status.value}: cannot be run")
         check_plan_model(plan, model)  # a plan for another model: said before any fx tracing
+        _check_variant_microbatches(plan)
         if not dist.is_initialized():
             raise InputError(
                 "planner.runtime.pipeline: call torch.distributed.init_process_group first"
@@ -189,7 +195,8 @@ class PipelineRun:
                 f"group has {world}"
             )
         self.microbatches = 1 + max(a.microbatch_index for row in plan.rank_actions for a in row)
-        # stage -> its units' policies other than "keep" (checked on every rank before tracing)
+        # stage -> its units' policies other than "keep", its variants' too (checked on every
+        # rank before tracing)
         self.unit_policies = {s.stage_index: check_unit_policies(s) for s in self.partition.stages}
         self.split: SplitModel = split_model(model, self.partition, example_inputs)
         if loss_fn is None and not self.split.returns_loss:
@@ -393,6 +400,22 @@ def build_pipeline(
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     return PipelineRun(model, load(plan), inputs, **options)
+
+
+def _check_variant_microbatches(plan: Plan) -> None:
+    """One line for a variant naming a micro-batch the rank actions do not run."""
+    if plan.partition is None or not plan.rank_actions:
+        return
+    m = 1 + max(a.microbatch_index for row in plan.rank_actions for a in row)
+    for s in plan.partition.stages:
+        for k, variant in enumerate(s.variants):
+            beyond = sorted(mb for mb in variant.microbatches if mb >= m)
+            if beyond:
+                raise InputError(
+                    f"partition: stage {s.stage_index}'s variants[{k}].microbatches name "
+                    f"{beyond[0]}, but the rank actions run {m} micro-batches (0..{m - 1}); "
+                    "drop it"
+                )
 
 
 def _storage_bytes(tensors: Any) -> int:

@@ -5,15 +5,22 @@ in every micro-batch: "keep" (autograd's default), "recompute" (the unit runs un
 non-reentrant `torch.utils.checkpoint`, RNG state replayed: only its inputs are kept until its
 backward reruns it) or "offload" (every tensor autograd saves inside the unit is copied to host
 memory after it is saved, and back to the device when the backward unpacks it, as
-`torch.autograd.graph.save_on_cpu` does: pinned buffers on CUDA).
+`torch.autograd.graph.save_on_cpu` does: pinned buffers on CUDA). A variant
+(`PipelineStage.variants`) gives some micro-batches another unit plan: they run its policies,
+saved ops and offloaded ops instead of the stage's (a unit kept in one micro-batch may be
+recomputed or offloaded in another).
 
 The units are leaf calls of the stage's `GraphModule` (planner.runtime.pipeline_split traces the
 named modules as opaque calls), so `apply_unit_policies` retargets each call of a unit with a
-policy to a `UnitCall` that runs the user's module under it; the model and its parameter names
-are untouched. A micro-batch whose whole stage is recomputed (`recompute_microbatches`, a
-checkpoint around the stage) runs its units under their policies too: the checkpoint needs the
-same saves in its rerun, and what an offloaded unit saves is then on the host already, so the
-backward's rerun drops those saves instead of copying them again (`UnitSwitch.rerun`).
+policy other than "keep" in the stage's plan or in a variant to a `UnitCall` that runs the
+user's module under the plan of the micro-batch the stage runs (`UnitSwitch.microbatch`, set by
+the stage's forward; none, as in torch's metadata inference: the stage's plan); the model and
+its parameter names are untouched. A micro-batch whose whole stage is recomputed
+(`recompute_microbatches`, a checkpoint around the stage) runs its units under their policies
+too: the checkpoint needs the same saves in its rerun, and what an offloaded unit saves is then
+on the host already, so the backward's rerun drops those saves instead of copying them again
+(`UnitSwitch.rerun`, told the micro-batch its forward ran: the rerun, in the backward, runs
+the same plan).
 
 Selective checkpointing (`PipelineStage.unit_saved_ops`): a "recompute" unit that names saved ops
 ('aten.addmm#0': the first call of aten.addmm in its forward) runs under a selective checkpoint
@@ -21,9 +28,10 @@ Selective checkpointing (`PipelineStage.unit_saved_ops`): a "recompute" unit tha
 reruns every other op (PREFER_RECOMPUTE). Calls are counted per operator as the traced graph
 names them ("aten." + the packet name, an in-place call as its functional op), views included
 (the graph leaves views out, so views are not worth naming). A named call the forward does not
-make is refused in one line (InputError) after the unit's first forward. In the rerun of a
-whole-stage checkpoint the unit runs under a plain checkpoint: the backward reads the forward's
-kept outputs, so the rerun keeps none again. A second backward through the unit (zero-bubble
+make is refused in one line (InputError) after the unit's first forward under that plan (the
+stage's or a variant's, which the message names). In the rerun of a whole-stage checkpoint the
+unit runs under a plain checkpoint: the backward reads the forward's kept outputs, so the rerun
+keeps none again. A second backward through the unit (zero-bubble
 schedules split it into inputs' and weights' gradients) recomputes what the first consumed.
 
 Measuring on CPU, where device and host are one memory: host buffers are allocated outside any
@@ -39,6 +47,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,7 +59,7 @@ from torch.utils.checkpoint import (
 )
 
 from planner.core.errors import InputError
-from planner.core.pipeline_actions import PipelineStage, saved_op_parts
+from planner.core.pipeline_actions import PipelineStage, StageVariant, saved_op_parts
 from planner.runtime.pipeline_split import owner_of
 from planner.runtime.unit_ops import (  # op_name: re-exported
     CallOutputs,
@@ -60,8 +69,8 @@ from planner.runtime.unit_ops import (  # op_name: re-exported
 )
 
 POLICIES = ("keep", "recompute", "offload")
-__all__ = ["HostMemory", "UnitCall", "UnitPolicies", "UnitSwitch", "apply_unit_policies",
-           "check_unit_policies", "offloaded", "op_name"]
+__all__ = ["HostMemory", "UnitCall", "UnitPlan", "UnitPolicies", "UnitSwitch",
+           "apply_unit_policies", "check_unit_policies", "offloaded", "op_name"]
 
 
 class HostMemory:
@@ -83,17 +92,30 @@ class HostMemory:
 
 
 class UnitSwitch:
-    """Shared by a stage's unit calls: `rerunning` while the backward reruns a micro-batch
-    whose whole stage is checkpointed."""
+    """Shared by a stage's unit calls: the micro-batch the stage runs (`microbatch`, None
+    outside a micro-batch: the stage's own plan), and `rerunning` while the backward reruns a
+    micro-batch whose whole stage is checkpointed."""
 
     def __init__(self) -> None:
         self.rerunning = False
+        self.microbatch: int | None = None
 
     @contextmanager
-    def rerun(self) -> Iterator[None]:
-        before, self.rerunning = self.rerunning, True
+    def running(self, microbatch: int | None) -> Iterator[None]:
+        """The unit calls inside run `microbatch`'s plan."""
+        before, self.microbatch = self.microbatch, microbatch
         try:
             yield
+        finally:
+            self.microbatch = before
+
+    @contextmanager
+    def rerun(self, microbatch: int | None = None) -> Iterator[None]:
+        """The backward's rerun of `microbatch` (the one its forward ran: its plan again)."""
+        before, self.rerunning = self.rerunning, True
+        try:
+            with self.running(microbatch):
+                yield
         finally:
             self.rerunning = before
 
@@ -160,67 +182,92 @@ def offloaded(host: HostMemory, unit: nn.Module,
                 yield
 
 
+@dataclass(frozen=True)
+class UnitPlan:
+    """What one call of a unit does in a micro-batch: its policy, the calls a "recompute" unit
+    keeps (`saved_ops`), those an "offload" unit moves (`offload_ops`), and `where` its plan's
+    field is named in a refusal ("partition: stage 0's variants[1].unit_saved_ops['h.3']")."""
+
+    policy: str = "keep"
+    saved_ops: tuple[str, ...] = ()
+    offload_ops: tuple[str, ...] = ()
+    where: str = ""
+
+
 class UnitCall(nn.Module):
-    """One call of a unit in a stage's GraphModule, run under its policy; a "recompute" unit
-    with `saved_ops` under a selective checkpoint (`observed`: its forward's calls per op)."""
+    """One call of a unit in a stage's GraphModule, run under the plan of the micro-batch the
+    stage runs (`variants`: micro-batch -> its plan; the others, and calls outside a micro-batch,
+    run `policy`, `saved_ops`, `offload_ops`); a "recompute" plan with saved ops runs under a
+    selective checkpoint (`observed`: the last such forward's calls per op)."""
 
     def __init__(self, unit: nn.Module, name: str, policy: str, switch: UnitSwitch,
                  host: HostMemory, saved_ops: Sequence[str] = (), where: str = "",
-                 offload_ops: Sequence[str] = ()) -> None:
+                 offload_ops: Sequence[str] = (),
+                 variants: Mapping[int, UnitPlan] | None = None) -> None:
         super().__init__()
         self.units = [unit]  # a list: not registered, so parameters keep the model's names
         self.name = name
-        self.policy = policy
         self.switch = switch
         self.host = host
-        self.saved_ops = tuple(saved_ops)
-        self.offload_ops = tuple(offload_ops)
-        field = "unit_offload_ops" if self.offload_ops else "unit_saved_ops"
-        self.where = where or f"{field}[{name!r}]"
+        field = "unit_offload_ops" if offload_ops else "unit_saved_ops"
+        self.own = UnitPlan(policy, tuple(saved_ops), tuple(offload_ops),
+                            where or f"{field}[{name!r}]")
+        self.variants = dict(variants or {})
         self.observed: Counter[str] | None = None  # set by a selective forward
-        self.checked = False
+        self.checked: set[UnitPlan] = set()  # plans whose named calls were found
+
+    @property
+    def policy(self) -> str:
+        return self.own.policy
+
+    def plan_of(self, microbatch: int | None) -> UnitPlan:
+        """The plan micro-batch `microbatch` runs (None: the stage's own)."""
+        return self.own if microbatch is None else self.variants.get(microbatch, self.own)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         unit = self.units[0]
-        if not torch.is_grad_enabled():
+        plan = self.plan_of(self.switch.microbatch)
+        if plan.policy == "keep" or not torch.is_grad_enabled():
             return unit(*args, **kwargs)
-        if self.policy == "recompute" and self.saved_ops and not self.switch.rerunning:
-            return self._selective(unit, *args, **kwargs)
-        if self.policy == "recompute":
+        if plan.policy == "recompute" and plan.saved_ops and not self.switch.rerunning:
+            return self._selective(plan, unit, *args, **kwargs)
+        if plan.policy == "recompute":
             return checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
         if self.switch.rerunning:  # the forward's host copies serve the backward: none again
             with torch.autograd.graph.saved_tensors_hooks(_drop, _never):
                 return unit(*args, **kwargs)
-        if not self.offload_ops:
+        if not plan.offload_ops:
             with offloaded(self.host, unit):
                 return unit(*args, **kwargs)
-        calls = CallOutputs(self.offload_ops)  # fresh per call: its counts start at 0
+        calls = CallOutputs(plan.offload_ops)  # fresh per call: its counts start at 0
         with offloaded(self.host, unit, calls):
             out = unit(*args, **kwargs)
-        self._check(calls.counts, calls.missing())
+        self._check(plan, calls.counts, calls.missing())
         return out
 
-    def _selective(self, unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        policy = SavedOpsPolicy(self.saved_ops)  # fresh per call: its counts start at 0
+    def _selective(self, plan: UnitPlan, unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        policy = SavedOpsPolicy(plan.saved_ops)  # fresh per call: its counts start at 0
         out = checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True,
                          context_fn=functools.partial(selective_contexts, policy), **kwargs)
-        self._check(policy.counts, policy.missing())
+        self._check(plan, policy.counts, policy.missing())
         return out
 
-    def _check(self, counts: Counter[str], missing: list[tuple[str, int]]) -> None:
-        """After the unit's first forward: one line for a named call it did not make."""
+    def _check(self, plan: UnitPlan, counts: Counter[str],
+               missing: list[tuple[str, int]]) -> None:
+        """After the unit's first forward under `plan`: one line for a named call it did not
+        make."""
         self.observed = counts
-        if not self.checked:
+        if plan not in self.checked:
             if missing:
                 name, calls = missing[0]
                 op = saved_op_parts(name)[0]
                 more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                 raise InputError(
-                    f"{self.where}: {name!r}{more} is not a call of the unit's forward "
+                    f"{plan.where}: {name!r}{more} is not a call of the unit's forward "
                     f"({op} is called {calls} time{'' if calls == 1 else 's'} there); name calls "
                     "'OP#K' with K below that"
                 )
-            self.checked = True
+            self.checked.add(plan)
 
 
 def _drop(t: torch.Tensor) -> None:
@@ -234,69 +281,108 @@ def _never(packed: Any) -> torch.Tensor:
 class UnitPolicies(dict[str, str]):
     """A stage's policies other than "keep", by unit, its recompute units' saved ops
     (`saved_ops`, PipelineStage.unit_saved_ops less empty lists) and its offload units' moved
-    calls (`offload_ops`, PipelineStage.unit_offload_ops)."""
+    calls (`offload_ops`, PipelineStage.unit_offload_ops); `variants`, the same for each of its
+    variants (`microbatches`: those running it; `label`: 'variants[k].', the field's prefix)."""
 
     def __init__(self, policies: Mapping[str, str], stage_index: int = 0,
                  saved_ops: Mapping[str, Sequence[str]] | None = None,
-                 offload_ops: Mapping[str, Sequence[str]] | None = None) -> None:
+                 offload_ops: Mapping[str, Sequence[str]] | None = None,
+                 microbatches: Sequence[int] = (), label: str = "") -> None:
         super().__init__(policies)
         self.stage_index = stage_index
         self.saved_ops = {u: tuple(ops) for u, ops in (saved_ops or {}).items() if ops}
         self.offload_ops = {u: tuple(ops) for u, ops in (offload_ops or {}).items() if ops}
+        self.microbatches = tuple(microbatches)
+        self.label = label
+        self.variants: list[UnitPolicies] = []
+
+    def units(self) -> list[str]:
+        """Every unit with a policy other than "keep" in the stage's plan or a variant's."""
+        return list(dict.fromkeys(u for plan in (self, *self.variants) for u in plan))
 
 
-def check_unit_policies(stage: PipelineStage) -> UnitPolicies:
-    """The stage's policies other than "keep" (with its saved ops); one line for a module or
-    policy it cannot run."""
+def _check_plan(stage: PipelineStage, plan: PipelineStage | StageVariant,
+                label: str = "") -> UnitPolicies:
+    """One unit plan of the stage (its own, or a variant's, `label` 'variants[k].'): its
+    policies other than "keep"; one line for a module or policy it cannot run."""
+    what = f"partition: stage {stage.stage_index}'s {label}"
     out: dict[str, str] = {}
-    for name, policy in stage.unit_policies.items():
+    for name, policy in plan.unit_policies.items():
         if name not in stage.modules:
             raise InputError(
-                f"partition: stage {stage.stage_index}'s unit_policies name {name!r}, which is "
-                f"not one of its modules ({', '.join(stage.modules)}); name one of those"
+                f"{what}unit_policies name {name!r}, which is not one of its modules "
+                f"({', '.join(stage.modules)}); name one of those"
             )
         if policy not in POLICIES:
             raise InputError(
-                f"partition: stage {stage.stage_index}'s unit_policies give {name!r} the policy "
-                f"{policy!r}; use one of {', '.join(POLICIES)}"
+                f"{what}unit_policies give {name!r} the policy {policy!r}; use one of "
+                f"{', '.join(POLICIES)}"
             )
         if policy != "keep":
             out[name] = policy
-    saved = getattr(stage, "unit_saved_ops", None) or {}
-    moved = getattr(stage, "unit_offload_ops", None) or {}
+    saved = getattr(plan, "unit_saved_ops", None) or {}
+    moved = getattr(plan, "unit_offload_ops", None) or {}
     for field, named, policy in (("unit_saved_ops", saved, "recompute"),
                                  ("unit_offload_ops", moved, "offload")):
         for name in named:
             if out.get(name) != policy:
                 raise InputError(
-                    f"partition: stage {stage.stage_index}'s {field} name {name!r}, which is not "
-                    f"one of its {policy!r} units; give it unit_policies {policy!r} or drop it"
+                    f"{what}{field} name {name!r}, which is not one of its {policy!r} units; "
+                    f"give it unit_policies {policy!r} or drop it"
                 )
-    return UnitPolicies(out, stage.stage_index, saved, moved)
+    microbatches = plan.microbatches if isinstance(plan, StageVariant) else ()
+    return UnitPolicies(out, stage.stage_index, saved, moved, microbatches, label)
+
+
+def check_unit_policies(stage: PipelineStage) -> UnitPolicies:
+    """The stage's policies other than "keep" (with its saved ops) and its variants'; one line
+    for a module or policy a plan cannot run, or a micro-batch in two variants."""
+    out = _check_plan(stage, stage)
+    seen: set[int] = set()
+    for k, variant in enumerate(getattr(stage, "variants", None) or []):
+        plan = _check_plan(stage, variant, f"variants[{k}].")
+        twice = sorted(mb for mb in plan.microbatches if mb in seen or mb < 0)
+        if twice:
+            raise InputError(
+                f"partition: stage {stage.stage_index}'s variants[{k}].microbatches name "
+                f"{twice[0]}, which is negative or in an earlier variant; give each micro-batch "
+                "one variant at most"
+            )
+        seen |= set(plan.microbatches)
+        out.variants.append(plan)
+    return out
+
+
+def _unit_plan(policies: Mapping[str, str], unit: str) -> UnitPlan:
+    """`unit`'s plan in one of check_unit_policies' plans (or a plain mapping of policies)."""
+    policy = policies.get(unit, "keep")
+    saved: Mapping[str, Sequence[str]] = getattr(policies, "saved_ops", {})
+    moved: Mapping[str, Sequence[str]] = getattr(policies, "offload_ops", {})
+    field = "unit_offload_ops" if policy == "offload" else "unit_saved_ops"
+    stage = getattr(policies, "stage_index", None)
+    where = f"{getattr(policies, 'label', '')}{field}[{unit!r}]"
+    return UnitPlan(policy, tuple(saved.get(unit, ())) if policy == "recompute" else (),
+                    tuple(moved.get(unit, ())) if policy == "offload" else (),
+                    where if stage is None else f"partition: stage {stage}'s {where}")
 
 
 def apply_unit_policies(
     module: fx.GraphModule, policies: Mapping[str, str], switch: UnitSwitch, host: HostMemory
 ) -> list[UnitCall]:
-    """Retarget every call of a unit with a policy (or of a module inside it) to a UnitCall
-    registered on `module` (the unit itself stays registered where it was); `policies` from
-    check_unit_policies carry the recompute units' saved ops."""
-    named = list(policies)
-    saved: Mapping[str, Sequence[str]] = getattr(policies, "saved_ops", {})
-    moved: Mapping[str, Sequence[str]] = getattr(policies, "offload_ops", {})
-    stage = getattr(policies, "stage_index", None)
+    """Retarget every call of a unit with a policy other than "keep" in the stage's plan or a
+    variant's (or of a module inside it) to a UnitCall registered on `module` (the unit itself
+    stays registered where it was); `policies` from check_unit_policies carry the saved and
+    offloaded ops and the variants (a plain mapping: the stage's policies only)."""
+    variants: Sequence[UnitPolicies] = getattr(policies, "variants", [])
+    named = policies.units() if isinstance(policies, UnitPolicies) else list(policies)
     calls: list[UnitCall] = []
     for node in module.graph.nodes:
         if node.op != "call_module" or (owner := owner_of(str(node.target), named)) is None:
             continue
-        offload = policies[owner] == "offload"
-        field = "unit_offload_ops" if offload else "unit_saved_ops"
-        where = f"partition: stage {stage}'s {field}[{owner!r}]" if stage is not None \
-            else f"{field}[{owner!r}]"
-        ops = saved.get(owner, ()) if policies[owner] == "recompute" else ()
-        call = UnitCall(module.get_submodule(str(node.target)), str(node.target),
-                        policies[owner], switch, host, ops, where,
-                        moved.get(owner, ()) if offload else ())
+        own = _unit_plan(policies, owner)
+        per_microbatch = {mb: _unit_plan(v, owner) for v in variants for mb in v.microbatches}
+        call = UnitCall(module.get_submodule(str(node.target)), str(node.target), own.policy,
+                        switch, host, own.saved_ops, own.where, own.offload_ops, per_microbatch)
         target = f"_unit_call_{len(calls)}"
         module.add_module(target, call)
         node.target = target

@@ -155,7 +155,8 @@ def test_api_partitions_is_the_plans_route(server: ServerProcess) -> None:
 def test_a_whole_job_plan_shows_its_selective_checkpoints(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """`--method whole` on an op-level trace below the plain least memory: the table names the
-    modules recomputed selectively, and plan.json carries their kept calls."""
+    modules recomputed selectively and the micro-batches of a second unit plan, and plan.json
+    carries both."""
     from planner import zoo
     from planner.engine.partition import make_problem
     from planner.solvers.pipeline.dp import least_memory_split
@@ -175,3 +176,7 @@ def test_a_whole_job_plan_shows_its_selective_checkpoints(
     plan = load_plan(plan_path)
     assert plan.partition is not None
     assert any(ops for s in plan.partition.stages for ops in s.unit_saved_ops.values())
+    # stage 0 holds 2 micro-batches at once: it recomputes more in every other one only
+    mixed = [s for s in plan.partition.stages if s.variants]
+    assert mixed and mixed[0].variants[0].microbatches == [0, 2]
+    assert "in mb 0,2:" in out, out

@@ -81,8 +81,8 @@ def test_no_unit_policies_simulate_as_before(gpt: Graph, monkeypatch) -> None:  
             s.modules, "keep")}) for s in cand.partition.stages])
         costs = stage_costs(gpt, cand.partition)
         assert [c.costs for c in apply_unit_policies(gpt, with_keep, costs, None)] == costs
-        monkeypatch.setattr(pipeline_ranks, "apply_unit_policies",
-                            lambda g, part, c, r: [PolicyCosts(x, 0) for x in c])
+        monkeypatch.setattr(pipeline_ranks, "variant_unit_costs",
+                            lambda g, part, c, r: [(PolicyCosts(x, 0), {}) for x in c])
         before = simulate_pipeline(gpt, cand.partition, cand.rank_actions)
         monkeypatch.undo()
         assert simulate_pipeline(gpt, cand.partition, cand.rank_actions) == before

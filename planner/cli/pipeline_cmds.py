@@ -154,7 +154,8 @@ def partition_cmd(
 
 def _redo(row: StageRow) -> str:
     """Micro-batches recomputed whole, and the modules a whole-job plan recomputes (whole, or
-    selectively: some calls' outputs kept) or offloads (all it saves, or some calls' outputs)."""
+    selectively: some calls' outputs kept) or offloads (all it saves, or some calls' outputs);
+    its variants' plans and micro-batches."""
     parts = [f"{row.recomputed} mb"] if row.recomputed else []
     kinds = {m: "selective" if p == "recompute" and row.saved_ops.get(m)
              else "offload part" if p == "offload" and row.offload_ops.get(m) else p
@@ -166,6 +167,10 @@ def _redo(row: StageRow) -> str:
             parts.append(f"{policy} {len(mods)}: {', '.join(mods[:3])}{more}")
     if row.host_bytes:
         parts.append(f"host {format_bytes(row.host_bytes)} x {row.inflight}")
+    for microbatches, policies in row.variants:  # another unit plan in these micro-batches
+        named = ", ".join(f"{m} {p}" for m, p in list(policies.items())[:3])
+        more = " .." if len(policies) > 3 else ""
+        parts.append(f"in mb {','.join(map(str, microbatches))}: {named or 'keep'}{more}")
     return "; ".join(parts) or "-"
 
 

@@ -139,6 +139,24 @@ def saved_op_parts(name: str) -> tuple[str, int]:
     return op, int(k)
 
 
+class StageVariant(BaseModel):
+    """Another plan of a stage's units for some of its micro-batches: they run these unit
+    policies instead of the stage's own (fields as in PipelineStage). The whole-job planner
+    mixes two plans over the micro-batches a rank holds at once, as the ILP mixes whole-stage
+    recomputation, but per module: recomputing a module in one micro-batch of every k frees
+    its bytes once per k in flight."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    microbatches: list[int] = Field(min_length=1, description="Micro-batches running it.")
+    unit_policies: dict[str, UnitPolicy] = Field(default_factory=dict)
+    unit_saved_ops: dict[str, list[str]] = Field(default_factory=dict)
+    unit_offload_ops: dict[str, list[str]] = Field(default_factory=dict)
+
+    def unit_policy(self, module: str) -> UnitPolicy:
+        return self.unit_policies.get(module, "keep")
+
+
 class PipelineStage(BaseModel):
     """One stage: the graph nodes it runs (ids, and/or every node of the named modules and their
     submodules) and the rank that runs it."""
@@ -179,27 +197,65 @@ class PipelineStage(BaseModel):
         "device. Not named: everything the module saves is offloaded.",
     )
 
+    variants: list[StageVariant] = Field(
+        default_factory=list,
+        description="Other unit plans for some micro-batches (each variant's micro-batches "
+        "run its unit_policies, unit_saved_ops and unit_offload_ops instead of the stage's).",
+    )
+
     def recomputes(self, microbatch_index: int) -> bool:
         return microbatch_index in self.recompute_microbatches
 
     def unit_policy(self, module: str) -> UnitPolicy:
         return self.unit_policies.get(module, "keep")
 
+    def plan_of(self, microbatch_index: int) -> PipelineStage | StageVariant:
+        """What runs the units in this micro-batch: its variant, or the stage's own plan."""
+        for v in self.variants:
+            if microbatch_index in v.microbatches:
+                return v
+        return self
 
-def _check_named_ops(stage: PipelineStage, field: str, named: dict[str, list[str]],
-                     policy: str) -> None:
+
+def _check_named_ops(stage: PipelineStage, where: str, plan: PipelineStage | StageVariant,
+                     field: str, named: dict[str, list[str]], policy: str) -> None:
     for unit, ops in named.items():
-        if stage.unit_policy(unit) != policy:
+        if plan.unit_policy(unit) != policy:
             raise ValueError(
-                f"stages[{stage.stage_index}].{field}: {unit!r} is not a {policy!r} module of "
-                f"the stage; give it unit_policies {policy!r} or drop it"
+                f"stages[{stage.stage_index}]{where}.{field}: {unit!r} is not a {policy!r} "
+                f"module of the stage; give it unit_policies {policy!r} or drop it"
             )
         bad = [op for op in ops if not SAVED_OP.fullmatch(op)]
         if bad:
             raise ValueError(
-                f"stages[{stage.stage_index}].{field}[{unit!r}]: {bad[0]!r} is not 'OP#K' (an "
-                "operator and its call index from 0, e.g. 'aten.addmm#0')"
+                f"stages[{stage.stage_index}]{where}.{field}[{unit!r}]: {bad[0]!r} is not "
+                "'OP#K' (an operator and its call index from 0, e.g. 'aten.addmm#0')"
             )
+
+
+def _check_stage_plans(s: PipelineStage) -> None:
+    """The stage's own unit plan and its variants': modules of the stage, named calls of the
+    right policy, each micro-batch in one variant at most."""
+    seen: set[int] = set()
+    plans: list[tuple[str, PipelineStage | StageVariant]] = [("", s)]
+    plans += [(f".variants[{k}]", v) for k, v in enumerate(s.variants)]
+    for where, plan in plans:
+        stray = sorted(set(plan.unit_policies) - set(s.modules))
+        if stray:
+            raise ValueError(
+                f"stages[{s.stage_index}]{where}.unit_policies: {stray[0]!r} is not one of the "
+                "stage's modules; name a module listed in its modules"
+            )
+        _check_named_ops(s, where, plan, "unit_saved_ops", plan.unit_saved_ops, "recompute")
+        _check_named_ops(s, where, plan, "unit_offload_ops", plan.unit_offload_ops, "offload")
+        if isinstance(plan, StageVariant):
+            twice = sorted(mb for mb in plan.microbatches if mb in seen or mb < 0)
+            if twice:
+                raise ValueError(
+                    f"stages[{s.stage_index}]{where}.microbatches: {twice[0]} is negative or in "
+                    "an earlier variant; give each micro-batch one variant at most"
+                )
+            seen |= set(plan.microbatches)
 
 
 class Partition(BaseModel):
@@ -221,14 +277,7 @@ class Partition(BaseModel):
         for s in self.stages:
             if not s.nodes and not s.modules:
                 raise ValueError(f"stages[{s.stage_index}]: names no nodes and no modules")
-            stray = sorted(set(s.unit_policies) - set(s.modules))
-            if stray:
-                raise ValueError(
-                    f"stages[{s.stage_index}].unit_policies: {stray[0]!r} is not one of the "
-                    "stage's modules; name a module listed in its modules"
-                )
-            _check_named_ops(s, "unit_saved_ops", s.unit_saved_ops, "recompute")
-            _check_named_ops(s, "unit_offload_ops", s.unit_offload_ops, "offload")
+            _check_stage_plans(s)
         return self
 
     @property

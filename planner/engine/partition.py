@@ -56,6 +56,9 @@ class StageRow:
     host_bytes: int = 0  # offloaded activations per micro-batch
     saved_ops: dict[str, list[str]] = field(default_factory=dict)  # selective modules' kept calls
     offload_ops: dict[str, list[str]] = field(default_factory=dict)  # partial offloads' moved calls
+    # other unit plans for some micro-batches (PipelineStage.variants): (micro-batches, module
+    # -> recompute/offload)
+    variants: list[tuple[list[int], dict[str, str]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -387,6 +390,9 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
             host_bytes=e.host_bytes,
             saved_ops=dict(cand.partition.stage(s).unit_saved_ops),
             offload_ops=dict(cand.partition.stage(s).unit_offload_ops),
+            variants=[(list(v.microbatches), {k: p for k, p in v.unit_policies.items()
+                                              if p != "keep"})
+                      for v in cand.partition.stage(s).variants],
         ))
     return rows
 

@@ -23,7 +23,8 @@ the forward first (forward_ms longer) and takes the rest of the saved bytes back
 under zero-bubble a later stage's W reruns it once more (planner.runtime.pipeline runs a W as
 one autograd call; the first stage's W is its whole backward, timed at its I here).
 Stages with unit_policies (per-module remat/offload) run with the costs of
-planner.sim.stage_policies; their offloaded bytes are host memory from F to B's (W's) end
+planner.sim.stage_policies (a micro-batch of one of its variants with the variant's); their
+offloaded bytes are host memory from F to B's (W's) end
 (host_peak_bytes: all ranks together, one host).
 Makespan: when the last rank ends; bubble fraction: 1 - busy compute / (ranks x makespan);
 throughput: micro-batches per second.
@@ -48,7 +49,7 @@ from planner.sim.stage_costs import (
     released_bytes,
     stage_costs,
 )
-from planner.sim.stage_policies import apply_unit_policies
+from planner.sim.stage_policies import variant_unit_costs
 
 F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input,
                PipelineOp.backward_weight)
@@ -90,9 +91,11 @@ class _Ranks:
         self.lists = rank_actions
         # each stage's costs under its unit_policies (remat/offload per module; unchanged
         # without), and the bytes its offloaded units hold in host memory per micro-batch
-        policy = apply_unit_policies(graph, partition, stage_costs(graph, partition), resources)
-        self.costs: list[StageCosts] = [p.costs for p in policy]
-        self.host_bytes = [p.host_bytes for p in policy]
+        policy = variant_unit_costs(graph, partition, stage_costs(graph, partition), resources)
+        self.costs: list[StageCosts] = [own.costs for own, _ in policy]
+        self.host_bytes = [own.host_bytes for own, _ in policy]
+        # per stage, the micro-batches that run a variant's unit plan (PipelineStage.variants)
+        self.variants = [by_microbatch for _, by_microbatch in policy]
         self.host_events: list[tuple[float, int, int, int]] = []  # as events, host memory
         self.recomputed = [frozenset(partition.stage(s).recompute_microbatches)
                            for s in range(partition.stage_count)]
@@ -115,6 +118,19 @@ class _Ranks:
                     f"resources.microbatches is {resources.microbatches} but the rank actions "
                     f"run {self.microbatches} micro-batches"
                 )
+        for s, by_microbatch in enumerate(self.variants):
+            beyond = sorted(mb for mb in by_microbatch if mb >= self.microbatches)
+            if beyond:
+                raise PlanError(
+                    f"partition: stage {s}'s variants name micro-batch {beyond[0]}, but the rank "
+                    f"actions run {self.microbatches} (0..{self.microbatches - 1}); drop it"
+                )
+
+    def cost_of(self, s: int, mb: int) -> tuple[StageCosts, int]:
+        """Stage s's costs and host bytes in micro-batch mb (its variant's, or its own)."""
+        got = self.variants[s].get(mb)
+        return (self.costs[s], self.host_bytes[s]) if got is None else (got.costs,
+                                                                         got.host_bytes)
 
     def transfer_ms(self, nbytes: int) -> float:
         return 0.0 if self.link is None else self.link.transfer_ms(nbytes)
@@ -223,6 +239,7 @@ class _Ranks:
             self.received.add(key)
             self.done[key] = (start, i)
             return
+        c, host_bytes = self.cost_of(s, mb)
         again = mb in self.recomputed[s]
         kept = kept_bytes(c, again)
         duration = {F: c.forward_ms, B: c.backward_ms, I_: c.backward_input_ms,
@@ -245,8 +262,8 @@ class _Ranks:
             self.events.append((end, rank, seq + 3, -released_bytes(c)))
         if op is W:
             self.events.append((end, rank, seq + 3, -c.weight_pending_bytes))
-        if self.host_bytes[s] and op in (F, B, W):  # offloaded: host from F to B/W's end
-            delta = self.host_bytes[s] if op is F else -self.host_bytes[s]
+        if host_bytes and op in (F, B, W):  # offloaded: host from F to B/W's end
+            delta = host_bytes if op is F else -host_bytes
             self.host_events.append((start if op is F else end, rank, seq, delta))
         self.clock[rank] = end
         self.busy[rank] += duration

@@ -16,7 +16,7 @@ and W runs the whole backward, one rerun per checkpoint."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from planner.core.pipeline_actions import PipelineAction, PipelineOp
@@ -125,25 +125,61 @@ def one_stage_peak_bytes(
             + sizes.send_backward_bytes + transient)
 
 
+def mixed_stage_peak_bytes(
+    own: StageSizes, variant: StageSizes, inflight: int, variant_slots: int,
+    microbatches: int | None = None, split_backward: bool = False,
+) -> int:
+    """`one_stage_peak_bytes` (every micro-batch stored) of a stage that runs `variant`'s unit
+    plan in `variant_slots` of every `inflight` consecutive micro-batches and its own in the
+    others (planner.core.pipeline_actions.StageVariant): any window of in-flight micro-batches
+    holds at most that many of each, so the window's kept bytes are at most the mix's; the
+    larger transient and the larger last micro-batch of the two count. An upper bound where
+    the one-plan figure is exact."""
+    k = inflight
+    q = min(max(variant_slots, 0), k)
+    if q in (0, k):  # one plan only
+        return one_stage_peak_bytes(own if q == 0 else variant, k, None, microbatches,
+                                    split_backward)
+    m = max(k, microbatches if microbatches is not None else k)
+
+    def transient(sizes: StageSizes) -> int:
+        if not split_backward:
+            return sizes.transient_bytes
+        return sizes.weight_pending_bytes + max(sizes.transient_bytes,
+                                                sizes.weight_transient_bytes)
+
+    done = max(own.held_bytes + own.send_backward_bytes,
+               variant.held_bytes + variant.send_backward_bytes)
+    filled = (m - k) * done + (k - q) * own.saved_bytes + q * variant.saved_bytes
+    last = (m - 1) * done + max(own.saved_bytes, variant.saved_bytes)
+    return (own.model_state_bytes + m * own.buffer_bytes + max(filled, last)
+            + max(own.send_backward_bytes, variant.send_backward_bytes)
+            + max(transient(own), transient(variant)))
+
+
 def rank_peak_bytes(
     lists: Sequence[Sequence[PipelineAction]],
     stage_rank_of: Sequence[int],
     sizes: Sequence[StageSizes],
     recompute: Sequence[frozenset[int]],
     microbatches: int | None = None,
+    variant_sizes: Sequence[Mapping[int, StageSizes]] | None = None,
 ) -> list[int]:
     """Each rank's peak as planner.sim.pipeline_ranks counts it, from list order alone (a rank's
     memory changes only at its own actions): model state and receive buffers for
     `microbatches` (None: as many as the lists run), `kept_bytes` per micro-batch from F, the
     input gradient from a B/I's start and the rest of saved too when it recomputes,
     `weight_pending_bytes` from an I to its W's end, a compute's transient while it runs
-    (`compute_transient_bytes`), the released bytes when B (or W) ends."""
+    (`compute_transient_bytes`), the released bytes when B (or W) ends. `variant_sizes`: per
+    stage, the sizes of the micro-batches that run a variant's unit plan."""
     m = microbatch_count(lists) if microbatches is None else microbatches
     peaks = []
     for rank, row in enumerate(lists):
         live = peak = rank_start_bytes(sizes, stage_rank_of, rank, m)
         for a in row:
             c = sizes[a.stage_index]
+            if variant_sizes is not None:
+                c = variant_sizes[a.stage_index].get(a.microbatch_index, c)
             again = a.microbatch_index in recompute[a.stage_index]
             if a.op is PipelineOp.forward:
                 live += kept_bytes(c, again)

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from planner.core.graph import Graph, Phase
-from planner.core.pipeline_actions import Partition, UnitPolicy
+from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
 from planner.core.resources import Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
@@ -398,19 +398,50 @@ def apply_unit_policies(
     resources: Resources | None,
 ) -> list[PolicyCosts]:
     """Every stage's effective costs (stage_costs' `costs` under each stage's unit_policies)."""
-    active = [s for s in partition.stages
-              if any(p != "keep" for p in s.unit_policies.values())]
+    return [own for own, _ in _plan_costs(graph, partition, costs, resources)]
+
+
+def variant_unit_costs(
+    graph: Graph,
+    partition: Partition,
+    costs: Sequence[StageCosts],
+    resources: Resources | None,
+) -> list[tuple[PolicyCosts, dict[int, PolicyCosts]]]:
+    """Per stage its own plan's effective costs (as apply_unit_policies) and, per micro-batch
+    of a variant (PipelineStage.variants), that variant's."""
+    return _plan_costs(graph, partition, costs, resources)
+
+
+def _plan_costs(
+    graph: Graph,
+    partition: Partition,
+    costs: Sequence[StageCosts],
+    resources: Resources | None,
+) -> list[tuple[PolicyCosts, dict[int, PolicyCosts]]]:
+    out: list[tuple[PolicyCosts, dict[int, PolicyCosts]]] = [(PolicyCosts(c, 0), {})
+                                                             for c in costs]
+    def planned(s: PipelineStage) -> bool:
+        plans: list[PipelineStage | StageVariant] = [s, *s.variants]
+        return any(p != "keep" for plan in plans for p in plan.unit_policies.values())
+
+    active = [s for s in partition.stages if planned(s)]
     if not active:
-        return [PolicyCosts(c, 0) for c in costs]
+        return out
     stage = stage_of_nodes(graph, partition)
     members: dict[int, list[int]] = {s.stage_index: [] for s in active}
     for v, index in stage.items():
         if index in members:
             members[index].append(v)
-    out = [PolicyCosts(c, 0) for c in costs]
     for s in active:
         facts = stage_facts(graph, members[s.stage_index], s.modules)
-        out[s.stage_index] = policy_stage_costs(graph, facts, costs[s.stage_index],
-                                                s.unit_policies, resources, s.unit_saved_ops,
-                                                s.unit_offload_ops)
+        base = costs[s.stage_index]
+
+        def run(plan: PipelineStage | StageVariant, base: StageCosts = base,
+                facts: StageFacts = facts) -> PolicyCosts:
+            return policy_stage_costs(graph, facts, base, plan.unit_policies, resources,
+                                      plan.unit_saved_ops, plan.unit_offload_ops)
+
+        by_microbatch = {mb: got for v in s.variants for got in (run(v),)
+                         for mb in v.microbatches}
+        out[s.stage_index] = (run(s), by_microbatch)
     return out

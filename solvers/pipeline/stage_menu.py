@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from planner.core.pipeline_actions import UnitPolicy
 from planner.core.resources import Resources
@@ -49,8 +50,15 @@ from planner.solvers.pipeline.op_options import (
 )
 from planner.solvers.pipeline.problem import PipelineProblem
 
+if TYPE_CHECKING:
+    from planner.solvers.pipeline.stage_mix import StageMix
+
 FRONTIER_WORK = 24000  # states kept per module times modules (beyond: not proven least)
 FRONTIER_LIMITS = (300, 3000)  # the least and most states kept per module
+# with a host tier (three policies and partial offloads a module: far larger frontiers, each
+# knapsack several times slower) the limits that let a GPT-48 search judge as many splits in
+# its time limit as without one
+HOST_FRONTIER_WORK, HOST_FRONTIER_MOST = 6000, 1000
 EXACT_CHECKS = 6  # frontier points, fastest first, whose bytes the simulator's rule checks
 OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
 
@@ -89,6 +97,12 @@ class StageChoice:
     offload_ops: tuple[tuple[str, tuple[str, ...]], ...] = ()  # partially offloaded modules
     whole_stage: bool = False  # no policies: the stage reruns its whole forward in every
     # micro-batch's backward, keeping only its input (PipelineStage.recompute_microbatches)
+    mix: StageMix | None = None  # faster: this plan in some micro-batches, another in the rest
+
+    @property
+    def mean_added_ms(self) -> float:
+        """The added time per micro-batch, with the mix where there is one."""
+        return self.added_ms if self.mix is None else self.mix.added_ms
 
 
 @dataclass(frozen=True)
@@ -162,9 +176,12 @@ def choose(
     host_cap: int,
     op_level: bool = True,
     deadline: float | None = None,
+    mix: bool = True,
 ) -> StageChoice | None:
     """The fastest policies whose stage peak fits `cap` (None: none does; facts None: only
     the all-keep stage is tried; `op_level` False: whole-module policies only, faster).
+    `mix`: also the fastest mix of two frontier plans over the micro-batches in flight
+    (StageChoice.mix, planner.solvers.pipeline.stage_mix) where it beats the one plan.
     TimeUp past `deadline` (perf_counter)."""
     m = problem.microbatches
     split = problem.plan_schedule.split_backward  # I/W: the rank's zero-bubble rules
@@ -180,8 +197,9 @@ def choose(
     frontier = [_State(0, 0, 0, 0.0, ())]
     exact = True
     figures = items(problem, facts, split and not base.first_stage, op_level)
-    limit = min(max(FRONTIER_WORK // max(1, len(figures)), FRONTIER_LIMITS[0]),
-                FRONTIER_LIMITS[1])
+    work, most = (HOST_FRONTIER_WORK, HOST_FRONTIER_MOST) if host else (
+        FRONTIER_WORK, FRONTIER_LIMITS[1])
+    limit = min(max(work // max(1, len(figures)), FRONTIER_LIMITS[0]), most)
     for it in figures:
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeUp
@@ -199,20 +217,32 @@ def choose(
     fitting = [st for st in frontier if inflight * st.offload_bytes <= host_cap
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
                                         microbatches=m, split_backward=split) <= cap]
-    best: StageChoice | None = None
-    for st in _to_check(fitting, figures, facts, base, res):
+    def exact_of(st: _State) -> StageChoice:
+        """The state's policies under the simulator's rule (peak: all in flight run it)."""
         policies, saved_ops, offload_ops = _policies(figures, st.choice)
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
                                  dict(saved_ops), dict(offload_ops))
         c = got.costs
         peak = one_stage_peak_bytes(c, inflight, microbatches=m, split_backward=split)
-        if peak > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover - bounds hold
-            continue
         added = (c.forward_ms - base.forward_ms) + (c.backward_ms - base.backward_ms) + (
             c.backward_weight_ms - base.backward_weight_ms if split else 0.0)  # W's reruns
-        if best is None or (added, peak) < (best.added_ms, best.peak_bytes):
-            best = StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops,
-                               offload_ops)
+        return StageChoice(policies, c, got.host_bytes, added, peak, exact, saved_ops,
+                           offload_ops)
+
+    best: StageChoice | None = None
+    for st in _to_check(fitting, figures, facts, base, res):
+        got = exact_of(st)
+        if got.peak_bytes > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover
+            continue  # the bounds hold
+        if best is None or (got.added_ms, got.peak_bytes) < (best.added_ms, best.peak_bytes):
+            best = got
+    if best is not None and mix:
+        from planner.solvers.pipeline.stage_mix import best_mix
+
+        found = best_mix(problem, inflight, cap, host_cap, best,
+                         [(st, bound_costs(base, forward, st)) for st in frontier], exact_of)
+        if found is not None:
+            best = replace(best, mix=found)
     return best
 
 
@@ -289,11 +319,20 @@ def _picked(it: Item, p: str) -> tuple[UnitPolicy, OpOption | None]:
 def _cut(frontier: list[_State], inflight: int, limit: int) -> list[_State]:
     """`limit` states of a frontier in time order: the fastest half, and the rest least in
     device bytes (what the stage keeps in flight plus the largest transient), so both the
-    fastest plans and those that fit tight memory survive the cut."""
+    fastest plans and those that fit tight memory survive the cut; and, with a host tier,
+    every state that offloads nothing, up to `limit` of them (the per-module copy estimates
+    add up below what copies queued on one link take, so offloading plans look faster than
+    they are, and a cut by that time alone dropped the plans without a host tier: a host
+    tier made GPT-48 plans slower than none)."""
     fast = frontier[:limit // 2]
     rest = sorted(frontier[limit // 2:],
                   key=lambda x: (inflight * x.delta_bytes + x.largest_bytes, x.offload_bytes))
     kept = fast + rest[:limit - len(fast)]
+    local = [x for x in frontier if not x.offload_bytes]
+    if local and len(local) < len(frontier):
+        chosen = {id(x) for x in kept}
+        kept += [x for x in (_cut(local, inflight, limit) if len(local) > limit else local)
+                 if id(x) not in chosen]
     return sorted(kept, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes, x.largest_bytes))
 
 

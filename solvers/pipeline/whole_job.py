@@ -32,9 +32,10 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from planner.core.pipeline_actions import Partition, PipelineStage, UnitPolicy
+from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.stage_costs import StageCosts, rank_peak_bytes
 from planner.sim.stage_policies import stage_facts
@@ -72,6 +73,7 @@ class PolicySplit(Split):
     host_cap: int = 0  # the host bytes each stage's knapsack had (the pool, or an even share)
     op_level: bool = True  # the knapsacks had op-level options (else whole-module only)
     rerun: frozenset[int] = frozenset()  # stages recomputed whole in every micro-batch
+    mixed: bool = False  # stages whose choice has a two-plan mix run it (StageChoice.mix)
 
 
 class WholeJob:
@@ -108,10 +110,10 @@ class WholeJob:
                 nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
                 facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
                 cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
-                               op_level, self.deadline)
+                               op_level, self.deadline, mix=op_level)  # quick: one plan
                 rerun = whole_stage(self.p, base, self.p.inflight[s], self.cap)
                 if rerun is not None and (cheap is None or (rerun.added_ms, rerun.peak_bytes)
-                                          < (cheap.added_ms, cheap.peak_bytes)):
+                                          < (cheap.mean_added_ms, cheap.peak_bytes)):
                     cheap = rerun
             if cheap is not None and not cheap.exact:
                 self.exact = False
@@ -128,10 +130,17 @@ class WholeJob:
                 return None  # an even share is smaller: nothing more fits
             on_host = sum(self.p.inflight[s] * c.host_bytes
                           for s, c in enumerate(picks) if c is not None)
-            if on_host <= self.host_memory:
+            # the mixes' host bytes: each window's light and heavy micro-batches
+            mixed = any(c is not None and c.mix is not None for c in picks) and sum(
+                self.p.inflight[s] * c.host_bytes if c.mix is None else
+                (c.mix.inflight - c.mix.slots) * c.mix.light.host_bytes
+                + c.mix.slots * c.mix.heavy.host_bytes
+                for s, c in enumerate(picks) if c is not None) <= self.host_memory
+            if mixed or on_host <= self.host_memory:
                 return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
                                    host_cap, op_level, frozenset(
-                                       s for s, c in enumerate(picks) if c and c.whole_stage))
+                                       s for s, c in enumerate(picks) if c and c.whole_stage),
+                                   mixed)
         return None
 
     def candidate(self, split: PolicySplit) -> Candidate:
@@ -141,32 +150,34 @@ class WholeJob:
         every = frozenset(range(p.microbatches))
         recompute = [every if s in split.rerun else frozenset() for s in range(p.stage_count)]
         stages = []
+        costs: list[StageCosts] = []
+        variant_costs: list[dict[int, StageCosts]] = []
         for s, (i, j) in enumerate(split.bounds):
-            policies = dict(split.policies[s])
-            picked = self.choice(i, j, s, split.host_cap, split.op_level) if policies else None
-            saved = {m: list(ops) for m, ops in picked.saved_ops} if picked else {}
-            moved = {m: list(ops) for m, ops in picked.offload_ops} if picked else {}
+            picked = self.choice(i, j, s, split.host_cap, split.op_level) \
+                if split.policies and split.policies[s] else None
+            mix = picked.mix if picked is not None and split.mixed else None
+            own = mix.light if mix is not None else picked
+            variants = []
+            if mix is not None:
+                heavy = mix.heavy_microbatches(p.microbatches)
+                variants.append(StageVariant(microbatches=heavy, **_unit_plan(mix.heavy)))
+                variant_costs.append(dict.fromkeys(heavy, mix.heavy.costs))
+            else:
+                variant_costs.append({})
             stages.append(PipelineStage(stage_index=s, rank=stage_rank(s, p.ranks),
-                                        modules=p.chain.modules(i, j), unit_policies=policies,
-                                        unit_saved_ops=saved, unit_offload_ops=moved,
-                                        recompute_microbatches=sorted(recompute[s])))
+                                        modules=p.chain.modules(i, j),
+                                        recompute_microbatches=sorted(recompute[s]),
+                                        variants=variants, **_unit_plan(own)))
+            costs.append(own.costs if own is not None else p.costs(i, j, s))
         partition = Partition(stages=stages)
         lists = p.action_lists(Split(split.bounds))
-        costs = [self.effective(i, j, s, split) for s, (i, j) in enumerate(split.bounds)]
         peaks = rank_peak_bytes(lists, [stage_rank(s, p.ranks) for s in range(p.stage_count)],
-                                costs, recompute)
+                                costs, recompute, variant_sizes=variant_costs)
         fits = p.memory_bytes is None or max(peaks) <= p.memory_bytes
         sim = simulate_pipeline(p.graph, partition, lists, p.resources) if fits else None
         if sim is not None and sim.host_peak_bytes > self.host_memory:
             fits = False
         return Candidate(split, partition, lists, peaks, sim, fits)
-
-    def effective(self, i: int, j: int, s: int, split: PolicySplit) -> StageCosts:
-        if split.policies and split.policies[s]:
-            c = self.choice(i, j, s, split.host_cap, split.op_level)
-            assert c is not None and c.policies == split.policies[s]
-            return c.costs
-        return self.p.costs(i, j, s)
 
     def keep_step_ms(self, bounds: Bounds) -> float:
         """The split's all-keep simulated step (memory aside): a bound on its every plan."""
@@ -182,6 +193,15 @@ class WholeJob:
         for s, (i, j) in enumerate(bounds):
             busy[stage_rank(s, self.p.ranks)] += self.p.costs(i, j, s).compute_ms
         return max(busy) * self.p.microbatches
+
+
+def _unit_plan(choice: StageChoice | None) -> dict[str, Any]:
+    """A stage choice's unit plan as PipelineStage / StageVariant fields."""
+    if choice is None:
+        return {}
+    return {"unit_policies": dict(choice.policies),
+            "unit_saved_ops": {m: list(ops) for m, ops in choice.saved_ops},
+            "unit_offload_ops": {m: list(ops) for m, ops in choice.offload_ops}}
 
 
 def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
@@ -230,6 +250,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             return
         if split is not None:
             offer(job.candidate(split), name)
+            if split.mixed:  # a mix's mean stage time is not the step: its one plans too
+                offer(job.candidate(replace(split, mixed=False)), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
     # several stages a rank: no ILP candidate, so the DP gets the ILP's share too
@@ -345,7 +367,7 @@ def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float
             c = job.choice(i, j, s, op_level=False)
         except TimeUp:
             return None
-        return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.added_ms
+        return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.mean_added_ms
 
     found = minmax_dp(L, S, cost)
     if found is not None and time.perf_counter() < deadline:

@@ -1,0 +1,127 @@
+"""Two stage plans mixed over the micro-batches in flight (PipelineStage.variants).
+
+A stage holding k micro-batches at once pays its plan's bytes k times. The one-plan knapsack
+(planner.solvers.pipeline.stage_menu) picks whole options, so where the cap falls between two
+frontier plans it pays the slower one in every micro-batch. Running the slower ("heavy") plan
+in q of every k consecutive micro-batches and the faster ("light") one in the others keeps
+(k - q) light and q heavy micro-batches in any window (planner.sim.rank_memory.
+mixed_stage_peak_bytes) and pays the heavy plan's time only in those: the ILP's
+per-micro-batch recomputation, per module. With q a whole number the best pair need not lie on
+the frontier's convex hull, so for every q and every plan of the (bytes per micro-batch, time)
+staircase the fastest heavier plan the additive bounds let in is found by bisection; the
+fastest few mixes are then checked by the simulator's own rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from planner.sim.rank_memory import mixed_stage_peak_bytes
+from planner.sim.stage_costs import StageCosts
+from planner.solvers.pipeline.problem import PipelineProblem
+from planner.solvers.pipeline.stage_menu import StageChoice, _State
+
+MIX_CHECKS = 4  # screened mixes, fastest first, whose bytes the simulator's rule checks
+STAIR_POINTS = 48  # frontier plans a mix is made of, at most
+
+
+@dataclass(frozen=True)
+class StageMix:
+    """The light plan in most micro-batches, the heavy one (a StageVariant) in `slots` of
+    every `inflight` consecutive ones."""
+
+    light: StageChoice
+    heavy: StageChoice
+    slots: int
+    inflight: int
+    added_ms: float  # the mean over the step's micro-batches
+    peak_bytes: int
+
+    def heavy_microbatches(self, microbatches: int) -> list[int]:
+        """The micro-batches running the heavy plan: the first `slots` of every `inflight`."""
+        return variant_microbatches(microbatches, self.inflight, self.slots)
+
+
+def variant_microbatches(microbatches: int, inflight: int, slots: int) -> list[int]:
+    """Micro-batch j runs the variant when j mod `inflight` < `slots`."""
+    return [j for j in range(microbatches) if j % inflight < slots]
+
+
+def _staircase(points: Sequence[tuple[_State, StageCosts]]) -> list[tuple[_State, StageCosts]]:
+    """The points no other beats in both saved bytes and ms: saved increasing, ms decreasing;
+    at most STAIR_POINTS of them, evenly spread (the search is quadratic-ish in them)."""
+    stair: list[tuple[_State, StageCosts]] = []
+    for p in sorted(points, key=lambda x: (x[1].saved_bytes, x[0].ms)):
+        if not stair or p[0].ms < stair[-1][0].ms:
+            stair.append(p)
+    n = len(stair)
+    if n <= STAIR_POINTS:
+        return stair
+    return [stair[round(i * (n - 1) / (STAIR_POINTS - 1))] for i in range(STAIR_POINTS)]
+
+
+def best_mix(
+    problem: PipelineProblem,
+    inflight: int,
+    cap: float,
+    host_cap: int,
+    uniform: StageChoice,
+    frontier: Sequence[tuple[_State, StageCosts]],
+    exact_of: Callable[[_State], StageChoice],
+) -> StageMix | None:
+    """The fastest mix of two frontier plans (each with its bound costs) that fits `cap` and
+    `host_cap` and beats `uniform` (the fastest one plan) on the mean added time; None if
+    none does. `exact_of`: a state's plan under the simulator's rule."""
+    m, k = problem.microbatches, inflight
+    if k < 2 or m < 2:
+        return None
+    split = problem.plan_schedule.split_backward
+    stair = _staircase(frontier)
+    screened: list[tuple[float, int, int, int]] = []  # (mean ms, light, heavy, slots)
+    for q in range(1, k):
+        heavy_n = len(variant_microbatches(m, k, q))
+        for a in range(1, len(stair)):
+            if (m - heavy_n) * stair[a][0].ms >= m * uniform.added_ms:
+                continue  # the light plan alone costs more than the one plan
+            b = _fastest_heavy(stair, a, k, q, m, cap, split)
+            if b is None:
+                continue
+            fast, slow = stair[a][0], stair[b][0]
+            mean = ((m - heavy_n) * fast.ms + heavy_n * slow.ms) / m
+            if mean < uniform.added_ms and (
+                    (k - q) * fast.offload_bytes + q * slow.offload_bytes <= host_cap):
+                screened.append((mean, a, b, q))
+    best: StageMix | None = None
+    exact: dict[int, StageChoice] = {}
+    for _, a, b, q in sorted(screened)[:MIX_CHECKS]:
+        light = exact.setdefault(a, exact_of(stair[a][0]))
+        heavy = exact.setdefault(b, exact_of(stair[b][0]))
+        heavy_n = len(variant_microbatches(m, k, q))
+        mean = ((m - heavy_n) * light.added_ms + heavy_n * heavy.added_ms) / m
+        peak = mixed_stage_peak_bytes(light.costs, heavy.costs, k, q, m, split)
+        host = (k - q) * light.host_bytes + q * heavy.host_bytes
+        if peak > cap or host > host_cap or mean >= uniform.added_ms:
+            continue
+        if best is None or (mean, peak) < (best.added_ms, best.peak_bytes):
+            best = StageMix(light, heavy, q, k, mean, peak)
+    return best
+
+
+def _fastest_heavy(stair: Sequence[tuple[_State, StageCosts]], a: int, k: int, q: int, m: int,
+                   cap: float, split: bool) -> int | None:
+    """The largest index below `a` (the fastest heavier plan) whose mix with `a` fits `cap`
+    by the bounds: a bisection (fewer bytes fit more easily, transients aside)."""
+    def fits(b: int) -> bool:
+        return mixed_stage_peak_bytes(stair[a][1], stair[b][1], k, q, m, split) <= cap
+
+    lo, hi = 0, a - 1
+    if not fits(lo):
+        return None
+    while lo < hi:  # fits(lo) holds
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
