@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-import planner.solvers.pipeline.stage_mix as stage_mix
+import planner.solvers.pipeline.whole_job as whole_job
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant
 from planner.core.resources import Resources
@@ -21,7 +21,7 @@ from planner.sim.stage_policies import stage_facts, variant_unit_costs
 from planner.solvers.pipeline import stage_menu
 from planner.solvers.pipeline.dp import least_memory_split
 from planner.solvers.pipeline.problem import PipelineProblem, Split
-from planner.solvers.pipeline.stage_mix import variant_microbatches
+from planner.solvers.pipeline.stage_menu import variant_microbatches
 from planner.solvers.pipeline.whole_job import whole_job_partition
 
 HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", d2h="pcie-gen5-x16",
@@ -142,7 +142,7 @@ def test_the_planner_mixes_where_that_is_faster(op_gpt: Graph, monkeypatch) -> N
     assert sim.per_rank_peak_bytes == cand.peaks and max(cand.peaks) <= p.memory_bytes
     mixed = [s for s in cand.partition.stages if s.variants]
     assert mixed and mixed[0].variants[0].microbatches == [0, 2, 4, 6]
-    monkeypatch.setattr(stage_mix, "best_mix", lambda *args, **kwargs: None)
+    monkeypatch.setattr(whole_job, "best_mix", lambda *args, **kwargs: None)
     one = whole_job_partition(problem(op_gpt, 0.85), time_limit_s=5, threads=1)
     assert one.best is not None and not any(s.variants for s in one.best.partition.stages)
     assert sim.makespan_ms < one.best.simulation.makespan_ms
@@ -167,7 +167,7 @@ def test_a_host_tier_never_makes_a_stage_plan_slower(op_gpt: Graph, monkeypatch,
             nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
             facts = stage_facts(op_gpt, nodes, chain.modules(i, j))
             picks = [stage_menu.choose(p, facts, p.costs(i, j, s), p.inflight[s],
-                                       p.memory_bytes or 0, 2**36, mix=False)
+                                       p.memory_bytes or 0, 2**36)
                      for p in (with_host, without)]
             if picks[1] is None or not picks[1].policies:
                 continue

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from planner.core.pipeline_actions import UnitPolicy
 from planner.core.resources import Resources
@@ -49,9 +49,6 @@ from planner.solvers.pipeline.op_options import (
     selective_options,
 )
 from planner.solvers.pipeline.problem import PipelineProblem
-
-if TYPE_CHECKING:
-    from planner.solvers.pipeline.stage_mix import StageMix
 
 FRONTIER_WORK = 24000  # states kept per module times modules (beyond: not proven least)
 FRONTIER_LIMITS = (300, 3000)  # the least and most states kept per module
@@ -103,6 +100,33 @@ class StageChoice:
     def mean_added_ms(self) -> float:
         """The added time per micro-batch, with the mix where there is one."""
         return self.added_ms if self.mix is None else self.mix.added_ms
+
+
+@dataclass(frozen=True)
+class StageMix:
+    """The light plan in most micro-batches, the heavy one (a StageVariant) in `slots` of
+    every `inflight` consecutive ones."""
+
+    light: StageChoice
+    heavy: StageChoice
+    slots: int
+    inflight: int
+    added_ms: float  # the mean over the step's micro-batches
+    peak_bytes: int
+
+    def heavy_microbatches(self, microbatches: int) -> list[int]:
+        """The micro-batches running the heavy plan: the first `slots` of every `inflight`."""
+        return variant_microbatches(microbatches, self.inflight, self.slots)
+
+
+def variant_microbatches(microbatches: int, inflight: int, slots: int) -> list[int]:
+    """Micro-batch j runs the variant when j mod `inflight` < `slots`."""
+    return [j for j in range(microbatches) if j % inflight < slots]
+
+
+Mixer = Callable[["PipelineProblem", int, float, int, StageChoice,
+                  "list[tuple[_State, StageCosts]]", "Callable[[_State], StageChoice]"],
+                 "StageMix | None"]  # planner.solvers.pipeline.stage_mix.best_mix
 
 
 @dataclass(frozen=True)
@@ -176,12 +200,13 @@ def choose(
     host_cap: int,
     op_level: bool = True,
     deadline: float | None = None,
-    mix: bool = True,
+    mixer: Mixer | None = None,
 ) -> StageChoice | None:
     """The fastest policies whose stage peak fits `cap` (None: none does; facts None: only
     the all-keep stage is tried; `op_level` False: whole-module policies only, faster).
-    `mix`: also the fastest mix of two frontier plans over the micro-batches in flight
-    (StageChoice.mix, planner.solvers.pipeline.stage_mix) where it beats the one plan.
+    `mixer` (planner.solvers.pipeline.stage_mix.best_mix): also the fastest mix of two
+    frontier plans over the micro-batches in flight (StageChoice.mix) where it beats the one
+    plan.
     TimeUp past `deadline` (perf_counter)."""
     m = problem.microbatches
     split = problem.plan_schedule.split_backward  # I/W: the rank's zero-bubble rules
@@ -236,11 +261,9 @@ def choose(
             continue  # the bounds hold
         if best is None or (got.added_ms, got.peak_bytes) < (best.added_ms, best.peak_bytes):
             best = got
-    if best is not None and mix:
-        from planner.solvers.pipeline.stage_mix import best_mix
-
-        found = best_mix(problem, inflight, cap, host_cap, best,
-                         [(st, bound_costs(base, forward, st)) for st in frontier], exact_of)
+    if best is not None and mixer is not None:
+        found = mixer(problem, inflight, cap, host_cap, best,
+                      [(st, bound_costs(base, forward, st)) for st in frontier], exact_of)
         if found is not None:
             best = replace(best, mix=found)
     return best

@@ -15,37 +15,14 @@ fastest few mixes are then checked by the simulator's own rule.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from planner.sim.rank_memory import mixed_stage_peak_bytes
 from planner.sim.stage_costs import StageCosts
 from planner.solvers.pipeline.problem import PipelineProblem
-from planner.solvers.pipeline.stage_menu import StageChoice, _State
+from planner.solvers.pipeline.stage_menu import StageChoice, StageMix, _State, variant_microbatches
 
 MIX_CHECKS = 4  # screened mixes, fastest first, whose bytes the simulator's rule checks
 STAIR_POINTS = 48  # frontier plans a mix is made of, at most
-
-
-@dataclass(frozen=True)
-class StageMix:
-    """The light plan in most micro-batches, the heavy one (a StageVariant) in `slots` of
-    every `inflight` consecutive ones."""
-
-    light: StageChoice
-    heavy: StageChoice
-    slots: int
-    inflight: int
-    added_ms: float  # the mean over the step's micro-batches
-    peak_bytes: int
-
-    def heavy_microbatches(self, microbatches: int) -> list[int]:
-        """The micro-batches running the heavy plan: the first `slots` of every `inflight`."""
-        return variant_microbatches(microbatches, self.inflight, self.slots)
-
-
-def variant_microbatches(microbatches: int, inflight: int, slots: int) -> list[int]:
-    """Micro-batch j runs the variant when j mod `inflight` < `slots`."""
-    return [j for j in range(microbatches) if j % inflight < slots]
 
 
 def _staircase(points: Sequence[tuple[_State, StageCosts]]) -> list[tuple[_State, StageCosts]]:

@@ -50,6 +50,7 @@ from planner.solvers.pipeline.problem import (
 )
 from planner.solvers.pipeline.schedules import stage_rank
 from planner.solvers.pipeline.stage_menu import StageChoice, TimeUp, choose, whole_stage
+from planner.solvers.pipeline.stage_mix import best_mix
 
 Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
 Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
@@ -110,7 +111,8 @@ class WholeJob:
                 nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
                 facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
                 cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
-                               op_level, self.deadline, mix=op_level)  # quick: one plan
+                               op_level, self.deadline,
+                               best_mix if op_level else None)  # quick: one plan
                 rerun = whole_stage(self.p, base, self.p.inflight[s], self.cap)
                 if rerun is not None and (cheap is None or (rerun.added_ms, rerun.peak_bytes)
                                           < (cheap.mean_added_ms, cheap.peak_bytes)):
