@@ -252,7 +252,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             return
         if split is not None:
             offer(job.candidate(split), name)
-            if split.mixed:  # a mix's mean stage time is not the step: its one plans too
+            if split.mixed and (best is None or time.perf_counter() < start + time_limit_s):
+                # a mix's mean stage time is not the step: its one plans too
                 offer(job.candidate(replace(split, mixed=False)), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
@@ -365,8 +366,10 @@ def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float
     def cost(i: int, j: int, s: int) -> float | None:
         if j - i > span or time.perf_counter() > deadline:
             return None
-        try:  # whole-module policies: quicker, an upper bound of the op-level time
-            c = job.choice(i, j, s, op_level=False)
+        try:  # whole-module policies without a host tier: quicker (a host tier's knapsacks
+            # are several times slower, and the DP asks for every range), and an upper bound
+            # of the time with op-level options and the host tier
+            c = job.choice(i, j, s, host_cap=0, op_level=False)
         except TimeUp:
             return None
         return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.mean_added_ms
