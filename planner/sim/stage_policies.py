@@ -319,10 +319,9 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
     cached = cached or {}
     cached_roots = {u: {root[v] for v in nodes} for u, nodes in cached.items()}
     # recompute unit -> its rerun's peak (new tensors, its saved ones kept to the rerun's end)
-    rerun = {u.name: _working_peak(graph, [v for v, n in facts.forward if n == u.name
-                                           and v not in cached.get(u.name, ())],
-                                   frozenset(), u.saved) for u in facts.units
-             if chosen[u.name] == "recompute"}
+    rerun = {u.name: _rerun_peak(graph, tuple(v for v, n in facts.forward if n == u.name
+                                              and v not in cached.get(u.name, ())), u.saved)
+             for u in facts.units if chosen[u.name] == "recompute"}
     if unfreed is None:  # a checkpoint holds its inputs: never counted freed
         unfreed = set().union(*(u.inputs for u in facts.units if chosen[u.name] == "recompute"))
     unfreed = set(unfreed).union(*cached_roots.values())
@@ -337,6 +336,7 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
             freed_at[j] = freed_at.get(j, 0) + size[r]
     peak = freed = 0
     started: set[str] = set()
+    transients = _backward_transients(graph, facts.backward)
     for j, (w, name) in enumerate(facts.backward):
         extra = 0
         policy = chosen[name] if name is not None else "keep"
@@ -351,9 +351,33 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
             alive = sum(size[r] for r in again if last.get(r, -1) >= j)
             extra = alive if name in started else max(alive, rerun[name])
             started.add(name)
-        peak = max(peak, node_transient_bytes(ledger, backward, w) + extra - freed)
+        peak = max(peak, transients[j] + extra - freed)
         freed += freed_at.get(j, 0)
     return peak
+
+
+def _backward_transients(graph: Graph,
+                         backward: tuple[tuple[int, str | None], ...]) -> tuple[int, ...]:
+    """`node_transient_bytes` of each of a stage's backward nodes (memoised on the graph: the
+    knapsack asks for the same stage's many times)."""
+    memo = graph.index.memo.setdefault("stage_backward_transients", {})
+    got: tuple[int, ...] | None = memo.get(backward)
+    if got is None:
+        ledger = MemoryLedger.of(graph)
+        nodes = {v for v, _ in backward}
+        got = memo[backward] = tuple(node_transient_bytes(ledger, nodes, w) for w, _ in backward)
+    return got
+
+
+def _rerun_peak(graph: Graph, order: tuple[int, ...], saved: frozenset[int]) -> int:
+    """A recomputed unit's rerun peak (`_working_peak` of its forward nodes `order` with its
+    `saved` roots kept to the end), memoised on the graph."""
+    memo = graph.index.memo.setdefault("unit_rerun_peaks", {})
+    key = (order, saved)
+    got: int | None = memo.get(key)
+    if got is None:
+        got = memo[key] = _working_peak(graph, order, frozenset(), saved)
+    return got
 
 
 def _working_peak(graph: Graph, order: Sequence[int], kept: Set[int],

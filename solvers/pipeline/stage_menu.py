@@ -140,10 +140,11 @@ class _State:
 
 
 def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False,
-          op_level: bool = True) -> list[Item]:
+          op_level: bool = True, offload: bool = True) -> list[Item]:
     """Each module's figures; `weight_reruns`: a split W (zero-bubble, not the first stage)
     keeps its reruns (planner.sim.stage_policies.weight_rerun_bytes, one module at a time:
-    their sum bounds the simulator's); `op_level`: with its op-level options."""
+    their sum bounds the simulator's); `op_level`: with its op-level options; `offload`
+    False: no offload figures (a knapsack without the host tier)."""
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
     out = []
@@ -154,7 +155,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         after_bwd[n] = after_bwd[n + 1] + facts.units[n + 1].backward_ms
     least = set(facts.rest_saved | facts.held)  # kept whatever the policies
     inputs = set().union(*(u.inputs for u in facts.units))  # never freed, whoever recomputes
-    host_tier = res is not None and res.d2h is not None and res.h2d is not None
+    host_tier = offload and res is not None and res.d2h is not None and res.h2d is not None
     split = problem.plan_schedule.split_backward
     for n, u in enumerate(facts.units):
         def copy_ms(nbytes: int, n: int = n) -> float:  # not hidden behind later compute
@@ -167,7 +168,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         alone: dict[str, UnitPolicy] = {w.name: "keep" for w in facts.units}
         transient = []
         policy: UnitPolicy
-        for policy in ("recompute", "offload"):
+        for policy in ("recompute", "offload") if host_tier else ("recompute",):
             alone[u.name] = policy
             kept = least | u.inputs if policy == "recompute" else least
             transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
@@ -180,7 +181,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         ops = tuple(replace(o, ms=o.ms + again_ms) if o.policy == "recompute" else o
                     for o in ops)
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
-                        sum(size[r] for r in u.inputs), transient[0], transient[1],
+                        sum(size[r] for r in u.inputs), transient[0], transient[-1],
                         u.forward_ms + again_ms, copy_ms(u.host_bytes), rerun, ops))
     return out
 
@@ -201,12 +202,13 @@ def choose(
     op_level: bool = True,
     deadline: float | None = None,
     mixer: Mixer | None = None,
+    figures: list[Item] | None = None,
 ) -> StageChoice | None:
     """The fastest policies whose stage peak fits `cap` (None: none does; facts None: only
     the all-keep stage is tried; `op_level` False: whole-module policies only, faster).
     `mixer` (planner.solvers.pipeline.stage_mix.best_mix): also the fastest mix of two
     frontier plans over the micro-batches in flight (StageChoice.mix) where it beats the one
-    plan.
+    plan. `figures`: `items` for these facts, flags and host tier, when already made.
     TimeUp past `deadline` (perf_counter)."""
     m = problem.microbatches
     split = problem.plan_schedule.split_backward  # I/W: the rank's zero-bubble rules
@@ -221,7 +223,8 @@ def choose(
         "keep", "recompute")
     frontier = [_State(0, 0, 0, 0.0, ())]
     exact = True
-    figures = items(problem, facts, split and not base.first_stage, op_level)
+    if figures is None:
+        figures = items(problem, facts, split and not base.first_stage, op_level, host)
     work, most = (HOST_FRONTIER_WORK, HOST_FRONTIER_MOST) if host else (
         FRONTIER_WORK, FRONTIER_LIMITS[1])
     limit = min(max(work // max(1, len(figures)), FRONTIER_LIMITS[0]), most)

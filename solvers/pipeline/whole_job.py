@@ -38,7 +38,7 @@ from typing import Any
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.stage_costs import StageCosts, rank_peak_bytes
-from planner.sim.stage_policies import stage_facts
+from planner.sim.stage_policies import StageFacts, stage_facts
 from planner.solvers.pipeline.chain_dp import minmax_dp, minsum_dp
 from planner.solvers.pipeline.enumerate import makespan_ms
 from planner.solvers.pipeline.problem import (
@@ -49,7 +49,14 @@ from planner.solvers.pipeline.problem import (
     simulated_key,
 )
 from planner.solvers.pipeline.schedules import stage_rank
-from planner.solvers.pipeline.stage_menu import StageChoice, TimeUp, choose, whole_stage
+from planner.solvers.pipeline.stage_menu import (
+    Item,
+    StageChoice,
+    TimeUp,
+    choose,
+    items,
+    whole_stage,
+)
 from planner.solvers.pipeline.stage_mix import best_mix
 
 Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
@@ -94,6 +101,9 @@ class WholeJob:
         self.keep_time: dict[Bounds, float] = {}
         self.choices: dict[tuple[int, int, int, int, bool], StageChoice | None] = {}  # (i,
         # j, stage, host cap, op level) -> the stage's choice
+        self.range_facts: dict[tuple[int, int], StageFacts] = {}
+        # (i, j, W reruns, op level, host tier) -> the knapsack's module figures
+        self.figures: dict[tuple[int, int, bool, bool, bool], list[Item]] = {}
 
     # -- one stage -------------------------------------------------------------------------------
     def choice(self, i: int, j: int, s: int, host_cap: int | None = None,
@@ -106,13 +116,17 @@ class WholeJob:
         if key not in self.choices:
             base = self.p.costs(i, j, s)
             cheap = choose(self.p, None, base, self.p.inflight[s], self.cap, host_cap)
-            if cheap is None:  # the all-keep stage does not fit: build its module facts
-                chain = self.p.chain
-                nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
-                facts = stage_facts(self.p.graph, nodes, chain.modules(i, j))
+            if cheap is None:  # the all-keep stage does not fit: its module facts
+                facts = self.facts(i, j)
+                res = self.p.resources
+                host = res is not None and res.has_host_tier and host_cap > 0
+                reruns = self.p.plan_schedule.split_backward and not base.first_stage
+                figures_key = (i, j, reruns, op_level, host)
+                if figures_key not in self.figures:  # the same for every stage index
+                    self.figures[figures_key] = items(self.p, facts, reruns, op_level, host)
                 cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
-                               op_level, self.deadline,
-                               best_mix if op_level else None)  # quick: one plan
+                               op_level, self.deadline, best_mix if op_level else None,
+                               self.figures[figures_key])  # quick: one plan
                 rerun = whole_stage(self.p, base, self.p.inflight[s], self.cap)
                 if rerun is not None and (cheap is None or (rerun.added_ms, rerun.peak_bytes)
                                           < (cheap.mean_added_ms, cheap.peak_bytes)):
@@ -121,6 +135,14 @@ class WholeJob:
                 self.exact = False
             self.choices[key] = cheap
         return self.choices[key]
+
+    def facts(self, i: int, j: int) -> StageFacts:
+        """Units [i, j) as one stage's module facts (made once per range)."""
+        if (i, j) not in self.range_facts:
+            chain = self.p.chain
+            nodes = [v for v, u in chain.node_unit.items() if i <= u < j]
+            self.range_facts[(i, j)] = stage_facts(self.p.graph, nodes, chain.modules(i, j))
+        return self.range_facts[(i, j)]
 
     # -- one split -------------------------------------------------------------------------------
     def with_policies(self, bounds: Bounds, op_level: bool = True) -> PolicySplit | None:
