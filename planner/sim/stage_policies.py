@@ -422,7 +422,7 @@ def apply_unit_policies(
     resources: Resources | None,
 ) -> list[PolicyCosts]:
     """Every stage's effective costs (stage_costs' `costs` under each stage's unit_policies)."""
-    return [own for own, _ in _plan_costs(graph, partition, costs, resources)]
+    return [own for own, _ in variant_unit_costs(graph, partition, costs, resources)]
 
 
 def variant_unit_costs(
@@ -433,17 +433,9 @@ def variant_unit_costs(
 ) -> list[tuple[PolicyCosts, dict[int, PolicyCosts]]]:
     """Per stage its own plan's effective costs (as apply_unit_policies) and, per micro-batch
     of a variant (PipelineStage.variants), that variant's."""
-    return _plan_costs(graph, partition, costs, resources)
-
-
-def _plan_costs(
-    graph: Graph,
-    partition: Partition,
-    costs: Sequence[StageCosts],
-    resources: Resources | None,
-) -> list[tuple[PolicyCosts, dict[int, PolicyCosts]]]:
     out: list[tuple[PolicyCosts, dict[int, PolicyCosts]]] = [(PolicyCosts(c, 0), {})
                                                              for c in costs]
+
     def planned(s: PipelineStage) -> bool:
         plans: list[PipelineStage | StageVariant] = [s, *s.variants]
         return any(p != "keep" for plan in plans for p in plan.unit_policies.values())
@@ -465,7 +457,8 @@ def _plan_costs(
             return policy_stage_costs(graph, facts, base, plan.unit_policies, resources,
                                       plan.unit_saved_ops, plan.unit_offload_ops)
 
-        by_microbatch = {mb: got for v in s.variants for got in (run(v),)
-                         for mb in v.microbatches}
+        by_microbatch: dict[int, PolicyCosts] = {}
+        for variant in s.variants:
+            by_microbatch.update(dict.fromkeys(variant.microbatches, run(variant)))
         out[s.stage_index] = (run(s), by_microbatch)
     return out

@@ -114,6 +114,12 @@ class StageMix:
     added_ms: float  # the mean over the step's micro-batches
     peak_bytes: int
 
+    @property
+    def window_host_bytes(self) -> int:
+        """Host bytes of the micro-batches in flight: (inflight - slots) light, slots heavy."""
+        return ((self.inflight - self.slots) * self.light.host_bytes
+                + self.slots * self.heavy.host_bytes)
+
     def heavy_microbatches(self, microbatches: int) -> list[int]:
         """The micro-batches running the heavy plan: the first `slots` of every `inflight`."""
         return variant_microbatches(microbatches, self.inflight, self.slots)
@@ -181,7 +187,8 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         ops = tuple(replace(o, ms=o.ms + again_ms) if o.policy == "recompute" else o
                     for o in ops)
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
-                        sum(size[r] for r in u.inputs), transient[0], transient[-1],
+                        sum(size[r] for r in u.inputs), transient[0],
+                        transient[1] if host_tier else 0,
                         u.forward_ms + again_ms, copy_ms(u.host_bytes), rerun, ops))
     return out
 

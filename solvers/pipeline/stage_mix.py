@@ -77,11 +77,11 @@ def best_mix(
         heavy_n = len(variant_microbatches(m, k, q))
         mean = ((m - heavy_n) * light.added_ms + heavy_n * heavy.added_ms) / m
         peak = mixed_stage_peak_bytes(light.costs, heavy.costs, k, q, m, split)
-        host = (k - q) * light.host_bytes + q * heavy.host_bytes
-        if peak > cap or host > host_cap or mean >= uniform.added_ms:
+        mix = StageMix(light, heavy, q, k, mean, peak)
+        if peak > cap or mix.window_host_bytes > host_cap or mean >= uniform.added_ms:
             continue
         if best is None or (mean, peak) < (best.added_ms, best.peak_bytes):
-            best = StageMix(light, heavy, q, k, mean, peak)
+            best = mix
     return best
 
 

@@ -156,9 +156,7 @@ class WholeJob:
                           for s, c in enumerate(picks) if c is not None)
             # the mixes' host bytes: each window's light and heavy micro-batches
             mixed = any(c is not None and c.mix is not None for c in picks) and sum(
-                self.p.inflight[s] * c.host_bytes if c.mix is None else
-                (c.mix.inflight - c.mix.slots) * c.mix.light.host_bytes
-                + c.mix.slots * c.mix.heavy.host_bytes
+                self.p.inflight[s] * c.host_bytes if c.mix is None else c.mix.window_host_bytes
                 for s, c in enumerate(picks) if c is not None) <= self.host_memory
             if mixed or on_host <= self.host_memory:
                 return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
