@@ -174,18 +174,3 @@ def test_a_host_tier_never_makes_a_stage_plan_slower(op_gpt: Graph, monkeypatch,
             assert picks[0] is not None and picks[0].added_ms <= picks[1].added_ms + 1e-9
             compared += 1
     assert compared >= 4
-
-
-def test_a_cut_frontier_keeps_the_plans_that_offload_nothing() -> None:
-    """Offloading states that look faster and smaller than every local one fill both halves
-    of a cut; the local ones (the frontier without a host tier) are kept all the same."""
-    offloading = [stage_menu._State(1000 - k, 10 + k, 0, 0.1 * k, ("offload",))
-                  for k in range(40)]
-    local = [stage_menu._State(5000 - k, 0, 0, 10.0 + k, ("recompute",)) for k in range(6)]
-    frontier = sorted(offloading + local, key=lambda x: x.ms)
-    kept = stage_menu._cut(frontier, 4, 10)
-    assert all(x in kept for x in local)
-    assert [x.ms for x in kept] == sorted(x.ms for x in kept)
-    many = [stage_menu._State(5000 - k, 0, 0, 10.0 + k, ("recompute",)) for k in range(30)]
-    kept = stage_menu._cut(sorted(offloading + many, key=lambda x: x.ms), 4, 10)
-    assert sum(1 for x in kept if not x.offload_bytes) == 10

@@ -87,12 +87,24 @@ class StageCosts:
         return self.forward_ms + self.backward_ms
 
 
+def _inside(path: str, modules: set[str]) -> bool:
+    """`path` is one of `modules` or inside one (a dotted prefix): one lookup per prefix."""
+    if path in modules:
+        return True
+    dot = path.find(".")
+    while dot != -1:
+        if path[:dot] in modules:
+            return True
+        dot = path.find(".", dot + 1)
+    return False
+
+
 def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
     """Node id -> stage index: the stage naming it (by id or module; two: PlanError naming the
     node), else where its inputs are (`place_the_rest`)."""
     out: dict[int, int] = {}
     for s in partition.stages:
-        mods = tuple(s.modules)
+        mods = set(s.modules)
         for v in s.nodes:
             if v not in graph.index.position:
                 raise PlanError(
@@ -101,8 +113,7 @@ def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
             _assign(graph, out, v, s.stage_index)
         if mods:
             for n in graph.nodes:
-                p = n.module_path
-                inside = any(p == m or p.startswith(m + ".") for m in mods)
+                inside = _inside(n.module_path, mods)
                 if inside and out.get(n.id) != s.stage_index:
                     _assign(graph, out, n.id, s.stage_index)
     place_the_rest(graph, out, partition.stage_count - 1)

@@ -25,7 +25,6 @@ micro-batch, host bytes), so it stays near linear in the frontier's size.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from dataclasses import dataclass, replace
 from planner.core.pipeline_actions import UnitPolicy
 from planner.core.resources import Resources
 from planner.sim.ledger import MemoryLedger
+from planner.sim.rank_memory import mixed_stage_peak_bytes
 from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes
 from planner.sim.stage_policies import (
     StageFacts,
@@ -42,6 +42,7 @@ from planner.sim.stage_policies import (
     weight_rerun_bytes,
 )
 from planner.sim.unit_times import backward_with_reloads, forward_with_copies
+from planner.solvers.pipeline.frontier import FitScreen, State, cut, pareto
 from planner.solvers.pipeline.op_options import (
     OpOption,
     module,
@@ -131,18 +132,8 @@ def variant_microbatches(microbatches: int, inflight: int, slots: int) -> list[i
 
 
 Mixer = Callable[["PipelineProblem", int, float, int, StageChoice,
-                  "list[tuple[_State, StageCosts]]", "Callable[[_State], StageChoice]"],
+                  "list[tuple[State, StageCosts]]", "Callable[[State], StageChoice]"],
                  "StageMix | None"]  # planner.solvers.pipeline.stage_mix.best_mix
-
-
-@dataclass(frozen=True)
-class _State:
-    delta_bytes: int  # saved bytes per micro-batch over the all-keep stage (upper bound)
-    offload_bytes: int  # the host bytes
-    largest_bytes: int  # the largest non-keep module's transient bound
-    ms: float
-    choice: tuple[str, ...]  # per module: a UnitPolicy or "op<k>" (its k-th op-level option)
-    weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
 def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False,
@@ -228,14 +219,17 @@ def choose(
     host = res is not None and res.has_host_tier and host_cap > 0
     options: tuple[str, ...] = ("keep", "recompute", "offload") if host else (
         "keep", "recompute")
-    frontier = [_State(0, 0, 0, 0.0, ())]
+    frontier = [State(0, 0, 0, 0.0, ())]
     exact = True
     if figures is None:
         figures = items(problem, facts, split and not base.first_stage, op_level, host)
     work, most = (HOST_FRONTIER_WORK, HOST_FRONTIER_MOST) if host else (
         FRONTIER_WORK, FRONTIER_LIMITS[1])
     limit = min(max(work // max(1, len(figures)), FRONTIER_LIMITS[0]), most)
-    for it in figures:
+    forward = forward_bytes(problem, facts)
+    mixes = mixer is not None and inflight >= 2 and m >= 2  # as stage_mix.best_mix
+    screen = _fit_screen(problem, base, forward, inflight, cap, host_cap, figures, host, mixes)
+    for n, it in enumerate(figures):
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeUp
         grown = []
@@ -243,16 +237,17 @@ def choose(
                                if host or o.policy != "offload")
         for st in frontier:
             for p in mine:
-                grown.append(_grow(st, it, p))
-        frontier = _pareto(grown)
+                g = _grow(st, it, p)
+                if screen.keeps(g, n + 1):
+                    grown.append(g)
+        frontier = pareto(grown)
         if len(frontier) > limit:
             exact = False
-            frontier = _cut(frontier, inflight, limit)
-    forward = forward_bytes(problem, facts)
+            frontier = cut(frontier, inflight, limit)
     fitting = [st for st in frontier if inflight * st.offload_bytes <= host_cap
                and one_stage_peak_bytes(bound_costs(base, forward, st), inflight,
                                         microbatches=m, split_backward=split) <= cap]
-    def exact_of(st: _State) -> StageChoice:
+    def exact_of(st: State) -> StageChoice:
         """The state's policies under the simulator's rule (peak: all in flight run it)."""
         policies, saved_ops, offload_ops = _policies(figures, st.choice)
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
@@ -279,6 +274,32 @@ def choose(
     return best
 
 
+def _fit_screen(problem: PipelineProblem, base: StageCosts, forward: int, inflight: int,
+                cap: float, host_cap: int, figures: list[Item], host: bool,
+                mixes: bool) -> FitScreen:
+    """The knapsack's screen: a state's peak bound with the least saved bytes the modules
+    left can reach, alone or (`mixes`) in k - 1 of k in-flight micro-batches beside the
+    lightest plan there could be, which bounds every mix it can join (stage_mix)."""
+    m = problem.microbatches
+    split = problem.plan_schedule.split_backward
+    least = [0] * (len(figures) + 1)  # least[n]: the least delta modules n.. add
+    for n in range(len(figures) - 1, -1, -1):
+        it = figures[n]
+        deltas = [0, it.inputs_bytes - it.exclusive_bytes]
+        deltas += [-it.exclusive_bytes] if host else []
+        deltas += [o.delta_bytes for o in it.ops if host or o.policy != "offload"]
+        least[n] = least[n + 1] + min(deltas)
+    lightest = bound_costs(base, forward, State(least[0], 0, 0, 0.0, ()))
+
+    def peak_of(delta: int, largest: int, reruns: int) -> int:
+        costs = bound_costs(base, forward, State(delta, 0, largest, 0.0, (), reruns))
+        if mixes:
+            return mixed_stage_peak_bytes(costs, lightest, inflight, 1, m, split)
+        return one_stage_peak_bytes(costs, inflight, microbatches=m, split_backward=split)
+
+    return FitScreen(peak_of, cap, least, host_cap if mixes else host_cap / inflight)
+
+
 def whole_stage(problem: PipelineProblem, base: StageCosts, inflight: int,
                 cap: float) -> StageChoice | None:
     """The stage recomputed as one checkpoint in every micro-batch (the ILP's recomputation):
@@ -294,8 +315,8 @@ def whole_stage(problem: PipelineProblem, base: StageCosts, inflight: int,
     return StageChoice((), base, 0, reruns * base.forward_ms, peak, True, whole_stage=True)
 
 
-def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, base: StageCosts,
-              res: Resources | None) -> list[_State]:
+def _to_check(fitting: list[State], figures: list[Item], facts: StageFacts, base: StageCosts,
+              res: Resources | None) -> list[State]:
     """The frontier points whose bytes the simulator's rule checks: the fastest by the rule's
     own time (planner.sim.unit_times: copies queue on the host links, reloads wait), which
     needs only each module's host bytes and rerun time."""
@@ -303,7 +324,7 @@ def _to_check(fitting: list[_State], figures: list[Item], facts: StageFacts, bas
     h2d = res.h2d if res is not None else None
     compute = facts.rest_backward_ms + sum(u.backward_ms for u in facts.units)
 
-    def added_ms(st: _State) -> float:
+    def added_ms(st: State) -> float:
         chosen: dict[str, UnitPolicy] = {u.name: "keep" for u in facts.units}
         host: dict[str, int] = {}
         reruns: dict[str, float] = {}
@@ -349,27 +370,7 @@ def _picked(it: Item, p: str) -> tuple[UnitPolicy, OpOption | None]:
     return ("recompute" if p == "recompute" else "offload" if p == "offload" else "keep"), None
 
 
-def _cut(frontier: list[_State], inflight: int, limit: int) -> list[_State]:
-    """`limit` states of a frontier in time order: the fastest half, and the rest least in
-    device bytes (what the stage keeps in flight plus the largest transient), so both the
-    fastest plans and those that fit tight memory survive the cut; and, with a host tier,
-    every state that offloads nothing, up to `limit` of them (the per-module copy estimates
-    add up below what copies queued on one link take, so offloading plans look faster than
-    they are, and a cut by that time alone dropped the plans without a host tier: a host
-    tier made GPT-48 plans slower than none)."""
-    fast = frontier[:limit // 2]
-    rest = sorted(frontier[limit // 2:],
-                  key=lambda x: (inflight * x.delta_bytes + x.largest_bytes, x.offload_bytes))
-    kept = fast + rest[:limit - len(fast)]
-    local = [x for x in frontier if not x.offload_bytes]
-    if local and len(local) < len(frontier):
-        chosen = {id(x) for x in kept}
-        kept += [x for x in (_cut(local, inflight, limit) if len(local) > limit else local)
-                 if id(x) not in chosen]
-    return sorted(kept, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes, x.largest_bytes))
-
-
-def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
+def bound_costs(base: StageCosts, forward: int, st: State) -> StageCosts:
     """The stage's costs by the additive figures: saved and transient bytes at least the
     simulator's under the state's policies (`forward`: `forward_bytes`)."""
     weight = base.weight_transient_bytes + st.weight_rerun_bytes
@@ -379,72 +380,28 @@ def bound_costs(base: StageCosts, forward: int, st: _State) -> StageCosts:
                    weight_rerun_bytes=max(base.weight_rerun_bytes, weight))
 
 
-def additive_state(modules: list[Item], choice: tuple[str, ...]) -> _State:
+def additive_state(modules: list[Item], choice: tuple[str, ...]) -> State:
     """The additive figures of `choice` (one policy per module, in module order)."""
-    st = _State(0, 0, 0, 0.0, ())
+    st = State(0, 0, 0, 0.0, ())
     for it, policy in zip(modules, choice, strict=True):
         st = _grow(st, it, policy)
     return st
 
 
-def _grow(st: _State, it: Item, policy: str) -> _State:
-    if policy == "keep":
-        return replace(st, choice=st.choice + ("keep",))
+def _grow(st: State, it: Item, policy: str) -> State:
+    if policy == "keep":  # not dataclasses.replace: this runs for every state and module
+        return State(st.delta_bytes, st.offload_bytes, st.largest_bytes, st.ms,
+                      st.choice + ("keep",), st.weight_rerun_bytes)
     if policy.startswith(OP):
         o = it.ops[int(policy[len(OP):])]
-        return _State(st.delta_bytes + o.delta_bytes, st.offload_bytes + o.host_bytes,
+        return State(st.delta_bytes + o.delta_bytes, st.offload_bytes + o.host_bytes,
                       max(st.largest_bytes, o.transient_bytes), st.ms + o.ms,
                       st.choice + (policy,), st.weight_rerun_bytes + o.weight_rerun_bytes)
     if policy == "recompute":
-        return _State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,
+        return State(st.delta_bytes - it.exclusive_bytes + it.inputs_bytes, st.offload_bytes,
                       max(st.largest_bytes, it.recompute_transient_bytes),
                       st.ms + it.recompute_ms, st.choice + ("recompute",),
                       st.weight_rerun_bytes + it.weight_rerun_bytes)
-    return _State(st.delta_bytes - it.exclusive_bytes, st.offload_bytes + it.host_bytes,
+    return State(st.delta_bytes - it.exclusive_bytes, st.offload_bytes + it.host_bytes,
                   max(st.largest_bytes, it.offload_transient_bytes), st.ms + it.offload_ms,
                   st.choice + ("offload",), st.weight_rerun_bytes)
-
-
-def _pareto(states: list[_State]) -> list[_State]:
-    """The states no other state matches or beats in all five figures: in time order, a state
-    is kept unless a kept one has every byte figure at most its own. Kept states are grouped by
-    (largest transient, W reruns), each group a staircase over (saved delta, host bytes)."""
-    out: list[_State] = []
-    groups: dict[tuple[int, int], _Staircase] = {}
-    keys: list[tuple[int, int]] = []  # the groups' keys, sorted: a prefix can cover a state
-    for st in sorted(states, key=lambda x: (x.ms, x.delta_bytes, x.offload_bytes,
-                                            x.largest_bytes)):
-        end = bisect.bisect_right(keys, (st.largest_bytes, st.weight_rerun_bytes))
-        if any(keys[k][1] <= st.weight_rerun_bytes
-               and groups[keys[k]].covers(st.delta_bytes, st.offload_bytes)
-               for k in range(end)):
-            continue
-        out.append(st)
-        key = (st.largest_bytes, st.weight_rerun_bytes)
-        if key not in groups:
-            groups[key] = _Staircase()
-            bisect.insort(keys, key)
-        groups[key].add(st.delta_bytes, st.offload_bytes)
-    return out
-
-
-class _Staircase:
-    """Points (d, o) none of which dominates another: d increasing, o strictly decreasing."""
-
-    def __init__(self) -> None:
-        self.d: list[int] = []
-        self.o: list[int] = []
-
-    def covers(self, d: int, o: int) -> bool:
-        """Some point has d' <= d and o' <= o."""
-        i = bisect.bisect_right(self.d, d) - 1
-        return i >= 0 and self.o[i] <= o
-
-    def add(self, d: int, o: int) -> None:
-        """A point no present one covers; drops the ones it covers."""
-        i = bisect.bisect_left(self.d, d)
-        j = i
-        while j < len(self.d) and self.o[j] >= o:
-            j += 1
-        self.d[i:j] = [d]
-        self.o[i:j] = [o]

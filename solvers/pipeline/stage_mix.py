@@ -18,17 +18,18 @@ from collections.abc import Callable, Sequence
 
 from planner.sim.rank_memory import mixed_stage_peak_bytes
 from planner.sim.stage_costs import StageCosts
+from planner.solvers.pipeline.frontier import State
 from planner.solvers.pipeline.problem import PipelineProblem
-from planner.solvers.pipeline.stage_menu import StageChoice, StageMix, _State, variant_microbatches
+from planner.solvers.pipeline.stage_menu import StageChoice, StageMix, variant_microbatches
 
 MIX_CHECKS = 4  # screened mixes, fastest first, whose bytes the simulator's rule checks
 STAIR_POINTS = 48  # frontier plans a mix is made of, at most
 
 
-def _staircase(points: Sequence[tuple[_State, StageCosts]]) -> list[tuple[_State, StageCosts]]:
+def _staircase(points: Sequence[tuple[State, StageCosts]]) -> list[tuple[State, StageCosts]]:
     """The points no other beats in both saved bytes and ms: saved increasing, ms decreasing;
     at most STAIR_POINTS of them, evenly spread (the search is quadratic-ish in them)."""
-    stair: list[tuple[_State, StageCosts]] = []
+    stair: list[tuple[State, StageCosts]] = []
     for p in sorted(points, key=lambda x: (x[1].saved_bytes, x[0].ms)):
         if not stair or p[0].ms < stair[-1][0].ms:
             stair.append(p)
@@ -44,8 +45,8 @@ def best_mix(
     cap: float,
     host_cap: int,
     uniform: StageChoice,
-    frontier: Sequence[tuple[_State, StageCosts]],
-    exact_of: Callable[[_State], StageChoice],
+    frontier: Sequence[tuple[State, StageCosts]],
+    exact_of: Callable[[State], StageChoice],
 ) -> StageMix | None:
     """The fastest mix of two frontier plans (each with its bound costs) that fits `cap` and
     `host_cap` and beats `uniform` (the fastest one plan) on the mean added time; None if
@@ -85,7 +86,7 @@ def best_mix(
     return best
 
 
-def _fastest_heavy(stair: Sequence[tuple[_State, StageCosts]], a: int, k: int, q: int, m: int,
+def _fastest_heavy(stair: Sequence[tuple[State, StageCosts]], a: int, k: int, q: int, m: int,
                    cap: float, split: bool) -> int | None:
     """The largest index below `a` (the fastest heavier plan) whose mix with `a` fits `cap`
     by the bounds: a bisection (fewer bytes fit more easily, transients aside)."""

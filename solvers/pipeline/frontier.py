@@ -1,0 +1,162 @@
+"""The stage knapsack's frontier (planner.solvers.pipeline.stage_menu): its states, the Pareto
+filter, the cut that bounds its size, and the screen that drops states no completion can fit.
+
+A state is one choice for the modules decided so far, with additive figures: saved bytes per
+micro-batch over the all-keep stage, host bytes, the largest non-keep transient, the added
+time, and the W reruns under zero-bubble I/W. The filter keeps, per W-rerun figure, a
+staircase over (saved delta, host bytes) for each largest-transient prefix, so a state is
+checked in a few lookups. The screen (`FitScreen`) bounds what the modules still to decide can
+free at most, so it drops a state only when every completion of it overflows the stage's
+share of memory: it never loses a fitting plan, and the cut then keeps states that can fit.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+EVERYTHING_FITS = 1 << 62  # a saved delta past any real stage's bytes
+
+
+@dataclass(frozen=True)
+class State:
+    delta_bytes: int  # saved bytes per micro-batch over the all-keep stage (upper bound)
+    offload_bytes: int  # the host bytes
+    largest_bytes: int  # the largest non-keep module's transient bound
+    ms: float
+    choice: tuple[str, ...]  # per module: a UnitPolicy or "op<k>" (its k-th op-level option)
+    weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
+
+
+def time_order(x: State) -> tuple[float, int, int, int]:
+    return (x.ms, x.delta_bytes, x.offload_bytes, x.largest_bytes)
+
+
+def pareto(states: list[State]) -> list[State]:
+    """The states no other state matches or beats in all five figures, in time order: a state
+    is kept unless a kept one has every byte figure at most its own."""
+    out: list[State] = []
+    by_rerun: dict[int, _Prefixes] = {}  # W-rerun figure -> its kept states
+    for st in sorted(states, key=time_order):
+        if any(w <= st.weight_rerun_bytes and p.covers(st) for w, p in by_rerun.items()):
+            continue
+        out.append(st)
+        by_rerun.setdefault(st.weight_rerun_bytes, _Prefixes()).add(st)
+    return out
+
+
+def cut(frontier: list[State], inflight: int, limit: int) -> list[State]:
+    """`limit` states of a frontier in time order: the fastest half, and the rest least in
+    device bytes (what the stage keeps in flight plus the largest transient), so both the
+    fastest plans and those that fit tight memory survive the cut; and, with a host tier,
+    every state that offloads nothing, up to `limit` of them (the per-module copy estimates
+    add up below what copies queued on one link take, so offloading plans look faster than
+    they are, and a cut by that time alone dropped the plans without a host tier: a host
+    tier made GPT-48 plans slower than none)."""
+    fast = frontier[:limit // 2]
+    rest = sorted(frontier[limit // 2:],
+                  key=lambda x: (inflight * x.delta_bytes + x.largest_bytes, x.offload_bytes))
+    kept = fast + rest[:limit - len(fast)]
+    local = [x for x in frontier if not x.offload_bytes]
+    if local and len(local) < len(frontier):
+        chosen = {id(x) for x in kept}
+        kept += [x for x in (cut(local, inflight, limit) if len(local) > limit else local)
+                 if id(x) not in chosen]
+    return sorted(kept, key=time_order)
+
+
+class FitScreen:
+    """Drops states no completion can fit. `peak_of(delta, largest, reruns)`: a lower bound of
+    the peak of any plan (or mix of plans) holding a state with these figures, non-decreasing
+    in each; `rest_least_delta[n]`: the least saved delta modules n.. can add (each module's
+    smallest option); `host_room`: the most host bytes one state may hold."""
+
+    def __init__(self, peak_of: Callable[[int, int, int], int], cap: float,
+                 rest_least_delta: list[int], host_room: float) -> None:
+        self.peak_of = peak_of
+        self.cap = cap
+        self.rest = rest_least_delta
+        self.host_room = host_room
+        self.most: dict[tuple[int, int], int] = {}  # (largest, reruns) -> the most delta
+
+    def keeps(self, st: State, decided: int) -> bool:
+        """Some completion of `st` (its first `decided` modules chosen) may fit."""
+        if st.offload_bytes > self.host_room:
+            return False
+        key = (st.largest_bytes, st.weight_rerun_bytes)
+        most = self.most.get(key)
+        if most is None:
+            most = self.most[key] = self._most_delta(*key)
+        return st.delta_bytes + self.rest[decided] <= most
+
+    def _most_delta(self, largest: int, reruns: int) -> int:
+        """The largest final saved delta whose peak fits (below the least reachable: none)."""
+        lo = self.rest[0]  # no completion frees more
+        if self.peak_of(lo, largest, reruns) > self.cap:
+            return lo - 1
+        step = 1 << 20
+        hi = lo + step
+        while self.peak_of(hi, largest, reruns) <= self.cap:  # fits(lo), not fits(hi)
+            if hi >= EVERYTHING_FITS:  # the peak does not grow with the delta
+                return EVERYTHING_FITS
+            lo, step = hi, step * 2
+            hi = lo + step
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.peak_of(mid, largest, reruns) <= self.cap:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+class _Prefixes:
+    """For each largest-transient value seen, the staircase of the kept states whose largest
+    transient is at most it (a check is one lookup; states are added far less often than
+    checked)."""
+
+    def __init__(self) -> None:
+        self.largest: list[int] = []
+        self.stairs: list[_Staircase] = []
+
+    def covers(self, st: State) -> bool:
+        k = bisect.bisect_right(self.largest, st.largest_bytes) - 1
+        return k >= 0 and self.stairs[k].covers(st.delta_bytes, st.offload_bytes)
+
+    def add(self, st: State) -> None:
+        k = bisect.bisect_left(self.largest, st.largest_bytes)
+        if k == len(self.largest) or self.largest[k] != st.largest_bytes:
+            self.largest.insert(k, st.largest_bytes)
+            self.stairs.insert(k, self.stairs[k - 1].copy() if k else _Staircase())
+        for stair in self.stairs[k:]:
+            if not stair.covers(st.delta_bytes, st.offload_bytes):
+                stair.add(st.delta_bytes, st.offload_bytes)
+
+
+class _Staircase:
+    """Points (d, o) none of which dominates another: d increasing, o strictly decreasing."""
+
+    def __init__(self) -> None:
+        self.d: list[int] = []
+        self.o: list[int] = []
+
+    def covers(self, d: int, o: int) -> bool:
+        """Some point has d' <= d and o' <= o."""
+        i = bisect.bisect_right(self.d, d) - 1
+        return i >= 0 and self.o[i] <= o
+
+    def add(self, d: int, o: int) -> None:
+        """A point no present one covers; drops the ones it covers."""
+        i = bisect.bisect_left(self.d, d)
+        j = i
+        while j < len(self.d) and self.o[j] >= o:
+            j += 1
+        self.d[i:j] = [d]
+        self.o[i:j] = [o]
+
+    def copy(self) -> _Staircase:
+        out = _Staircase()
+        out.d, out.o = list(self.d), list(self.o)
+        return out

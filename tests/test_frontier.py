@@ -1,0 +1,112 @@
+"""The stage knapsack's frontier: the Pareto filter against brute force, the cut, and the
+screen that drops states no completion can fit (never one that can)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.core.graph import Graph
+from planner.core.pipeline_actions import Partition, PipelineStage
+from planner.core.resources import Resources
+from planner.engine.partition import make_problem
+from planner.sim.rank_memory import mixed_stage_peak_bytes, one_stage_peak_bytes
+from planner.sim.stage_costs import stage_costs, stage_of_nodes
+from planner.sim.stage_policies import stage_facts
+from planner.solvers.pipeline import frontier, stage_menu
+
+HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", device_count=2, microbatches=8)
+
+states = st.lists(st.builds(frontier.State, st.integers(-3, 3), st.integers(0, 3),
+                            st.integers(0, 3), st.integers(0, 5).map(float),
+                            st.just(()), st.integers(0, 2)), max_size=40)
+
+
+def _bytes(x: frontier.State) -> tuple[int, int, int, int]:
+    return (x.delta_bytes, x.offload_bytes, x.largest_bytes, x.weight_rerun_bytes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(states)
+def test_the_filter_keeps_exactly_the_states_no_earlier_one_matches(given_states) -> None:
+    ordered = sorted(given_states, key=frontier.time_order)
+    expected = [x for i, x in enumerate(ordered)
+                if not any(all(a <= b for a, b in zip(_bytes(y), _bytes(x), strict=True))
+                           for y in ordered[:i])]
+    assert [_bytes(x) + (x.ms,) for x in frontier.pareto(given_states)] == \
+        [_bytes(x) + (x.ms,) for x in expected]
+
+
+def test_a_cut_frontier_keeps_the_plans_that_offload_nothing() -> None:
+    """Offloading states that look faster and smaller than every local one fill both halves
+    of a cut; the local ones (the frontier without a host tier) are kept all the same."""
+    offloading = [frontier.State(1000 - k, 10 + k, 0, 0.1 * k, ("offload",))
+                  for k in range(40)]
+    local = [frontier.State(5000 - k, 0, 0, 10.0 + k, ("recompute",)) for k in range(6)]
+    kept = frontier.cut(sorted(offloading + local, key=lambda x: x.ms), 4, 10)
+    assert all(x in kept for x in local)
+    assert [x.ms for x in kept] == sorted(x.ms for x in kept)
+    many = [frontier.State(5000 - k, 0, 0, 10.0 + k, ("recompute",)) for k in range(30)]
+    kept = frontier.cut(sorted(offloading + many, key=lambda x: x.ms), 4, 10)
+    assert sum(1 for x in kept if not x.offload_bytes) == 10
+
+
+@pytest.fixture(scope="module")
+def op_gpt() -> Graph:
+    from planner import zoo
+    from planner.tracing import trace
+
+    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    return trace(model, inputs).graph
+
+
+@pytest.mark.parametrize(("s", "mixes"), [(0, False), (0, True), (1, False)])
+def test_the_screen_never_drops_a_state_some_fitting_plan_extends(op_gpt: Graph, s: int,
+                                                                   mixes: bool) -> None:
+    """Every policy choice of the stage's blocks (op-level options included): at a cap half its
+    plans fit, each prefix of a fitting plan passes the screen (alone, or in k - 1 of k
+    micro-batches of a mix), and the screen drops some prefixes of the others."""
+    mods = [["tok", "pos", "h.0", "h.1"], ["h.2", "h.3", "ln_f", "head"]]
+    part = Partition(stages=[PipelineStage(stage_index=i, rank=i, modules=m)
+                             for i, m in enumerate(mods)])
+    nodes = [v for v, i in stage_of_nodes(op_gpt, part).items() if i == s]
+    facts, base = stage_facts(op_gpt, nodes, mods[s]), stage_costs(op_gpt, part)[s]
+    p = make_problem(op_gpt, devices=2, memory_bytes=None, microbatches=8, schedule="1f1b",
+                     resources=HOST)
+    k, m = p.inflight[s], p.microbatches
+    assert k >= 2 or not mixes  # a mix needs two micro-batches in flight
+    figures = stage_menu.items(p, facts)
+    forward = stage_menu.forward_bytes(p, facts)
+    menus = [("keep", "recompute", "offload", *(f"op{j}" for j in range(len(it.ops))))
+             for it in figures]
+    blocks = [i for i, u in enumerate(facts.units) if u.name.startswith("h.")]
+    choices = []
+    for picked in itertools.product(*(menus[i] for i in blocks)):
+        choice = ["keep"] * len(figures)
+        for i, policy in zip(blocks, picked, strict=True):
+            choice[i] = policy
+        choices.append(tuple(choice))
+
+    least = min(stage_menu.additive_state(figures, c).delta_bytes for c in choices)
+    light = stage_menu.bound_costs(base, forward, frontier.State(least, 0, 0, 0.0, ()))
+
+    def peak(choice: tuple[str, ...]) -> int:
+        costs = stage_menu.bound_costs(base, forward, stage_menu.additive_state(figures, choice))
+        if mixes:  # beside the lightest plan of all in one of k micro-batches
+            return mixed_stage_peak_bytes(costs, light, k, 1, m, False)
+        return one_stage_peak_bytes(costs, k, microbatches=m)
+
+    peaks = sorted(peak(c) for c in choices)
+    cap = peaks[len(peaks) // 2]
+    screen = stage_menu._fit_screen(p, base, forward, k, cap, 2**36, figures, True, mixes)
+    dropped = 0
+    for choice in choices:
+        fits = peak(choice) <= cap
+        for n in range(1, len(figures) + 1):
+            kept = screen.keeps(stage_menu.additive_state(figures[:n], choice[:n]), n)
+            assert kept or not fits, (choice, n)
+            dropped += not kept
+    assert dropped > 0
