@@ -16,7 +16,6 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-
 EVERYTHING_FITS = 1 << 62  # a saved delta past any real stage's bytes
 
 

@@ -137,11 +137,12 @@ Mixer = Callable[["PipelineProblem", int, float, int, StageChoice,
 
 
 def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False,
-          op_level: bool = True, offload: bool = True) -> list[Item]:
+          op_level: bool = True, offload: bool = True,
+          deadline: float | None = None) -> list[Item]:
     """Each module's figures; `weight_reruns`: a split W (zero-bubble, not the first stage)
     keeps its reruns (planner.sim.stage_policies.weight_rerun_bytes, one module at a time:
     their sum bounds the simulator's); `op_level`: with its op-level options; `offload`
-    False: no offload figures (a knapsack without the host tier)."""
+    False: no offload figures (a knapsack without the host tier). TimeUp past `deadline`."""
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
     out = []
@@ -155,6 +156,9 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
     host_tier = offload and res is not None and res.d2h is not None and res.h2d is not None
     split = problem.plan_schedule.split_backward
     for n, u in enumerate(facts.units):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeUp
+
         def copy_ms(nbytes: int, n: int = n) -> float:  # not hidden behind later compute
             if res is None or res.d2h is None or res.h2d is None:
                 return 0.0
@@ -249,6 +253,8 @@ def choose(
                                         microbatches=m, split_backward=split) <= cap]
     def exact_of(st: State) -> StageChoice:
         """The state's policies under the simulator's rule (peak: all in flight run it)."""
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeUp  # the rule's costs take a while: not begun past the limit
         policies, saved_ops, offload_ops = _policies(figures, st.choice)
         got = policy_stage_costs(problem.graph, facts, base, dict(policies), res,
                                  dict(saved_ops), dict(offload_ops))
@@ -278,8 +284,9 @@ def _fit_screen(problem: PipelineProblem, base: StageCosts, forward: int, inflig
                 cap: float, host_cap: int, figures: list[Item], host: bool,
                 mixes: bool) -> FitScreen:
     """The knapsack's screen: a state's peak bound with the least saved bytes the modules
-    left can reach, alone or (`mixes`) in k - 1 of k in-flight micro-batches beside the
-    lightest plan there could be, which bounds every mix it can join (stage_mix)."""
+    left can reach, alone or (`mixes`) in one of k in-flight micro-batches beside the
+    lightest plan there could be in the others, which bounds every mix it can join
+    (stage_mix: either plan of a mix runs in 1 to k - 1 of every k)."""
     m = problem.microbatches
     split = problem.plan_schedule.split_backward
     least = [0] * (len(figures) + 1)  # least[n]: the least delta modules n.. add
@@ -294,7 +301,7 @@ def _fit_screen(problem: PipelineProblem, base: StageCosts, forward: int, inflig
     def peak_of(delta: int, largest: int, reruns: int) -> int:
         costs = bound_costs(base, forward, State(delta, 0, largest, 0.0, (), reruns))
         if mixes:
-            return mixed_stage_peak_bytes(costs, lightest, inflight, 1, m, split)
+            return mixed_stage_peak_bytes(costs, lightest, inflight, inflight - 1, m, split)
         return one_stage_peak_bytes(costs, inflight, microbatches=m, split_backward=split)
 
     return FitScreen(peak_of, cap, least, host_cap if mixes else host_cap / inflight)

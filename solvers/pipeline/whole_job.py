@@ -62,6 +62,7 @@ from planner.solvers.pipeline.stage_mix import best_mix
 Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
 Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
 Current = Callable[[], Candidate | None]  # the best plan so far
+Deadline = Callable[[], float]  # perf_counter time past which no new split is begun
 
 ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
@@ -123,7 +124,8 @@ class WholeJob:
                 reruns = self.p.plan_schedule.split_backward and not base.first_stage
                 figures_key = (i, j, reruns, op_level, host)
                 if figures_key not in self.figures:  # the same for every stage index
-                    self.figures[figures_key] = items(self.p, facts, reruns, op_level, host)
+                    self.figures[figures_key] = items(self.p, facts, reruns, op_level, host,
+                                                      self.deadline)
                 cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
                                op_level, self.deadline, best_mix if op_level else None,
                                self.figures[figures_key])  # quick: one plan
@@ -250,9 +252,17 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             first_s = time.perf_counter() - start
 
     slowest_s = 0.0  # the longest one split's judgement took (kept clear of the deadline)
+    sim_s = 0.0  # the longest one candidate's simulation took
     unfit: list[Bounds] = []  # splits no whole-module plan fits, not yet tried at op level
     late = False  # trying them now
     timed_out = False  # some split stayed unjudged (TimeUp)
+
+    def judged(split: PolicySplit) -> Candidate:
+        nonlocal sim_s
+        began = time.perf_counter()
+        cand = job.candidate(split)
+        sim_s = max(sim_s, time.perf_counter() - began)
+        return cand
 
     def try_bounds(bounds: Bounds, name: str) -> None:
         nonlocal slowest_s, timed_out
@@ -263,18 +273,20 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
             if quick is None:  # op-level options seldom fit where whole modules do not:
                 unfit.append(bounds)  # those wait until no split fits otherwise
                 return
-            offer(job.candidate(quick), name)
-        job.deadline = start + time_limit_s if best is not None else None
+            offer(judged(quick), name)
+        # once a plan exists, knapsacks stop in time for the split's two simulations
+        job.deadline = start + time_limit_s - 2 * sim_s if best is not None else None
         try:
             split = job.with_policies(bounds)
         except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
             timed_out = True
             return
         if split is not None:
-            offer(job.candidate(split), name)
-            if split.mixed and (best is None or time.perf_counter() < start + time_limit_s):
+            offer(judged(split), name)
+            if split.mixed and (best is None
+                                or time.perf_counter() + sim_s < start + time_limit_s):
                 # a mix's mean stage time is not the step: its one plans too
-                offer(job.candidate(replace(split, mixed=False)), name)
+                offer(judged(replace(split, mixed=False)), name)
         slowest_s = max(slowest_s, time.perf_counter() - began)
 
     # several stages a rank: no ILP candidate, so the DP gets the ILP's share too
@@ -309,25 +321,27 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     fixed_lists = not problem.plan_schedule.split_backward
     complete = False
     bound: float | None = None
-    deadline -= min(slowest_s, ROOM_SHARE * time_limit_s)  # room for the last split judged
+    def closing() -> float:  # the limit less room for the last split judged (as slow as any)
+        return deadline - min(slowest_s, ROOM_SHARE * time_limit_s)
+
     if count <= ENUMERATE_LIMIT:
-        complete, bound = _enumerate(job, try_bounds, lambda: best, deadline)
+        complete, bound = _enumerate(job, try_bounds, lambda: best, closing)
         notes.append(f"{count} contiguous splits " + ("all judged" if complete else
                                                      "partly judged (time limit)"))
     else:
-        _propose(job, try_bounds, lambda: best, deadline)
+        _propose(job, try_bounds, lambda: best, closing)
         notes.append(f"{count} contiguous splits: DP proposals and local moves")
     late = True  # the splits no whole-module plan fits, at op level (unless no faster)
     for bounds in dict.fromkeys(unfit):
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > closing():
             complete = False
             break
         if best is None or job.keep_step_ms(bounds) < makespan_ms(best) - 1e-9:
             try_bounds(bounds, "op-level options")
     complete = complete and not timed_out
-    if dp.best is not None and not complete and time.perf_counter() < deadline:
+    if dp.best is not None and not complete and time.perf_counter() < closing():
         # the time left continues the DP's own boundary moves from its split (no policies)
-        moved, count_moves = improve_by_moves(problem, dp.best, deadline)
+        moved, count_moves = improve_by_moves(problem, dp.best, closing())
         if count_moves:
             offer(moved, "the DP's split moved further")
     wall = time.perf_counter() - start
@@ -354,14 +368,14 @@ def _splits(L: int, S: int) -> Iterator[Bounds]:
 
 
 def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
-               deadline: float) -> tuple[bool, float | None]:
+               deadline: Deadline) -> tuple[bool, float | None]:
     """Every split, least busy-time bound first; skipped once its bound reaches the best step.
     Returns (all judged, the least all-keep step over every split)."""
     p = job.p
     order = sorted(_splits(p.length, p.stage_count), key=job.cheap_bound_ms)
     bound = math.inf
     for bounds in order:
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > deadline():
             return False, None
         cheap = job.cheap_bound_ms(bounds)
         best = current()
@@ -375,7 +389,7 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
     return True, bound
 
 
-def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float) -> None:
+def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: Deadline) -> None:
     """DP proposals on each range's best-policy stage time, then boundary moves."""
     from planner.solvers.pipeline.dp import neighbours
 
@@ -384,7 +398,7 @@ def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float
     span = max(2, math.ceil(PROPOSAL_SPAN * L / S))
 
     def cost(i: int, j: int, s: int) -> float | None:
-        if j - i > span or time.perf_counter() > deadline:
+        if j - i > span or time.perf_counter() > deadline():
             return None
         try:  # whole-module policies without a host tier: quicker (a host tier's knapsacks
             # are several times slower, and the DP asks for every range), and an upper bound
@@ -395,18 +409,18 @@ def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: float
         return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.mean_added_ms
 
     found = minmax_dp(L, S, cost)
-    if found is not None and time.perf_counter() < deadline:
+    if found is not None and time.perf_counter() < deadline():
         try_bounds(tuple(found[1]), "DP proposal")
         more = minsum_dp(L, S, cost, found[0] * 1.05)
-        if more is not None and time.perf_counter() < deadline:
+        if more is not None and time.perf_counter() < deadline():
             try_bounds(tuple(more), "DP proposal")
     tried: set[Bounds] = set()
-    while time.perf_counter() < deadline:
+    while time.perf_counter() < deadline():
         best = current()
         if best is None or best.split.bounds in tried:
             return
         tried.add(best.split.bounds)
         for near in neighbours(Split(best.split.bounds)):  # today's DP's moves, sliding runs too
-            if time.perf_counter() >= deadline:
+            if time.perf_counter() >= deadline():
                 return
             try_bounds(near.bounds, "local move")
