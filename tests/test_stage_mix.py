@@ -5,6 +5,8 @@ mixes, and a host tier never making a stage's plan slower."""
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import replace
 
 import pytest
 
@@ -18,10 +20,11 @@ from planner.sim.rank_memory import mixed_stage_peak_bytes, one_stage_peak_bytes
 from planner.sim.result import PlanError
 from planner.sim.stage_costs import rank_peak_bytes, stage_costs
 from planner.sim.stage_policies import stage_facts, variant_unit_costs
-from planner.solvers.pipeline import stage_menu
+from planner.solvers.pipeline import frontier, stage_menu
 from planner.solvers.pipeline.dp import least_memory_split
 from planner.solvers.pipeline.problem import PipelineProblem, Split
-from planner.solvers.pipeline.stage_menu import variant_microbatches
+from planner.solvers.pipeline.stage_menu import StageChoice, variant_microbatches
+from planner.solvers.pipeline.stage_mix import STAIR_POINTS, best_mix
 from planner.solvers.pipeline.whole_job import whole_job_partition
 
 HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", d2h="pcie-gen5-x16",
@@ -174,3 +177,34 @@ def test_a_host_tier_never_makes_a_stage_plan_slower(op_gpt: Graph, monkeypatch,
             assert picks[0] is not None and picks[0].added_ms <= picks[1].added_ms + 1e-9
             compared += 1
     assert compared >= 4
+
+
+def test_the_mix_search_finds_the_best_pair_of_a_long_staircase(op_gpt: Graph) -> None:
+    """A 200-plan staircase (each plan 10 bytes more than the last, time falling as a square
+    root): the mix found is as fast as the best of every pair and slot count, though the first
+    search tries only spread light plans (alone it finds 154.40 ms, not 153.14)."""
+    p, k = problem(op_gpt, None, ranks=4), 4
+    base = stage_costs(op_gpt, Partition(stages=[PipelineStage(
+        stage_index=0, rank=0, modules=["tok", "pos", "h.0", "h.1", "h.2", "h.3", "ln_f",
+                                        "head"])]))[0]
+    plans = [(frontier.State(10 * i, 0, 0, 200.0 - 20 * math.sqrt(i), ()),
+              replace(base, saved_bytes=base.saved_bytes + 10 * i)) for i in range(200)]
+    assert len(plans) > STAIR_POINTS
+    peak = {i: one_stage_peak_bytes(c, k, None, 8) for i, (_, c) in enumerate(plans)}
+    cap = peak[0] + 222  # the best light plan lies between spread ones
+    fits_alone = max(i for i in peak if peak[i] <= cap)
+    uniform = StageChoice((), plans[fits_alone][1], 0, plans[fits_alone][0].ms,
+                          peak[fits_alone], True)
+    by_state = {id(st): (st, c) for st, c in plans}
+
+    def exact_of(st: frontier.State) -> StageChoice:
+        costs = by_state[id(st)][1]
+        return StageChoice((), costs, 0, st.ms, one_stage_peak_bytes(costs, k, None, 8), True)
+
+    found = best_mix(p, k, cap, 0, uniform, plans, exact_of)
+    best = min(((8 - len(variant_microbatches(8, k, q))) * plans[a][0].ms
+                + len(variant_microbatches(8, k, q)) * plans[b][0].ms) / 8
+               for q in range(1, k) for a in range(200) for b in range(a)
+               if mixed_stage_peak_bytes(plans[a][1], plans[b][1], k, q, 8) <= cap)
+    assert found is not None and best < uniform.added_ms
+    assert found.added_ms == pytest.approx(best)

@@ -7,9 +7,10 @@ in q of every k consecutive micro-batches and the faster ("light") one in the ot
 (k - q) light and q heavy micro-batches in any window (planner.sim.rank_memory.
 mixed_stage_peak_bytes) and pays the heavy plan's time only in those: the ILP's
 per-micro-batch recomputation, per module. With q a whole number the best pair need not lie on
-the frontier's convex hull, so for every q and every plan of the (bytes per micro-batch, time)
-staircase the fastest heavier plan the additive bounds let in is found by bisection; the
-fastest few mixes are then checked by the simulator's own rule.
+the frontier's convex hull, so for every q and spread plans of the (bytes per micro-batch,
+time) staircase the fastest heavier plan the additive bounds let in is found by bisection, then
+for every plan near the fastest few mixes' light plans; the fastest few mixes are then checked
+by the simulator's own rule.
 """
 
 from __future__ import annotations
@@ -27,16 +28,19 @@ STAIR_POINTS = 48  # frontier plans a mix is made of, at most
 
 
 def _staircase(points: Sequence[tuple[State, StageCosts]]) -> list[tuple[State, StageCosts]]:
-    """The points no other beats in both saved bytes and ms: saved increasing, ms decreasing;
-    at most STAIR_POINTS of them, evenly spread (the search is quadratic-ish in them)."""
+    """The points no other beats in both saved bytes and ms: saved increasing, ms decreasing."""
     stair: list[tuple[State, StageCosts]] = []
     for p in sorted(points, key=lambda x: (x[1].saved_bytes, x[0].ms)):
         if not stair or p[0].ms < stair[-1][0].ms:
             stair.append(p)
-    n = len(stair)
+    return stair
+
+
+def _spread(n: int) -> list[int]:
+    """At most STAIR_POINTS indices of 0..n-1, evenly spread (the first search's light plans)."""
     if n <= STAIR_POINTS:
-        return stair
-    return [stair[round(i * (n - 1) / (STAIR_POINTS - 1))] for i in range(STAIR_POINTS)]
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (STAIR_POINTS - 1)) for i in range(STAIR_POINTS)})
 
 
 def best_mix(
@@ -50,26 +54,36 @@ def best_mix(
 ) -> StageMix | None:
     """The fastest mix of two frontier plans (each with its bound costs) that fits `cap` and
     `host_cap` and beats `uniform` (the fastest one plan) on the mean added time; None if
-    none does. `exact_of`: a state's plan under the simulator's rule."""
+    none does. `exact_of`: a state's plan under the simulator's rule. Light plans are first
+    tried at spread points of the staircase, then every one between the neighbours of the
+    fastest few mixes' light plans."""
     m, k = problem.microbatches, inflight
     if k < 2 or m < 2:
         return None
     split = problem.plan_schedule.split_backward
     stair = _staircase(frontier)
-    screened: list[tuple[float, int, int, int]] = []  # (mean ms, light, heavy, slots)
-    for q in range(1, k):
+
+    def screen(a: int, q: int) -> tuple[float, int, int, int] | None:
+        """(mean ms, light, heavy, slots) of light plan `a`'s best mix with q heavy slots."""
         heavy_n = len(variant_microbatches(m, k, q))
-        for a in range(1, len(stair)):
-            if (m - heavy_n) * stair[a][0].ms >= m * uniform.added_ms:
-                continue  # the light plan alone costs more than the one plan
-            b = _fastest_heavy(stair, a, k, q, m, cap, split)
-            if b is None:
-                continue
-            fast, slow = stair[a][0], stair[b][0]
-            mean = ((m - heavy_n) * fast.ms + heavy_n * slow.ms) / m
-            if mean < uniform.added_ms and (
-                    (k - q) * fast.offload_bytes + q * slow.offload_bytes <= host_cap):
-                screened.append((mean, a, b, q))
+        if a == 0 or (m - heavy_n) * stair[a][0].ms >= m * uniform.added_ms:
+            return None  # the light plan alone costs more than the one plan
+        b = _fastest_heavy(stair, a, k, q, m, cap, split)
+        if b is None:
+            return None
+        fast, slow = stair[a][0], stair[b][0]
+        mean = ((m - heavy_n) * fast.ms + heavy_n * slow.ms) / m
+        if mean >= uniform.added_ms or (
+                (k - q) * fast.offload_bytes + q * slow.offload_bytes > host_cap):
+            return None
+        return (mean, a, b, q)
+
+    picks = _spread(len(stair))
+    screened = {x for q in range(1, k) for a in picks if (x := screen(a, q)) is not None}
+    for _, a, _, q in sorted(screened)[:MIX_CHECKS]:  # between the neighbouring spread points
+        at = picks.index(a)
+        lo, hi = picks[max(at - 1, 0)], picks[min(at + 1, len(picks) - 1)]
+        screened |= {x for near in range(lo + 1, hi) if (x := screen(near, q)) is not None}
     best: StageMix | None = None
     exact: dict[int, StageChoice] = {}
     for _, a, b, q in sorted(screened)[:MIX_CHECKS]:
