@@ -40,6 +40,30 @@ def test_the_filter_keeps_exactly_the_states_no_earlier_one_matches(given_states
         [_bytes(x) + (x.ms,) for x in expected]
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(-10**6, 10**6)), min_size=1,
+                max_size=4), st.integers(-10**6, 10**7), st.integers(-10**6, 0),
+       st.booleans())
+def test_the_screens_bound_is_the_last_delta_that_fits(pieces, cap, least, steps) -> None:
+    """The most saved delta whose peak fits, for peaks made of linear pieces (their max) or
+    of steps, found with few peak evaluations, equals the brute-force answer."""
+    calls = []
+
+    def peak_of(delta: int, largest: int, reruns: int) -> int:
+        calls.append(delta)
+        if steps:  # non-decreasing, not convex
+            return sum(max(0, (delta - b) // 1000) for _, b in pieces) + largest
+        return max(a * delta + b for a, b in pieces) + largest
+
+    screen = frontier.FitScreen(peak_of, cap, [least, 0], 0)
+    got = screen._most_delta(5, 0)
+    if peak_of(least, 5, 0) > cap:
+        assert got == least - 1
+    elif got != frontier.EVERYTHING_FITS:
+        assert peak_of(got, 5, 0) <= cap < peak_of(got + 1, 5, 0)
+    assert len(calls) < 250
+
+
 def test_a_cut_frontier_keeps_the_plans_that_offload_nothing() -> None:
     """Offloading states that look faster and smaller than every local one fill both halves
     of a cut; the local ones (the frontier without a host tier) are kept all the same."""

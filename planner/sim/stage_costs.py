@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 from planner.core.graph import Graph, Phase
 from planner.core.model_state import ParameterState, StateBytes
@@ -87,35 +88,63 @@ class StageCosts:
         return self.forward_ms + self.backward_ms
 
 
-def _inside(path: str, modules: set[str]) -> bool:
-    """`path` is one of `modules` or inside one (a dotted prefix): one lookup per prefix."""
-    if path in modules:
-        return True
-    dot = path.find(".")
-    while dot != -1:
-        if path[:dot] in modules:
-            return True
-        dot = path.find(".", dot + 1)
-    return False
+def _prefixes(path: str) -> tuple[str, ...]:
+    """`path` and its dotted prefixes, longest last ('h.3.attn' -> 'h', 'h.3', 'h.3.attn')."""
+    parts = path.split(".")
+    return tuple(".".join(parts[:n]) for n in range(1, len(parts) + 1))
 
 
 def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
     """Node id -> stage index: the stage naming it (by id or module; two: PlanError naming the
-    node), else where its inputs are (`place_the_rest`)."""
-    out: dict[int, int] = {}
+    node), else where its inputs are (`place_the_rest`). Memoised on the graph per stage
+    layout (a search simulates the same stages many times)."""
+    memo = graph.index.memo.setdefault("stage_of_nodes", {})
+    key = _layout(partition)
+    if key not in memo:
+        _forget_oldest(memo)
+        memo[key] = _stage_of_nodes(graph, partition)
+    return dict(memo[key])
+
+
+LAYOUTS_KEPT = 4096  # stage layouts whose node map and costs the graph keeps
+
+
+def _layout(partition: Partition) -> tuple[object, ...]:
+    """What places a partition's nodes: each stage's index, modules and named nodes."""
+    return (partition.stage_count,
+            tuple((s.stage_index, tuple(s.modules), tuple(s.nodes)) for s in partition.stages))
+
+
+def _forget_oldest(memo: dict[Any, Any]) -> None:
+    if len(memo) >= LAYOUTS_KEPT:
+        memo.pop(next(iter(memo)))
+
+
+def _stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
+    owners: dict[str, list[int]] = {}  # module path -> the stages naming it
     for s in partition.stages:
-        mods = set(s.modules)
+        for m in dict.fromkeys(s.modules):
+            owners.setdefault(m, []).append(s.stage_index)
+    owned: dict[int, list[int]] = {}  # stage -> the nodes inside its modules, in node order
+    if owners:
+        prefixes = graph.index.memo.setdefault("module_prefixes", {})
+        for n in graph.nodes:
+            path = n.module_path
+            if path not in prefixes:
+                prefixes[path] = _prefixes(path) if path else ("",)
+            for t in {t for m in prefixes[path] for t in owners.get(m, ())}:
+                owned.setdefault(t, []).append(n.id)
+    out: dict[int, int] = {}
+    for s in partition.stages:  # in stage order, as the messages name the stages
         for v in s.nodes:
             if v not in graph.index.position:
                 raise PlanError(
                     f"partition: stage {s.stage_index} names node {v}, not in the graph", node=v
                 )
             _assign(graph, out, v, s.stage_index)
-        if mods:
-            for n in graph.nodes:
-                inside = _inside(n.module_path, mods)
-                if inside and out.get(n.id) != s.stage_index:
-                    _assign(graph, out, n.id, s.stage_index)
+        for v in owned.get(s.stage_index, ()):
+            if out.get(v) != s.stage_index:
+                _assign(graph, out, v, s.stage_index)
     place_the_rest(graph, out, partition.stage_count - 1)
     return out
 
@@ -264,6 +293,16 @@ def boundary_sizes(b: Boundary, module_level: bool) -> tuple[int, int, int, int,
 
 
 def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
+    """Each stage's costs (memoised on the graph per stage layout)."""
+    memo = graph.index.memo.setdefault("stage_costs", {})
+    key = _layout(partition)
+    if key not in memo:
+        _forget_oldest(memo)
+        memo[key] = tuple(_stage_costs(graph, partition))
+    return list(memo[key])
+
+
+def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     stage = stage_of_nodes(graph, partition)
     count = partition.stage_count
     sums = stage_sums(graph, stage, count)

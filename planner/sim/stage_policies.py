@@ -62,6 +62,8 @@ from planner.sim.stage_costs import (
 )
 from planner.sim.unit_times import backward_with_reloads, forward_with_copies
 
+MEMO_ENTRIES = 4096  # stage plans whose effective costs the graph keeps (variant_unit_costs)
+
 
 @dataclass(frozen=True)
 class UnitFacts:
@@ -425,6 +427,12 @@ def apply_unit_policies(
     return [own for own, _ in variant_unit_costs(graph, partition, costs, resources)]
 
 
+def _plan_key(plan: PipelineStage | StageVariant) -> tuple[object, ...]:
+    return (tuple(sorted(plan.unit_policies.items())),
+            tuple(sorted((m, tuple(ops)) for m, ops in plan.unit_saved_ops.items())),
+            tuple(sorted((m, tuple(ops)) for m, ops in plan.unit_offload_ops.items())))
+
+
 def variant_unit_costs(
     graph: Graph,
     partition: Partition,
@@ -448,14 +456,29 @@ def variant_unit_costs(
     for v, index in stage.items():
         if index in members:
             members[index].append(v)
+    # a search simulates the same stages under the same plans many times: memoised per
+    # (stage nodes, modules, costs, plan, resources) on the graph
+    memo = graph.index.memo.setdefault("policy_stage_costs", {})
+    machine = None if resources is None else resources.model_dump_json()
     for s in active:
-        facts = stage_facts(graph, members[s.stage_index], s.modules)
+        nodes = tuple(sorted(members[s.stage_index]))
         base = costs[s.stage_index]
+        found: list[StageFacts] = []  # made on the first plan not memoised
 
         def run(plan: PipelineStage | StageVariant, base: StageCosts = base,
-                facts: StageFacts = facts) -> PolicyCosts:
-            return policy_stage_costs(graph, facts, base, plan.unit_policies, resources,
-                                      plan.unit_saved_ops, plan.unit_offload_ops)
+                nodes: tuple[int, ...] = nodes, modules: tuple[str, ...] = tuple(s.modules),
+                found: list[StageFacts] = found) -> PolicyCosts:
+            key = (nodes, modules, base, machine, _plan_key(plan))
+            if key not in memo:
+                if not found:
+                    found.append(stage_facts(graph, nodes, modules))
+                if len(memo) > MEMO_ENTRIES:  # the oldest go
+                    memo.pop(next(iter(memo)))
+                memo[key] = policy_stage_costs(graph, found[0], base, plan.unit_policies,
+                                               resources, plan.unit_saved_ops,
+                                               plan.unit_offload_ops)
+            got: PolicyCosts = memo[key]
+            return got
 
         by_microbatch: dict[int, PolicyCosts] = {}
         for variant in s.variants:

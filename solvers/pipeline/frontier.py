@@ -13,6 +13,7 @@ share of memory: it never loses a fitting plan, and the cut then keeps states th
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -92,22 +93,34 @@ class FitScreen:
 
     def _most_delta(self, largest: int, reruns: int) -> int:
         """The largest final saved delta whose peak fits (below the least reachable: none)."""
+        def fits(delta: int) -> bool:
+            return self.peak_of(delta, largest, reruns) <= self.cap
+
         lo = self.rest[0]  # no completion frees more
-        if self.peak_of(lo, largest, reruns) > self.cap:
+        if not fits(lo):
             return lo - 1
+        hi = max(lo + 1, 0)
         step = 1 << 20
-        hi = lo + step
-        while self.peak_of(hi, largest, reruns) <= self.cap:  # fits(lo), not fits(hi)
+        while fits(hi):  # fits(lo), not fits(hi)
             if hi >= EVERYTHING_FITS:  # the peak does not grow with the delta
                 return EVERYTHING_FITS
-            lo, step = hi, step * 2
-            hi = lo + step
+            lo, hi, step = hi, hi + step, step * 2
+        halve = False
         while hi - lo > 1:
+            # the peak is a few linear pieces in the delta: a step along the slope left of
+            # `hi` lands on the boundary or just past it; else (or every other time) halve
             mid = (lo + hi) // 2
-            if self.peak_of(mid, largest, reruns) <= self.cap:
+            if not halve:
+                top = self.peak_of(hi, largest, reruns)
+                over, slope = top - self.cap, top - self.peak_of(hi - 1, largest, reruns)
+                if slope > 0:
+                    mid = min(max(hi - math.ceil(over / slope), lo + 1), hi - 1)
+            width = hi - lo
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid
+            halve = not halve and 2 * (hi - lo) > width
         return lo
 
 

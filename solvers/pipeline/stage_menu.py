@@ -58,6 +58,7 @@ FRONTIER_LIMITS = (300, 3000)  # the least and most states kept per module
 # its time limit as without one
 HOST_FRONTIER_WORK, HOST_FRONTIER_MOST = 6000, 1000
 EXACT_CHECKS = 6  # frontier points, fastest first, whose bytes the simulator's rule checks
+QUICK_CHECKS = 2  # the same for whole-module knapsacks (a first estimate: the quick pass, DP costs)
 OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
 
 
@@ -266,7 +267,8 @@ def choose(
                            offload_ops)
 
     best: StageChoice | None = None
-    for st in _to_check(fitting, figures, facts, base, res):
+    for st in _to_check(fitting, figures, facts, base, res)[:EXACT_CHECKS if op_level
+                                                             else QUICK_CHECKS]:
         got = exact_of(st)
         if got.peak_bytes > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover
             continue  # the bounds hold

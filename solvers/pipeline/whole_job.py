@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,7 +39,6 @@ from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.stage_costs import StageCosts, rank_peak_bytes
 from planner.sim.stage_policies import StageFacts, stage_facts
-from planner.solvers.pipeline.chain_dp import minmax_dp, minsum_dp
 from planner.solvers.pipeline.enumerate import makespan_ms
 from planner.solvers.pipeline.problem import (
     Candidate,
@@ -47,6 +46,14 @@ from planner.solvers.pipeline.problem import (
     PipelineProblem,
     Split,
     simulated_key,
+)
+from planner.solvers.pipeline.proposals import (
+    Bounds,
+    Current,
+    Deadline,
+    Offer,
+    ProxyCosts,
+    propose,
 )
 from planner.solvers.pipeline.schedules import stage_rank
 from planner.solvers.pipeline.stage_menu import (
@@ -59,11 +66,6 @@ from planner.solvers.pipeline.stage_menu import (
 )
 from planner.solvers.pipeline.stage_mix import best_mix
 
-Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
-Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)
-Current = Callable[[], Candidate | None]  # the best plan so far
-Deadline = Callable[[], float]  # perf_counter time past which no new split is begun
-
 ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
@@ -71,7 +73,6 @@ DP_SHARE_NO_ILP = 0.6  # with several stages a rank (no ILP candidate)
 MOVES_SHARE = 0.8  # the DP's moves continue to this share of the limit (several stages a rank)
 ROOM_SHARE = 0.2  # at most this share of the limit is kept clear for the last split judged
 OVERRUN = 0.8  # the DP and the ILP may run past the limit they are given (their last steps)
-PROPOSAL_SPAN = 2.0  # DP proposals consider ranges up to this many times the mean stage length
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
         notes.append(f"{count} contiguous splits " + ("all judged" if complete else
                                                      "partly judged (time limit)"))
     else:
-        _propose(job, try_bounds, lambda: best, closing)
+        propose(problem, ProxyCosts(problem, job.cap, job.facts), try_bounds, lambda: best,
+                closing)
         notes.append(f"{count} contiguous splits: DP proposals and local moves")
     late = True  # the splits no whole-module plan fits, at op level (unless no faster)
     for bounds in dict.fromkeys(unfit):
@@ -387,40 +389,3 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
             continue
         try_bounds(bounds, "enumeration")
     return True, bound
-
-
-def _propose(job: WholeJob, try_bounds: Offer, current: Current, deadline: Deadline) -> None:
-    """DP proposals on each range's best-policy stage time, then boundary moves."""
-    from planner.solvers.pipeline.dp import neighbours
-
-    p = job.p
-    L, S = p.length, p.stage_count
-    span = max(2, math.ceil(PROPOSAL_SPAN * L / S))
-
-    def cost(i: int, j: int, s: int) -> float | None:
-        if j - i > span or time.perf_counter() > deadline():
-            return None
-        try:  # whole-module policies without a host tier: quicker (a host tier's knapsacks
-            # are several times slower, and the DP asks for every range), and an upper bound
-            # of the time with op-level options and the host tier
-            c = job.choice(i, j, s, host_cap=0, op_level=False)
-        except TimeUp:
-            return None
-        return None if c is None else p.stage_time(p.costs(i, j, s), s) + c.mean_added_ms
-
-    found = minmax_dp(L, S, cost)
-    if found is not None and time.perf_counter() < deadline():
-        try_bounds(tuple(found[1]), "DP proposal")
-        more = minsum_dp(L, S, cost, found[0] * 1.05)
-        if more is not None and time.perf_counter() < deadline():
-            try_bounds(tuple(more), "DP proposal")
-    tried: set[Bounds] = set()
-    while time.perf_counter() < deadline():
-        best = current()
-        if best is None or best.split.bounds in tried:
-            return
-        tried.add(best.split.bounds)
-        for near in neighbours(Split(best.split.bounds)):  # today's DP's moves, sliding runs too
-            if time.perf_counter() >= deadline():
-                return
-            try_bounds(near.bounds, "local move")
