@@ -117,9 +117,11 @@ class ProxyCosts:
 
 
 def propose(problem: PipelineProblem, proxy: ProxyCosts, try_bounds: Offer, current: Current,
-            deadline: Deadline) -> None:
-    """DP proposals on the proxy's stage costs, then boundary moves around the best plan
-    (first improvement, the proxy's most promising move first)."""
+            deadline: Deadline, fitting: Callable[[], dict[Bounds, float]]) -> None:
+    """DP proposals on the proxy's stage costs, then boundary moves: from the fastest split
+    not yet moved from (`fitting`: every split with a fitting plan, its step), its moves the
+    proxy finds most promising first, on to the first one faster than the best; once no move
+    of the best is faster, from the next fastest split (out of a local optimum)."""
     from planner.solvers.pipeline.dp import neighbours
 
     p = problem
@@ -137,16 +139,16 @@ def propose(problem: PipelineProblem, proxy: ProxyCosts, try_bounds: Offer, curr
         more = minsum_dp(L, S, cost, found[0] * NEAR_SUM)
         if more is not None and time.perf_counter() < deadline():
             try_bounds(tuple(more), "DP proposal")
-    tried: set[Bounds] = set()
+    moved: set[Bounds] = set()
     while time.perf_counter() < deadline():
-        best = current()
-        if best is None or best.split.bounds in tried:
+        left = [(step, bounds) for bounds, step in fitting().items() if bounds not in moved]
+        if not left:
             return
-        tried.add(best.split.bounds)
-        # today's DP's moves, sliding runs too, the proxy's most promising first; the search
-        # moves on from the first that is faster (a round of them outlasts a short limit)
-        for near in sorted(neighbours(Split(best.split.bounds)),
-                           key=lambda n: proxy.split_key(n.bounds)):
+        _, start = min(left)
+        moved.add(start)
+        best = current()
+        # today's DP's moves, sliding runs too
+        for near in sorted(neighbours(Split(start)), key=lambda n: proxy.split_key(n.bounds)):
             if time.perf_counter() >= deadline():
                 return
             try_bounds(near.bounds, "local move")

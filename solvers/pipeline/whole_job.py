@@ -243,10 +243,14 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     source = ""
     first_s: float | None = None  # when the first fitting plan was found
 
+    fitting: dict[Bounds, float] = {}  # every split a plan fits: its fastest step (ms)
+
     def offer(cand: Candidate | None, name: str) -> None:
         nonlocal best, source, first_s
         if cand is None or not cand.fits or cand.simulation is None:
             return
+        step = cand.simulation.makespan_ms
+        fitting[cand.split.bounds] = min(step, fitting.get(cand.split.bounds, step))
         if best is None or simulated_key(cand) < simulated_key(best):
             best, source = cand, name
         if first_s is None:
@@ -331,7 +335,7 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
                                                      "partly judged (time limit)"))
     else:
         propose(problem, ProxyCosts(problem, job.cap, job.facts), try_bounds, lambda: best,
-                closing)
+                closing, lambda: fitting)
         notes.append(f"{count} contiguous splits: DP proposals and local moves")
     late = True  # the splits no whole-module plan fits, at op level (unless no faster)
     for bounds in dict.fromkeys(unfit):
