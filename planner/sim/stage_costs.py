@@ -101,12 +101,13 @@ def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
     memo = graph.index.memo.setdefault("stage_of_nodes", {})
     key = _layout(partition)
     if key not in memo:
-        _forget_oldest(memo)
+        _forget_oldest(memo, MAPS_KEPT)
         memo[key] = _stage_of_nodes(graph, partition)
     return dict(memo[key])
 
 
-LAYOUTS_KEPT = 4096  # stage layouts whose node map and costs the graph keeps
+MAPS_KEPT = 64  # stage layouts whose node map the graph keeps (one entry per node each)
+COSTS_KEPT = 4096  # stage layouts whose stage costs the graph keeps
 
 
 def _layout(partition: Partition) -> tuple[object, ...]:
@@ -115,8 +116,8 @@ def _layout(partition: Partition) -> tuple[object, ...]:
             tuple((s.stage_index, tuple(s.modules), tuple(s.nodes)) for s in partition.stages))
 
 
-def _forget_oldest(memo: dict[Any, Any]) -> None:
-    if len(memo) >= LAYOUTS_KEPT:
+def _forget_oldest(memo: dict[Any, Any], most: int) -> None:
+    if len(memo) >= most:
         memo.pop(next(iter(memo)))
 
 
@@ -297,7 +298,7 @@ def stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
     memo = graph.index.memo.setdefault("stage_costs", {})
     key = _layout(partition)
     if key not in memo:
-        _forget_oldest(memo)
+        _forget_oldest(memo, COSTS_KEPT)
         memo[key] = tuple(_stage_costs(graph, partition))
     return list(memo[key])
 

@@ -19,8 +19,8 @@ policies, each module offers op-level options (planner.solvers.pipeline.op_optio
 checkpoints and partial offloads). The fitting frontier points are then ranked by the
 simulator's own time rule (planner.sim.unit_times: copies queue on the host links, which the
 per-module estimates cannot see), and the fastest few are checked with `policy_stage_costs`.
-The frontier filter keeps, per (largest transient, W reruns), a staircase over (bytes per
-micro-batch, host bytes), so it stays near linear in the frontier's size.
+The frontier (planner.solvers.pipeline.frontier: its Pareto filter, its cut, and a screen
+dropping states no completion can fit) stays near linear in its size.
 """
 
 from __future__ import annotations
