@@ -67,6 +67,7 @@ from planner.solvers.pipeline.stage_menu import (
 from planner.solvers.pipeline.stage_mix import best_mix
 
 ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
+PROMISING_SHARE = 0.5  # of the time left, the splits the proxy finds fastest go first
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
 DP_SHARE_NO_ILP = 0.6  # with several stages a rank (no ILP candidate)
@@ -329,13 +330,14 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     def closing() -> float:  # the limit less room for the last split judged (as slow as any)
         return deadline - min(slowest_s, ROOM_SHARE * time_limit_s)
 
+    proxy = ProxyCosts(problem, job.cap, job.facts)
     if count <= ENUMERATE_LIMIT:
-        complete, bound = _enumerate(job, try_bounds, lambda: best, closing)
+        until = time.perf_counter() + PROMISING_SHARE * max(0.0, closing() - time.perf_counter())
+        complete, bound = _enumerate(job, try_bounds, lambda: best, closing, proxy, until)
         notes.append(f"{count} contiguous splits " + ("all judged" if complete else
                                                      "partly judged (time limit)"))
     else:
-        propose(problem, ProxyCosts(problem, job.cap, job.facts), try_bounds, lambda: best,
-                closing, lambda: fitting)
+        propose(problem, proxy, try_bounds, lambda: best, closing, lambda: fitting)
         notes.append(f"{count} contiguous splits: DP proposals and local moves")
     late = True  # the splits no whole-module plan fits, at op level (unless no faster)
     for bounds in dict.fromkeys(unfit):
@@ -373,12 +375,25 @@ def _splits(L: int, S: int) -> Iterator[Bounds]:
         yield tuple((edges[s], edges[s + 1]) for s in range(S))
 
 
-def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
-               deadline: Deadline) -> tuple[bool, float | None]:
-    """Every split, least busy-time bound first; skipped once its bound reaches the best step.
-    Returns (all judged, the least all-keep step over every split)."""
+def _enumerate(job: WholeJob, try_bounds: Offer, current: Current, deadline: Deadline,
+               proxy: ProxyCosts, promising_until: float) -> tuple[bool, float | None]:
+    """Every split: first, until `promising_until`, those the proxy finds fastest (memory
+    included, planner.solvers.pipeline.proposals); then the rest, least busy-time bound first,
+    skipped once its bound reaches the best step. Returns (all judged, the least all-keep step
+    over every split)."""
     p = job.p
-    order = sorted(_splits(p.length, p.stage_count), key=job.cheap_bound_ms)
+    splits = list(_splits(p.length, p.stage_count))
+    judged: set[Bounds] = set()
+    for bounds in sorted(splits, key=proxy.split_key):
+        if time.perf_counter() > min(promising_until, deadline()):
+            break
+        best = current()
+        if best is not None and (job.cheap_bound_ms(bounds) >= makespan_ms(best) - 1e-9
+                                 or job.keep_step_ms(bounds) >= makespan_ms(best) - 1e-9):
+            continue  # no plan of it is faster (the proof comes with the bound order below)
+        try_bounds(bounds, "enumeration")
+        judged.add(bounds)
+    order = sorted(splits, key=job.cheap_bound_ms)
     bound = math.inf
     for bounds in order:
         if time.perf_counter() > deadline():
@@ -389,7 +404,7 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current,
             return True, min(bound, cheap)  # every later split's bound is at least `cheap`
         keep = job.keep_step_ms(bounds)
         bound = min(bound, keep)
-        if best is not None and keep >= makespan_ms(best) - 1e-9:
+        if bounds in judged or best is not None and keep >= makespan_ms(best) - 1e-9:
             continue
         try_bounds(bounds, "enumeration")
     return True, bound
