@@ -208,3 +208,34 @@ def test_the_mix_search_finds_the_best_pair_of_a_long_staircase(op_gpt: Graph) -
                if mixed_stage_peak_bytes(plans[a][1], plans[b][1], k, q, 8) <= cap)
     assert found is not None and best < uniform.added_ms
     assert found.added_ms == pytest.approx(best)
+
+
+def test_a_host_tier_does_not_hide_the_mixes_that_offload_nothing(op_gpt: Graph) -> None:
+    """Offloading plans a little smaller and faster than each local one by the estimates fill
+    the staircase, and the rule finds them slow (queued copies): the mix of two local plans is
+    found all the same, as fast as without the offloading plans."""
+    p, k = problem(op_gpt, None, ranks=4), 4
+    base = stage_costs(op_gpt, Partition(stages=[PipelineStage(
+        stage_index=0, rank=0, modules=["tok", "pos", "h.0", "h.1", "h.2", "h.3", "ln_f",
+                                        "head"])]))[0]
+    local = [(frontier.State(10 * i, 0, 0, 200.0 - 20 * math.sqrt(i), ()),
+              replace(base, saved_bytes=base.saved_bytes + 10 * i)) for i in range(200)]
+    offloading = [(frontier.State(10 * i - 5, 1000, 0, st.ms - 0.5, ()),
+                   replace(c, saved_bytes=c.saved_bytes - 5)) for i, (st, c) in enumerate(local)]
+    cap = one_stage_peak_bytes(local[0][1], k, None, 8) + 222
+    fits_alone = max(i for i, (_, c) in enumerate(local)
+                     if one_stage_peak_bytes(c, k, None, 8) <= cap)
+    uniform = StageChoice((), local[fits_alone][1], 0, local[fits_alone][0].ms,
+                          one_stage_peak_bytes(local[fits_alone][1], k, None, 8), True)
+    by_state = {id(st): (st, c) for st, c in local + offloading}
+
+    def exact_of(st: frontier.State) -> StageChoice:
+        costs = by_state[id(st)][1]
+        slow = 100.0 if st.offload_bytes else 0.0  # the copies queue on the link
+        return StageChoice((), costs, st.offload_bytes, st.ms + slow,
+                           one_stage_peak_bytes(costs, k, None, 8), True)
+
+    alone = best_mix(p, k, cap, 2**36, uniform, local, exact_of)
+    found = best_mix(p, k, cap, 2**36, uniform, local + offloading, exact_of)
+    assert alone is not None and found is not None
+    assert found.added_ms == pytest.approx(alone.added_ms)
