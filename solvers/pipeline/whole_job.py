@@ -67,7 +67,7 @@ from planner.solvers.pipeline.stage_menu import (
 from planner.solvers.pipeline.stage_mix import best_mix
 
 ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
-PROMISING_SHARE = 0.5  # of the time left, the splits the proxy finds fastest go first (no host)
+PROMISING_SHARE = 0.5  # of the time left, the splits the proxy finds fastest go first
 ILP_SHARE = 0.25  # of the time left given to today's ILP (a candidate); 0.5 when the DP has none
 DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
 DP_SHARE_NO_ILP = 0.6  # with several stages a rank (no ILP candidate)
@@ -332,10 +332,7 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
 
     proxy = ProxyCosts(problem, job.cap, job.facts)
     if count <= ENUMERATE_LIMIT:
-        # the proxy knows recomputation only: with a host tier its order misleads (GPT-48 on 2
-        # ranks, ZB-H1, 0.9x: 145.34 ms in 5 s, 129.48 in the bound order)
-        share = 0.0 if job.host_memory else PROMISING_SHARE
-        until = time.perf_counter() + share * max(0.0, closing() - time.perf_counter())
+        until = time.perf_counter() + PROMISING_SHARE * max(0.0, closing() - time.perf_counter())
         complete, bound = _enumerate(job, try_bounds, lambda: best, closing, proxy, until)
         notes.append(f"{count} contiguous splits " + ("all judged" if complete else
                                                      "partly judged (time limit)"))
