@@ -18,7 +18,7 @@ from planner.engine.partition import make_problem
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.rank_memory import mixed_stage_peak_bytes, one_stage_peak_bytes
 from planner.sim.result import PlanError
-from planner.sim.stage_costs import rank_peak_bytes, stage_costs
+from planner.sim.stage_costs import StageCosts, rank_peak_bytes, stage_costs
 from planner.sim.stage_policies import stage_facts, variant_unit_costs
 from planner.solvers.pipeline import frontier, stage_menu
 from planner.solvers.pipeline.dp import least_memory_split
@@ -179,16 +179,22 @@ def test_a_host_tier_never_makes_a_stage_plan_slower(op_gpt: Graph, monkeypatch,
     assert compared >= 4
 
 
+def _sqrt_staircase(op_gpt: Graph) -> list[tuple[frontier.State, StageCosts]]:
+    """200 plans of the whole GPT as one stage: each 10 bytes more than the last, its time
+    falling as a square root (so the best mix need not sit at spread points)."""
+    base = stage_costs(op_gpt, Partition(stages=[PipelineStage(
+        stage_index=0, rank=0, modules=["tok", "pos", "h.0", "h.1", "h.2", "h.3", "ln_f",
+                                        "head"])]))[0]
+    return [(frontier.State(10 * i, 0, 0, 200.0 - 20 * math.sqrt(i), ()),
+             replace(base, saved_bytes=base.saved_bytes + 10 * i)) for i in range(200)]
+
+
 def test_the_mix_search_finds_the_best_pair_of_a_long_staircase(op_gpt: Graph) -> None:
     """A 200-plan staircase (each plan 10 bytes more than the last, time falling as a square
     root): the mix found is as fast as the best of every pair and slot count, though the first
     search tries only spread light plans (alone it finds 154.40 ms, not 153.14)."""
     p, k = problem(op_gpt, None, ranks=4), 4
-    base = stage_costs(op_gpt, Partition(stages=[PipelineStage(
-        stage_index=0, rank=0, modules=["tok", "pos", "h.0", "h.1", "h.2", "h.3", "ln_f",
-                                        "head"])]))[0]
-    plans = [(frontier.State(10 * i, 0, 0, 200.0 - 20 * math.sqrt(i), ()),
-              replace(base, saved_bytes=base.saved_bytes + 10 * i)) for i in range(200)]
+    plans = _sqrt_staircase(op_gpt)
     assert len(plans) > STAIR_POINTS
     peak = {i: one_stage_peak_bytes(c, k, None, 8) for i, (_, c) in enumerate(plans)}
     cap = peak[0] + 222  # the best light plan lies between spread ones
@@ -215,11 +221,7 @@ def test_a_host_tier_does_not_hide_the_mixes_that_offload_nothing(op_gpt: Graph)
     the staircase, and the rule finds them slow (queued copies): the mix of two local plans is
     found all the same, as fast as without the offloading plans."""
     p, k = problem(op_gpt, None, ranks=4), 4
-    base = stage_costs(op_gpt, Partition(stages=[PipelineStage(
-        stage_index=0, rank=0, modules=["tok", "pos", "h.0", "h.1", "h.2", "h.3", "ln_f",
-                                        "head"])]))[0]
-    local = [(frontier.State(10 * i, 0, 0, 200.0 - 20 * math.sqrt(i), ()),
-              replace(base, saved_bytes=base.saved_bytes + 10 * i)) for i in range(200)]
+    local = _sqrt_staircase(op_gpt)
     offloading = [(frontier.State(10 * i - 5, 1000, 0, st.ms - 0.5, ()),
                    replace(c, saved_bytes=c.saved_bytes - 5)) for i, (st, c) in enumerate(local)]
     cap = one_stage_peak_bytes(local[0][1], k, None, 8) + 222

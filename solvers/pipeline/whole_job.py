@@ -11,11 +11,13 @@ an even share of it).
 Candidates, best simulated step wins (ties: lower peak): today's `dp` and `ilp` answers, the
 sequential baseline (the DP's split, or the least-memory split when nothing fits plainly, then
 per-stage policy choice), the balanced splits, and then, until the time limit:
-- every contiguous split, cheapest lower bound first, when there are at most ENUMERATE_LIMIT
-  (a split is skipped once its all-keep lower bound reaches the best step found: policies only
-  lengthen actions, so with fixed action lists no policy can make it faster);
-- else the DP's proposals on stage costs that include each range's best policy time, then
-  today's DP's boundary moves (single boundaries and sliding runs) around the best split.
+- every contiguous split when there are at most ENUMERATE_LIMIT: first, for a share of the
+  time, those a proxy stage cost finds fastest (planner.solvers.pipeline.proposals), then the
+  rest cheapest lower bound first (a split is skipped once its all-keep lower bound reaches the
+  best step found: policies only lengthen actions, so with fixed action lists no policy can
+  make it faster);
+- else the DP's proposals on that proxy stage cost, then today's DP's boundary moves (single
+  boundaries and sliding runs), from the best split and, past a local optimum, the next best.
 Anytime: while no plan exists, a split is first judged with whole-module policies only (several
 times quicker); one that none fits waits for its op-level knapsacks until every other split has
 been tried, so the first plan does not wait behind splits that cannot hold one.
@@ -327,6 +329,7 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     fixed_lists = not problem.plan_schedule.split_backward
     complete = False
     bound: float | None = None
+
     def closing() -> float:  # the limit less room for the last split judged (as slow as any)
         return deadline - min(slowest_s, ROOM_SHARE * time_limit_s)
 
