@@ -53,9 +53,13 @@ HOST_BYTES = 256 * GiB
 DOCS = REPO / "docs" / "whole_job.md"
 
 
-def traced_gpt(layers: int, cache: Path) -> Graph:
-    """The zoo GPT at op level, cached by its configuration (tracing 48 blocks takes ~1 min)."""
-    path = cache / f"whole_job_gpt{layers}.json"
+def traced_gpt(layers: int, cache: Path, batch: int = 4, dim: int = 256,
+               context: int = 256) -> Graph:
+    """The zoo GPT at op level, cached by its configuration (tracing 48 blocks takes ~1 min);
+    `batch` sequences of `context` tokens a micro-batch."""
+    shape = "" if (dim, context) == (256, 256) else f"_d{dim}_c{context}"
+    path = cache / (f"whole_job_gpt{layers}{shape}.json" if batch == 4 else
+                    f"whole_job_gpt{layers}{shape}_b{batch}.json")
     if path.exists():
         return Graph.model_validate_json(path.read_text())
     import torch
@@ -64,8 +68,8 @@ def traced_gpt(layers: int, cache: Path) -> Graph:
     from planner.zoo.models import GPT
 
     torch.manual_seed(0)
-    model = GPT(vocab=8192, dim=256, layers=layers, heads=4, context=256, dropout=0.0)
-    idx = torch.randint(0, 8192, (4, 256))
+    model = GPT(vocab=8192, dim=dim, layers=layers, heads=4, context=context, dropout=0.0)
+    idx = torch.randint(0, 8192, (batch, context))
     graph = trace(model, (idx, idx), level="op", costs="estimate", device_profile="h100",
                   optimizer="adam").graph
     cache.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ a pipeline plan)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 
@@ -25,7 +25,7 @@ ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3 (sha
 DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree ZeRO shards over")]
 
 # The engine names request fields; the CLI says them as its flags (InputError.renamed).
-FLAGS = {"devices": "--devices", "microbatches": "--microbatches",
+FLAGS = {"global_batch": "--global-batch", "devices": "--devices", "microbatches": "--microbatches",
          "device_memory": "--device-memory", "split": "--split", "method": "--method",
          "schedule": "--schedule", "chunks": "--chunks", "zero": "--zero", "dp": "--dp",
          "optimizer": "--optimizer", "precision": "--precision", "plan": "--plan",
@@ -51,17 +51,43 @@ def _csv(value: str, name: str, cast: type = str) -> list:
         raise InputError(f"{name} {value!r}: expected numbers, e.g. 4,8,16") from None
 
 
+def _schedule_choice(value: str | None) -> str | None:
+    """--schedule: one schedule, a comma list or auto (typer's own refusal wording)."""
+    if value is None:
+        return None
+    from planner.solvers.pipeline.schedules import SCHEDULES
+
+    names = [v.strip() for v in value.split(",")] if value != "auto" else []
+    bad = [n for n in names if n not in SCHEDULES]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]!r} is not one of "
+                                 + ", ".join(f"'{c}'" for c in SCHEDULES)
+                                 + " (or a comma list of them, or auto)")
+    return value
+
+
+SCHEDULE_METAVAR = "<" + "|".join(get_args(PipelineSchedule)) + ">[,...]|auto"
+
+
 def partition_cmd(
-    graph_path: GraphArg,
+    graph_paths: Annotated[
+        list[Path], typer.Argument(metavar="GRAPH...", help="graph.json; with --global-batch, "
+                                   "one per micro-batch size (the count is chosen)")],
     devices: Annotated[int | None, typer.Option("--devices", "-p", help="Pipeline ranks")] = None,
     device_memory: Annotated[
         str | None, typer.Option("--device-memory", help="Memory per device: 80GiB, 40GB, bytes")
     ] = None,
     microbatches: Annotated[int | None, typer.Option("--microbatches", "-m")] = None,
     schedule: Annotated[
-        PipelineSchedule | None,
-        typer.Option("--schedule",
-                     help="The pipeline schedule (default: that of --resources, else 1f1b)"),
+        str | None,
+        typer.Option("--schedule", metavar=SCHEDULE_METAVAR, callback=_schedule_choice,
+                     help="The pipeline schedule (default: that of --resources, else 1f1b); "
+                     "auto or a comma list: the fastest (planned and simulated for each)"),
+    ] = None,
+    global_batch: Annotated[
+        int | None,
+        typer.Option("--global-batch", help="Samples a step: each GRAPH (traced at its batch "
+                     "size b) runs global batch / b micro-batches; the fastest is chosen"),
     ] = None,
     method: Annotated[
         str, typer.Option("--method", help="dp, ilp, whole (split + per-stage remat/offload), "
@@ -102,7 +128,9 @@ def partition_cmd(
     from planner.engine.inputs import load_graph
     from planner.engine.partition import parse_device_memory, partition_plan, sweep_partitions
     from planner.engine.request import with_host_memory
-    graph = load_graph(graph_path)
+    graph_path = graph_paths[0]
+    graphs = [(str(path), load_graph(path)) for path in graph_paths]
+    graph = graphs[0][1]
     memory = parse_device_memory(device_memory, "device_memory")
     try:
         machine = with_host_memory(resolve_resources(resources), host_memory)
@@ -111,6 +139,18 @@ def partition_cmd(
     common = dict(devices=devices, device_memory_bytes=memory,
                   chunks=chunks, resources=machine, zero_stage=zero, dp=dp,
                   time_limit_s=time_limit)
+    choosing = len(graphs) > 1 or global_batch is not None or \
+        (schedule is not None and schedule not in get_args(PipelineSchedule))
+    if choosing:
+        if sweep or split:
+            raise InputError("--sweep and --split take one graph and one schedule",
+                             field="--sweep" if sweep else "--split")
+        from planner.cli.job_choice_view import choose_and_print
+
+        choose_and_print(graphs, schedule=schedule, global_batch=global_batch,
+                         microbatches=microbatches, method=method, output=output,
+                         as_json=as_json, flags=_flags(graph_path), **common)
+        return
     if sweep:
         rows = sweep_partitions(
             graph, microbatch_counts=_csv(sweep_microbatches, "--sweep-microbatches", int),

@@ -1,0 +1,339 @@
+"""The schedule and the micro-batch count chosen with the split (`partition --schedule auto`,
+`--global-batch`): each option, a graph traced at one micro-batch size under one schedule, is
+planned by the partitioner (`partition_plan`) and judged by the simulator; the fastest step that
+fits wins.
+
+With a fixed global batch B, a graph traced at micro-batch size b runs m = B / b micro-batches a
+step, so every option does the same work and the step time alone ranks them. Smaller
+micro-batches shrink the bubble and each rank's in-flight activations, but each op does less
+work for its fixed overhead: the graphs' own costs (one trace per size) say by how much, so no
+figure is scaled from another size.
+
+Time: half the limit is shared by every option; the rest goes to the fastest few whose answer
+is neither proven nor ruled out (their partitioner ran out of time), each run again with its
+share. An option whose whole-job lower bound (the least step any plan of it can have) is at
+least the best step cannot win; the choice is proven fastest over the options when the winner
+is proven and every other option is ruled out so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from planner.core.budget import format_bytes
+from planner.core.errors import InputError, NoPlanFits
+from planner.core.graph import Graph
+from planner.core.plan import PlanStatus
+from planner.core.resources import Resources
+from planner.engine.partition import PartitionReport, partition_plan
+from planner.solvers.pipeline.schedules import SCHEDULES
+from planner.solvers.pipeline.units import UnitChain
+
+AUTO = "auto"
+# The schedules `auto` tries (zb-h2 keeps up to twice 1F1B's in-flight micro-batches: a
+# choice for the memory-rich, tried too).
+AUTO_SCHEDULES: tuple[str, ...] = SCHEDULES
+FIRST_ROUND_SHARE = 0.5  # of the time limit, shared by every option
+FINALISTS = 3  # options run again with the time left
+USED_TIME_SHARE = 0.8  # a run that used less of its time finished: more would not change it
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """A way to run the step: which graph (its micro-batch size), how many micro-batches a step
+    and the schedule."""
+
+    graph_index: int
+    graph_label: str
+    micro_batch_size: int | None
+    microbatches: int
+    schedule: str
+
+    def text(self) -> str:
+        size = f"micro-batch {self.micro_batch_size} x " if self.micro_batch_size else ""
+        return f"{size}{self.microbatches} micro-batches, {self.schedule}"
+
+
+@dataclass(frozen=True)
+class OptionResult:
+    option: JobOption
+    report: PartitionReport | None  # None: refused or nothing fits (see note)
+    solve_seconds: float
+    note: str = ""
+    runs: int = 1
+    least_bytes: int | None = None  # when nothing fits: the least device memory it needs
+    work_bound_ms: float | None = None  # m x the step's compute / P: no plan's step is less
+    error: InputError | None = None  # why this option cannot run at all
+
+    @property
+    def fits(self) -> bool:
+        return self.report is not None and self.report.fits
+
+    @property
+    def step_ms(self) -> float | None:
+        return self.report.makespan_ms if self.report is not None else None
+
+    @property
+    def proven(self) -> bool:
+        return self.fits and self.report is not None and \
+            self.report.plan.status == PlanStatus.optimal
+
+    @property
+    def lower_bound_ms(self) -> float | None:
+        """The least step any plan of this option can have: the work bound, or the whole-job
+        planner's (the other partitioners' bounds are on a proxy objective)."""
+        bounds = [self.work_bound_ms]
+        if self.report is not None and self.report.plan.method == "whole":
+            bounds.append(self.report.plan.lower_bound)
+        known = [b for b in bounds if b is not None]
+        return max(known) if known else None
+
+
+@dataclass(frozen=True)
+class JobChoice:
+    best: OptionResult  # fits
+    results: list[OptionResult] = field(default_factory=list)  # every option, tried order
+    proven: bool = False  # best is the fastest plan of every option, proven
+    wall_seconds: float = 0.0
+
+    @property
+    def report(self) -> PartitionReport:
+        assert self.best.report is not None
+        return self.best.report
+
+
+def job_options(
+    graphs: Sequence[tuple[str, Graph]],
+    *,
+    global_batch: int | None,
+    microbatches: int | None,
+    schedules: Sequence[str],
+) -> tuple[list[JobOption], list[str]]:
+    """Every (graph, schedule) option with its micro-batch count; and notes on the graphs no
+    count fits (the global batch not a multiple of their micro-batch size). InputError (naming
+    the field) when the request cannot say the counts."""
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise InputError(f"no schedule {s!r}; use auto or one of {', '.join(SCHEDULES)}",
+                             field="schedule")
+    if global_batch is None and len(graphs) > 1:
+        raise InputError(f"{len(graphs)} graphs, one per micro-batch size: give the global "
+                         "batch (each graph runs global batch / its batch size micro-batches)",
+                         field="global_batch")
+    if global_batch is not None and global_batch < 1:
+        raise InputError(f"at least 1 sample a step (got {global_batch})", field="global_batch")
+    if global_batch is not None and microbatches is not None:
+        raise InputError("give the micro-batch count or the global batch, not both (the count "
+                         "is global batch / the graph's batch size)", field="microbatches")
+    _check_same_model(graphs)
+    counts, notes = [], []
+    sizes: dict[int, str] = {}
+    for k, (label, graph) in enumerate(graphs):
+        b = graph.metadata.batch_size
+        if global_batch is None:
+            counts.append((k, b, microbatches))
+            continue
+        if b is None:
+            raise InputError(f"{label}: no batch size recorded (metadata.batch_size): trace it "
+                             "with planner-cli trace --batch-size, or give --microbatches",
+                             field="graph")
+        if b in sizes:
+            raise InputError(f"{label} and {sizes[b]} are both traced at micro-batch size {b}: "
+                             "give one graph per size", field="graph")
+        sizes[b] = label
+        if global_batch % b:
+            notes.append(f"{label}: micro-batch size {b} does not divide the global batch "
+                         f"{global_batch}; skipped")
+            continue
+        counts.append((k, b, global_batch // b))
+    if not counts:
+        raise InputError(f"no graph's micro-batch size divides the global batch {global_batch}",
+                         field="global_batch")
+    options = [JobOption(k, graphs[k][0], b, m, s)  # type: ignore[arg-type]
+               for k, b, m in counts for s in schedules]
+    return options, notes
+
+
+def _check_same_model(graphs: Sequence[tuple[str, Graph]]) -> None:
+    """The graphs must be one model at several micro-batch sizes: same parameters."""
+    def params(graph: Graph) -> int:
+        state = graph.model_state
+        if state is None:
+            return graph.fixed.parameters_bytes
+        return sum(p.bytes for p in state.parameters)
+
+    first_label, first = graphs[0]
+    for label, graph in graphs[1:]:
+        if params(graph) != params(first):
+            raise InputError(
+                f"{label}: {format_bytes(params(graph))} of parameters where {first_label} has "
+                f"{format_bytes(params(first))}: give graphs of one model at several micro-batch "
+                "sizes", field="graph")
+
+
+def work_bound_ms(graph: Graph, microbatches: int, ranks: int) -> float:
+    """No schedule or plan steps faster than every rank busy all step with an equal share of
+    the m micro-batches' compute (recomputation and copies only add)."""
+    units = UnitChain(graph).units
+    return microbatches * sum(u.forward_ms + u.backward_ms for u in units) / ranks
+
+
+def _ranks(kwargs: Mapping[str, object]) -> int | None:
+    devices = kwargs.get("devices")
+    resources = kwargs.get("resources")
+    if isinstance(devices, int) and devices >= 1:
+        return devices
+    if isinstance(resources, Resources) and devices is None:
+        return resources.device_count
+    return None  # partition_plan says what is wrong
+
+
+def _run(option: JobOption, graph: Graph, time_limit_s: float, kwargs: dict) -> OptionResult:
+    start = time.perf_counter()
+    try:
+        report = partition_plan(graph, microbatches=option.microbatches,
+                                schedule=option.schedule, time_limit_s=time_limit_s, **kwargs)
+    except NoPlanFits as e:
+        least = e.smallest_feasible_bytes
+        return OptionResult(option, None, time.perf_counter() - start,
+                            f"nothing fits (least {format_bytes(least)})" if least else
+                            "nothing fits", least_bytes=least)
+    except InputError as e:  # this schedule and count cannot run here (e.g. interleaved's m)
+        return OptionResult(option, None, 0.0, f"not possible: {e}", error=e)
+    note = "" if report.fits else "overflows"
+    return OptionResult(option, report, time.perf_counter() - start, note)
+
+
+def _better(a: OptionResult, b: OptionResult) -> OptionResult:
+    """The faster of two runs of one option (a fitting plan over none)."""
+    if not b.fits:
+        return replace(a, runs=a.runs + 1, solve_seconds=a.solve_seconds + b.solve_seconds)
+    if not a.fits or (b.step_ms or 0.0) < (a.step_ms or 0.0) - 1e-9 or b.proven:
+        return replace(b, runs=a.runs + 1, solve_seconds=a.solve_seconds + b.solve_seconds)
+    return replace(a, runs=a.runs + 1, solve_seconds=a.solve_seconds + b.solve_seconds)
+
+
+def _fastest(results: Sequence[OptionResult]) -> OptionResult | None:
+    fitting = [r for r in results if r.fits]
+    return min(fitting, key=lambda r: r.step_ms or 0.0) if fitting else None
+
+
+def ruled_out(result: OptionResult, best_ms: float) -> bool:
+    """No plan of this option is faster than `best_ms`: proven at least as slow, or its lower
+    bound on the step says so."""
+    bound = result.lower_bound_ms
+    return (result.proven and (result.step_ms or 0.0) >= best_ms - 1e-9) or \
+        (bound is not None and bound >= best_ms - 1e-9)
+
+
+def proven_fastest(best: OptionResult, results: Sequence[OptionResult]) -> bool:
+    """`best` is proven and every other option is ruled out (options that cannot run at all,
+    e.g. an interleaved schedule the count cannot divide, have no plan to rule out)."""
+    if not best.proven:
+        return False
+    step = best.step_ms or 0.0
+    return all(r.option == best.option or r.error is not None or ruled_out(r, step)
+               for r in results)
+
+
+def _finalists(results: Sequence[OptionResult], time_limits: Sequence[float]
+               ) -> list[int]:
+    """The fastest few options (index) whose answer more time may improve: they fit, are not
+    proven, not ruled out by the best, and used most of their time."""
+    best = _fastest(results)
+    if best is None:
+        return []
+    step = best.step_ms or 0.0
+    open_ = [k for k, r in enumerate(results)
+             if r.fits and not r.proven and not (r is not best and ruled_out(r, step))
+             and r.solve_seconds >= USED_TIME_SHARE * time_limits[k]]
+    return sorted(open_, key=lambda k: results[k].step_ms or 0.0)[:FINALISTS]
+
+
+def choose_job(
+    graphs: Sequence[tuple[str, Graph]],
+    *,
+    global_batch: int | None = None,
+    microbatches: int | None = None,
+    schedules: Sequence[str] = AUTO_SCHEDULES,
+    time_limit_s: float = 10.0,
+    **kwargs: object,
+) -> JobChoice:
+    """Plan every option with `partition_plan(**kwargs)` (method, devices, device memory, ...)
+    in `time_limit_s` overall; the fastest fitting step. NoPlanFits (with the least memory any
+    option needs) when no option fits; InputError for a request no option can run."""
+    start = time.perf_counter()
+    options, notes = job_options(graphs, global_batch=global_batch, microbatches=microbatches,
+                                 schedules=schedules)
+    ranks = _ranks(kwargs)
+    work = [work_bound_ms(graphs[o.graph_index][1], o.microbatches, ranks) if ranks else 0.0
+            for o in options]
+    results: list[OptionResult] = [OptionResult(o, None, 0.0, "not run") for o in options]
+    limits = [0.0] * len(options)
+    order = sorted(range(len(options)), key=lambda k: work[k])  # the least work first
+    first_round_end = start + FIRST_ROUND_SHARE * time_limit_s
+    for n, k in enumerate(order):
+        best = _fastest(results)
+        if best is not None and work[k] >= (best.step_ms or 0.0) - 1e-9:
+            results[k] = OptionResult(options[k], None, 0.0, "ruled out: its compute alone, "
+                                      f"spread evenly, takes {work[k]:.4g} ms",
+                                      work_bound_ms=work[k])
+            continue
+        limits[k] = max(0.0, first_round_end - time.perf_counter()) / (len(order) - n)
+        o = options[k]
+        results[k] = replace(_run(o, graphs[o.graph_index][1], limits[k], kwargs),
+                             work_bound_ms=work[k] if ranks else None)
+    finalists = _finalists(results, limits)
+    for n, k in enumerate(finalists):
+        left = time_limit_s - (time.perf_counter() - start)
+        if left <= 0:
+            break
+        o = options[k]
+        again = _run(o, graphs[o.graph_index][1], left / (len(finalists) - n), kwargs)
+        results[k] = _better(results[k], replace(again, work_bound_ms=results[k].work_bound_ms))
+    best = _fastest(results)
+    if best is None:
+        _raise_none_fits(results)
+    assert best is not None
+    report = best.report
+    assert report is not None
+    proven = proven_fastest(best, results)
+    text = (f"chosen over {len(results)} options ({_summary(options)}): the fastest simulated "
+            "step " + ("proven over every option" if proven else "found (not proven over "
+                                                               "every option)"))
+    report = replace(report, notes=[*report.notes, text, *notes])
+    plan = report.plan
+    details = {**plan.details, "choice": [_row(r) for r in results], "choice_proven": proven}
+    plan = plan.model_copy(update={"notes": [*plan.notes, text, *notes], "details": details})
+    best = replace(best, report=replace(report, plan=plan))
+    return JobChoice(best, [best if r.option == best.option else r for r in results], proven,
+                     time.perf_counter() - start)
+
+
+def _summary(options: Sequence[JobOption]) -> str:
+    schedules = list(dict.fromkeys(o.schedule for o in options))
+    counts = list(dict.fromkeys(o.microbatches for o in options))
+    return f"schedules {', '.join(schedules)}; micro-batch counts {', '.join(map(str, counts))}"
+
+
+def _row(r: OptionResult) -> dict[str, object]:
+    o = r.option
+    return {"graph": o.graph_label, "micro_batch_size": o.micro_batch_size,
+            "microbatches": o.microbatches, "schedule": o.schedule, "fits": r.fits,
+            "step_ms": r.step_ms, "proven": r.proven, "lower_bound_ms": r.lower_bound_ms,
+            "solve_seconds": round(r.solve_seconds, 3), "runs": r.runs, "note": r.note}
+
+
+def _raise_none_fits(results: Sequence[OptionResult]) -> None:
+    """NoPlanFits naming what each option lacks and the least memory any option needs; an
+    InputError when no option can run at all."""
+    tried = [r for r in results if r.error is None]
+    if not tried:  # the first option's reason (the request's, when every option has it)
+        assert results[0].error is not None
+        raise results[0].error
+    notes = "; ".join(f"{r.option.text()}: {r.note or 'overflows'}" for r in tried[:4])
+    more = f" (and {len(tried) - 4} more)" if len(tried) > 4 else ""
+    least = [r.least_bytes for r in tried if r.least_bytes]
+    raise NoPlanFits(f"no option fits: {notes}{more}", min(least) if least else None)
