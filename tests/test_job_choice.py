@@ -163,6 +163,29 @@ def test_bad_requests_say_what_to_give(graphs: list[tuple[str, Graph]]) -> None:
         job_options([graphs[0], bigger], global_batch=8, microbatches=None, schedules=("1f1b",))
 
 
+def test_solve_chooses_the_schedule_with_the_schedules_option(
+        graphs: list[tuple[str, Graph]]) -> None:
+    """`solve()` / the service: the `schedules` option of a pipeline method plans each schedule
+    at the resources' count and keeps the fastest."""
+    from planner.core.resources import Resources
+    from planner.engine.partition import solve_pipeline
+
+    graph = graphs[1][1]
+    machine = Resources(device_count=2, microbatches=4)
+    plan = solve_pipeline(graph, 2**40, "dp", options={"schedules": "1f1b,zb-h1"},
+                          resources=machine)
+    rows = plan.details["choice"]
+    assert [r["schedule"] for r in rows] == ["1f1b", "zb-h1"]
+    assert plan.details["schedule"] in ("1f1b", "zb-h1") and plan.details["microbatches"] == 4
+    assert plan.predicted is not None
+    assert plan.predicted.makespan_ms == pytest.approx(min(r["step_ms"] for r in rows))
+    with pytest.raises(InputError, match="schedules: no schedule 'zb'"):
+        solve_pipeline(graph, 2**40, "dp", options={"schedules": "zb"}, resources=machine)
+    with pytest.raises(InputError, match="a given split runs one schedule"):
+        solve_pipeline(graph, 2**40, "dp", options={"schedules": "auto", "split": "h.2"},
+                       resources=machine)
+
+
 def run(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
     if not any(c.name == "partition" for c in cli_main.app.registered_commands):
         pipeline_cmds.register(cli_main.app)
@@ -186,13 +209,16 @@ def test_cli_chooses_writes_the_plan_and_refuses_bad_input(
     for label, graph in graphs:
         paths.append(tmp_path / f"{label}.json")
         write_json(paths[-1], graph)
-    plan_path = tmp_path / "plan.json"
+    plan_path, csv_path = tmp_path / "plan.json", tmp_path / "actions.csv"
     code, out, err = run(capsys, "partition", *paths, "--global-batch", GLOBAL_BATCH,
                          "--devices", "2", "--schedule", "1f1b,zb-h1", "--method", "whole",
-                         "--time-limit", "3", "-o", plan_path)
+                         "--time-limit", "3", "-o", plan_path, "--csv", csv_path)
     assert code == 0, err
     assert "options: 6" in out and "step time (simulated)" in out
     plan = load_plan(plan_path)
+    from planner.core.pipeline_actions import rank_actions_from_csv
+
+    assert rank_actions_from_csv(csv_path.read_text()) == plan.rank_actions
     chosen = [r for r in plan.details["choice"] if r["step_ms"] == plan.predicted.makespan_ms]  # type: ignore[union-attr]
     assert chosen and chosen[0]["microbatches"] == plan.details["microbatches"]
     code, out, err = run(capsys, "partition", *paths, "--global-batch", GLOBAL_BATCH,

@@ -16,6 +16,7 @@ from planner.core.io import load_plan, write_json
 from planner.core.pipeline_actions import rank_actions_from_csv
 from planner.sim.simulator import simulate
 from planner.solvers.pipeline.chains import chain_graph, transformer_layers
+from planner.solvers.pipeline.schedules import SCHEDULES
 
 GRAPH = chain_graph(transformer_layers(6, 512, 8, 32000, 512, 2))  # tok, h.0..h.5, head
 
@@ -150,6 +151,17 @@ def test_api_partitions_is_the_plans_route(server: ServerProcess) -> None:
         assert r.status_code == 422, r.text
         message = r.json()["error"]["message"]
         assert message.startswith("split:") and "no such layer" in message
+        # schedule auto: every schedule planned and simulated, the fastest kept and listed
+        r = c.post("/v1/partitions?wait=30", json={**body, "schedule": "auto", "method": "dp"})
+        assert r.status_code == 200, r.text
+        chosen = r.json()["plan"]
+        rows = chosen["details"]["choice"]
+        assert {row["schedule"] for row in rows} == set(SCHEDULES)
+        fastest = min(row["step_ms"] for row in rows if row["fits"])
+        assert chosen["predicted"]["makespan_ms"] == pytest.approx(fastest)
+        r = c.post("/v1/partitions", json={**body, "schedule": "auto", "split": ["h.3"]})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["message"].startswith("schedule:"), r.text
 
 
 def test_a_whole_job_plan_shows_its_selective_checkpoints(

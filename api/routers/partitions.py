@@ -55,7 +55,8 @@ PARTITIONERS = ("dp", "ilp", "param-balanced", "layer-balanced", "compute-balanc
 # message with the list (`method: no partitioner ...`).
 PartitionerName = Annotated[StrictStr, WithJsonSchema(
     {"type": "string", "enum": [*PARTITIONERS, *(f"pipeline-{p}" for p in PARTITIONERS)]})]
-ScheduleName = Annotated[StrictStr, WithJsonSchema({"type": "string", "enum": list(SCHEDULES)})]
+ScheduleName = Annotated[StrictStr, WithJsonSchema(
+    {"type": "string", "enum": [*SCHEDULES, "auto"]})]
 # Bytes as a JSON integer (the schema: from MIN_PLAIN_BYTES up, as the budget grammar reads a
 # bare number); the cap is checked by PartitionRequest (one clear error).
 DeviceMemoryBytes = Annotated[StrictInt, WithJsonSchema(
@@ -112,7 +113,9 @@ class PartitionRequest(BaseModel):
     microbatches: StrictInt | None = Field(default=None, ge=2, le=MAX_MICROBATCHES,
                                            description="Micro-batches per step (2 or more).")
     schedule: ScheduleName | None = Field(
-        default=None, description=f"{', '.join(SCHEDULES)} (default 1f1b)."
+        default=None, description=f"{', '.join(SCHEDULES)} (default 1f1b), or auto: each "
+        "planned and simulated, the fastest step that fits wins (the plan's details.choice "
+        "lists them)."
     )
     method: PartitionerName = Field(default="dp", description="dp, ilp, param-balanced, "
                               "layer-balanced or compute-balanced (or the method's own name: "
@@ -145,7 +148,8 @@ class PartitionRequest(BaseModel):
 # Fields of the plan request this body becomes, as this body calls them.
 BODY_FIELDS = {"resources.device_count": "devices", "resources.microbatches": "microbatches",
                "resources.pipeline_schedule": "schedule", "budget": "device_memory",
-               "options.split": "split", "options.chunks": "chunks", "method": "method"}
+               "options.split": "split", "options.chunks": "chunks", "method": "method",
+               "schedules": "schedule"}
 
 router = APIRouter(prefix="/v1")
 
@@ -190,8 +194,9 @@ def plan_request(body: PartitionRequest) -> PlanRequest:
 
     resources: dict[str, Any] = ({"preset": body.resources} if isinstance(body.resources, str)
                  else dict(body.resources or {}))
+    auto = body.schedule == "auto"
     for key, value in (("device_count", body.devices), ("microbatches", body.microbatches),
-                       ("pipeline_schedule", body.schedule)):
+                       ("pipeline_schedule", None if auto else body.schedule)):
         if value is not None:
             resources[key] = value
     if "device_count" not in resources and "preset" not in resources:
@@ -199,6 +204,8 @@ def plan_request(body: PartitionRequest) -> PlanRequest:
     options: dict[str, Any] = {"chunks": body.chunks}
     if body.split is not None:
         options["split"] = ",".join(body.split)
+    if auto:
+        options["schedules"] = "auto"
     return PlanRequest(graph=_sharded(body), budget=body.device_memory, resources=resources,
                        method=pipeline_method(body.method).name, time_limit=body.time_limit,
                        options=options)

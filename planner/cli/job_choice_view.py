@@ -1,63 +1,43 @@
-"""`partition --schedule auto / --global-batch`: plan every option (planner.engine.job_choice),
-print the options' table and the chosen plan's stages, write the chosen plan."""
+"""`partition --schedule auto / --global-batch`: plan every option (planner.engine.job_choice)
+and print the options' table; `partition` writes and prints the chosen plan as any other."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import typer
-
-from planner.cli.output import console, print_json
+from planner.cli.output import console
 from planner.core.errors import InputError
 
 if TYPE_CHECKING:
     from planner.core.graph import Graph
     from planner.engine.job_choice import JobChoice
+    from planner.engine.partition import PartitionReport
 
 
-def choose_and_print(
+def choose(
     graphs: Sequence[tuple[str, Graph]],
     *,
     schedule: str | None,
     global_batch: int | None,
     microbatches: int | None,
-    output: Path | None,
     as_json: bool,
     flags: Mapping[str, str],
     **kwargs: object,
-) -> None:
-    """Choose, print, write; exit 3 when the chosen plan does not fit (a baseline method)."""
-    from planner.engine.job_choice import AUTO, AUTO_SCHEDULES, choose_job
+) -> tuple[Graph, PartitionReport]:
+    """The chosen option's graph and report; the options' table printed (not with --json:
+    the plan's details.choice carries it)."""
+    from planner.engine.job_choice import AUTO, choose_job, parse_schedules
 
-    if schedule is None or schedule == AUTO:
-        schedules: Sequence[str] = AUTO_SCHEDULES
-    else:
-        schedules = [s.strip() for s in schedule.split(",") if s.strip()]
     try:
         choice = choose_job(graphs, global_batch=global_batch, microbatches=microbatches,
-                            schedules=schedules, **kwargs)  # type: ignore[arg-type]
+                            schedules=parse_schedules(schedule or AUTO),
+                            **kwargs)  # type: ignore[arg-type]
     except InputError as e:
-        raise e.renamed({**flags, "graph": "GRAPH"}) from None
-    report = choice.report
-    if output is not None:
-        from planner.core.io import write_json
-
-        write_json(output, report.plan)
-    if as_json:
-        print_json({"plan": report.plan.model_dump(mode="json"), "fits": report.fits,
-                    "stages": [vars(r) for r in report.rows],
-                    "choice": report.plan.details["choice"], "choice_proven": choice.proven})
-    else:
-        from planner.cli.pipeline_cmds import _print_report
-
+        raise e.renamed({**flags, "graph": "GRAPH", "schedules": "--schedule"}) from None
+    if not as_json:
         _print_choice(choice)
-        _print_report(report)
-        if output is not None:
-            console.print(f"wrote plan to {output}")
-    if not report.fits:
-        raise typer.Exit(3)
+    return graphs[choice.best.option.graph_index][1], choice.report
 
 
 def _print_choice(choice: JobChoice) -> None:

@@ -17,6 +17,7 @@ from planner.core.model_state import Optimizer, Precision
 from planner.core.resources import PipelineSchedule
 
 if TYPE_CHECKING:
+    from planner.core.graph import Graph
     from planner.engine.partition import PartitionReport, StageRow, SweepRow
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -30,6 +31,9 @@ FLAGS = {"global_batch": "--global-batch", "devices": "--devices", "microbatches
          "schedule": "--schedule", "chunks": "--chunks", "zero": "--zero", "dp": "--dp",
          "optimizer": "--optimizer", "precision": "--precision", "plan": "--plan",
          "host_memory": "--host-memory"}
+
+
+DEFAULT_TIME_LIMIT_S = 10.0
 
 
 def _flags(graph_path: Path) -> dict[str, str]:
@@ -71,7 +75,7 @@ SCHEDULE_METAVAR = "<" + "|".join(get_args(PipelineSchedule)) + ">[,...]|auto"
 
 def partition_cmd(
     graph_paths: Annotated[
-        list[Path], typer.Argument(metavar="GRAPH...", help="graph.json; with --global-batch, "
+        list[Path], typer.Argument(metavar="GRAPH", help="graph.json; with --global-batch, "
                                    "one per micro-batch size (the count is chosen)")],
     devices: Annotated[int | None, typer.Option("--devices", "-p", help="Pipeline ranks")] = None,
     device_memory: Annotated[
@@ -102,7 +106,9 @@ def partition_cmd(
     resources: ResourcesOpt = None,
     zero: ZeroOpt = None,
     dp: DpOpt = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="ILP seconds")] = 10.0,
+    time_limit: Annotated[float | None, typer.Option(
+        "--time-limit", help="Solver seconds (default 10; choosing the schedule or micro-batch "
+        "count: for the whole choice, default 2 an option)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="plan.json")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Schedule grid picture")] = None,
     csv_out: Annotated[
@@ -124,7 +130,8 @@ def partition_cmd(
     simulated step is fastest; prints the stage table (exit 3 when nothing fits).
 
     The graph is one micro-batch's training step: trace the model at the micro-batch size
-    (batch / --microbatches)."""
+    (batch / --microbatches). With --schedule auto (or a list) the schedule is chosen too; with
+    --global-batch and one graph per micro-batch size, the micro-batch count as well."""
     from planner.engine.inputs import load_graph
     from planner.engine.partition import parse_device_memory, partition_plan, sweep_partitions
     from planner.engine.request import with_host_memory
@@ -136,21 +143,22 @@ def partition_cmd(
         machine = with_host_memory(resolve_resources(resources), host_memory)
     except InputError as e:
         raise e.renamed(_flags(graph_path)) from None
-    common = dict(devices=devices, device_memory_bytes=memory,
-                  chunks=chunks, resources=machine, zero_stage=zero, dp=dp,
-                  time_limit_s=time_limit)
+    common: dict[str, object] = dict(devices=devices, device_memory_bytes=memory,
+                  chunks=chunks, resources=machine, zero_stage=zero, dp=dp)
     choosing = len(graphs) > 1 or global_batch is not None or \
         (schedule is not None and schedule not in get_args(PipelineSchedule))
     if choosing:
         if sweep or split:
             raise InputError("--sweep and --split take one graph and one schedule",
                              field="--sweep" if sweep else "--split")
-        from planner.cli.job_choice_view import choose_and_print
+        from planner.cli.job_choice_view import choose
 
-        choose_and_print(graphs, schedule=schedule, global_batch=global_batch,
-                         microbatches=microbatches, method=method, output=output,
-                         as_json=as_json, flags=_flags(graph_path), **common)
+        graph, report = choose(graphs, schedule=schedule, global_batch=global_batch,
+                               microbatches=microbatches, method=method, as_json=as_json,
+                               flags=_flags(graph_path), time_limit_s=time_limit, **common)
+        _write_and_print(graph, report, output, csv_out, plot, as_json)
         return
+    common["time_limit_s"] = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S
     if sweep:
         rows = sweep_partitions(
             graph, microbatch_counts=_csv(sweep_microbatches, "--sweep-microbatches", int),
@@ -166,6 +174,13 @@ def partition_cmd(
                                 **common)  # type: ignore[arg-type]
     except InputError as e:
         raise e.renamed(_flags(graph_path)) from None
+    _write_and_print(graph, report, output, csv_out, plot, as_json)
+
+
+def _write_and_print(graph: Graph, report: PartitionReport, output: Path | None,
+                     csv_out: Path | None, plot: Path | None, as_json: bool) -> None:
+    """plan.json, the action lists' CSV and the grid picture as asked; the stage table (or
+    JSON, with the options when the schedule or count was chosen); exit 3 when it overflows."""
     plan = report.plan
     if output is not None:
         from planner.core.io import write_json
@@ -181,8 +196,9 @@ def partition_cmd(
 
         plot_schedule(graph, plan, plot)
     if as_json:
+        chosen = {k: plan.details[k] for k in ("choice", "choice_proven") if k in plan.details}
         print_json({"plan": plan.model_dump(mode="json"), "fits": report.fits,
-                    "stages": [vars(r) for r in report.rows]})
+                    "stages": [vars(r) for r in report.rows], **chosen})
     else:
         _print_report(report)
         for path, what in ((output, "plan"), (csv_out, "CSV"), (plot, "schedule grid")):

@@ -38,6 +38,26 @@ AUTO_SCHEDULES: tuple[str, ...] = SCHEDULES
 FIRST_ROUND_SHARE = 0.5  # of the time limit, shared by every option
 FINALISTS = 3  # options run again with the time left
 USED_TIME_SHARE = 0.8  # a run that used less of its time finished: more would not change it
+MIN_OPTION_S = 0.1  # each option's least time (a solver given none may answer nothing)
+# The default limit, per option: a 48-block GPT's whole-job plan needs about 1 s for its first
+# answer on 2 cores (benchmarks/job_choice.py), so a tenth of that per option would overrun.
+DEFAULT_S_PER_OPTION = 2.0
+
+
+def parse_schedules(text: str) -> tuple[str, ...]:
+    """'auto' (every schedule) or a comma list of schedule names; InputError naming a wrong
+    one."""
+    if text.strip() == AUTO:
+        return AUTO_SCHEDULES
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for name in names:
+        if name not in SCHEDULES:
+            raise InputError(f"no schedule {name!r}; use auto or one of {', '.join(SCHEDULES)}",
+                             field="schedules")
+    if not names:
+        raise InputError("give auto or schedules comma-separated, e.g. 1f1b,zb-h1",
+                         field="schedules")
+    return names
 
 
 @dataclass(frozen=True)
@@ -180,6 +200,21 @@ def work_bound_ms(graph: Graph, microbatches: int, ranks: int) -> float:
     return microbatches * sum(u.forward_ms + u.backward_ms for u in units) / ranks
 
 
+# Idle slots of a pipeline step, in one micro-batch's stage time, by schedule (P ranks, v
+# chunks): the textbook bubbles (GPipe and 1F1B P - 1, interleaved (P - 1) / v, ZB-H1 about a
+# third of 1F1B's, ZB-H2 about none). Only the order options are tried in comes from them.
+BUBBLE_SLOTS = {"gpipe": lambda p, v: p - 1, "1f1b": lambda p, v: p - 1,
+                "interleaved-1f1b": lambda p, v: (p - 1) / v, "zb-h1": lambda p, v: (p - 1) / 3,
+                "zb-h2": lambda p, v: 0.0}
+
+
+def estimated_step_ms(option: JobOption, work_ms: float, ranks: int, chunks: int) -> float:
+    """The work bound with the schedule's textbook bubble: which options to try first (memory,
+    recomputation and copies left out)."""
+    slots = BUBBLE_SLOTS.get(option.schedule, lambda p, v: p - 1)(ranks, chunks)
+    return work_ms * (option.microbatches + slots) / option.microbatches
+
+
 def _ranks(kwargs: Mapping[str, object]) -> int | None:
     devices = kwargs.get("devices")
     resources = kwargs.get("resources")
@@ -258,21 +293,27 @@ def choose_job(
     global_batch: int | None = None,
     microbatches: int | None = None,
     schedules: Sequence[str] = AUTO_SCHEDULES,
-    time_limit_s: float = 10.0,
+    time_limit_s: float | None = None,
     **kwargs: object,
 ) -> JobChoice:
     """Plan every option with `partition_plan(**kwargs)` (method, devices, device memory, ...)
-    in `time_limit_s` overall; the fastest fitting step. NoPlanFits (with the least memory any
+    in `time_limit_s` overall (default DEFAULT_S_PER_OPTION an option); the fastest fitting
+    step. NoPlanFits (with the least memory any
     option needs) when no option fits; InputError for a request no option can run."""
     start = time.perf_counter()
     options, notes = job_options(graphs, global_batch=global_batch, microbatches=microbatches,
                                  schedules=schedules)
+    if time_limit_s is None:
+        time_limit_s = DEFAULT_S_PER_OPTION * len(options)
     ranks = _ranks(kwargs)
     work = [work_bound_ms(graphs[o.graph_index][1], o.microbatches, ranks) if ranks else 0.0
             for o in options]
     results: list[OptionResult] = [OptionResult(o, None, 0.0, "not run") for o in options]
     limits = [0.0] * len(options)
-    order = sorted(range(len(options)), key=lambda k: work[k])  # the least work first
+    chunks = kwargs.get("chunks", 2)
+    guess = [estimated_step_ms(o, work[k], ranks or 1, chunks if isinstance(chunks, int) else 2)
+             for k, o in enumerate(options)]
+    order = sorted(range(len(options)), key=lambda k: guess[k])  # the most promising first
     first_round_end = start + FIRST_ROUND_SHARE * time_limit_s
     for n, k in enumerate(order):
         best = _fastest(results)
@@ -281,7 +322,11 @@ def choose_job(
                                       f"spread evenly, takes {work[k]:.4g} ms",
                                       work_bound_ms=work[k])
             continue
-        limits[k] = max(0.0, first_round_end - time.perf_counter()) / (len(order) - n)
+        if n and time.perf_counter() - start >= time_limit_s:
+            results[k] = replace(results[k], note="not run (time limit)", work_bound_ms=work[k])
+            continue
+        left = first_round_end - time.perf_counter()
+        limits[k] = max(MIN_OPTION_S, left / (len(order) - n))
         o = options[k]
         results[k] = replace(_run(o, graphs[o.graph_index][1], limits[k], kwargs),
                              work_bound_ms=work[k] if ranks else None)

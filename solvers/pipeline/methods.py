@@ -27,6 +27,9 @@ class PipelineOptions:
     chunks: int = option(2, "stages per rank under an interleaved schedule", minimum=2)
     split: str | None = option(None, "your own split instead of a search: the layers that "
                                "start stages 2.., comma-separated (checked and simulated)")
+    schedules: str | None = option(None, "auto, or schedules comma-separated: each planned and "
+                                   "simulated, the fastest step that fits wins (instead of the "
+                                   "resources' schedule)")
 
 
 def _problem(request: SolveRequest, method: str) -> PipelineProblem:
