@@ -9,17 +9,19 @@ micro-batches shrink the bubble and each rank's in-flight activations, but each 
 work for its fixed overhead: the graphs' own costs (one trace per size) say by how much, so no
 figure is scaled from another size.
 
-Time: half the limit is shared by every option; the rest goes to the fastest few whose answer
-is neither proven nor ruled out (their partitioner ran out of time), each run again with its
-share. An option whose whole-job lower bound (the least step any plan of it can have) is at
-least the best step cannot win; the choice is proven fastest over the options when the winner
-is proven and every other option is ruled out so.
+Time (docs/job_choice.md): options are tried most promising first (the work bound with the
+schedule's textbook bubble); half the limit is shared by them, and none is started once the
+limit has passed; the rest goes to the fastest few whose answer is neither proven nor ruled out
+(their partitioner ran out of time), each run again with its share. An option whose lower bound
+(the work bound, or the whole-job planner's) reaches the best step cannot win; the choice is
+proven fastest over the options when the winner is proven and every other option is ruled out
+so.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.core.budget import format_bytes
@@ -298,50 +300,65 @@ def choose_job(
 ) -> JobChoice:
     """Plan every option with `partition_plan(**kwargs)` (method, devices, device memory, ...)
     in `time_limit_s` overall (default DEFAULT_S_PER_OPTION an option); the fastest fitting
-    step. NoPlanFits (with the least memory any
-    option needs) when no option fits; InputError for a request no option can run."""
+    step. NoPlanFits (with the least memory any option needs) when no option fits; InputError
+    for a request no option can run."""
     start = time.perf_counter()
     options, notes = job_options(graphs, global_batch=global_batch, microbatches=microbatches,
                                  schedules=schedules)
-    if time_limit_s is None:
-        time_limit_s = DEFAULT_S_PER_OPTION * len(options)
+    limit_s = DEFAULT_S_PER_OPTION * len(options) if time_limit_s is None else time_limit_s
     ranks = _ranks(kwargs)
-    work = [work_bound_ms(graphs[o.graph_index][1], o.microbatches, ranks) if ranks else 0.0
+    work = [work_bound_ms(graphs[o.graph_index][1], o.microbatches, ranks) if ranks else None
             for o in options]
-    results: list[OptionResult] = [OptionResult(o, None, 0.0, "not run") for o in options]
-    limits = [0.0] * len(options)
+
+    def run(k: int, seconds: float) -> OptionResult:
+        o = options[k]
+        return replace(_run(o, graphs[o.graph_index][1], seconds, kwargs),
+                       work_bound_ms=work[k])
+
     chunks = kwargs.get("chunks", 2)
-    guess = [estimated_step_ms(o, work[k], ranks or 1, chunks if isinstance(chunks, int) else 2)
+    guess = [estimated_step_ms(o, work[k] or 0.0, ranks or 1,
+                               chunks if isinstance(chunks, int) else 2)
              for k, o in enumerate(options)]
     order = sorted(range(len(options)), key=lambda k: guess[k])  # the most promising first
-    first_round_end = start + FIRST_ROUND_SHARE * time_limit_s
-    for n, k in enumerate(order):
-        best = _fastest(results)
-        if best is not None and work[k] >= (best.step_ms or 0.0) - 1e-9:
-            results[k] = OptionResult(options[k], None, 0.0, "ruled out: its compute alone, "
-                                      f"spread evenly, takes {work[k]:.4g} ms",
-                                      work_bound_ms=work[k])
-            continue
-        if n and time.perf_counter() - start >= time_limit_s:
-            results[k] = replace(results[k], note="not run (time limit)", work_bound_ms=work[k])
-            continue
-        left = first_round_end - time.perf_counter()
-        limits[k] = max(MIN_OPTION_S, left / (len(order) - n))
-        o = options[k]
-        results[k] = replace(_run(o, graphs[o.graph_index][1], limits[k], kwargs),
-                             work_bound_ms=work[k] if ranks else None)
+    results, limits = _first_round(options, order, work, run, start, limit_s)
     finalists = _finalists(results, limits)
     for n, k in enumerate(finalists):
-        left = time_limit_s - (time.perf_counter() - start)
+        left = limit_s - (time.perf_counter() - start)
         if left <= 0:
             break
-        o = options[k]
-        again = _run(o, graphs[o.graph_index][1], left / (len(finalists) - n), kwargs)
-        results[k] = _better(results[k], replace(again, work_bound_ms=results[k].work_bound_ms))
+        results[k] = _better(results[k], run(k, left / (len(finalists) - n)))
     best = _fastest(results)
     if best is None:
         _raise_none_fits(results)
     assert best is not None
+    return _chosen(best, results, options, notes, start)
+
+
+def _first_round(options: Sequence[JobOption], order: Sequence[int],
+                 work: Sequence[float | None], run: Callable[[int, float], OptionResult],
+                 start: float, limit_s: float) -> tuple[list[OptionResult], list[float]]:
+    """Every option in `order`, each with the first round's time left over the options left,
+    unless ruled out by its work bound or started past the limit; (results, time given)."""
+    results = [OptionResult(o, None, 0.0, "not run") for o in options]
+    limits = [0.0] * len(options)
+    first_round_end = start + FIRST_ROUND_SHARE * limit_s
+    for n, k in enumerate(order):
+        best, bound = _fastest(results), work[k]
+        if best is not None and bound is not None and bound >= (best.step_ms or 0.0) - 1e-9:
+            results[k] = OptionResult(options[k], None, 0.0, "ruled out: its compute alone, "
+                                      f"spread evenly, takes {bound:.4g} ms", work_bound_ms=bound)
+        elif n and time.perf_counter() - start >= limit_s:
+            results[k] = replace(results[k], note="not run (time limit)", work_bound_ms=bound)
+        else:
+            left = first_round_end - time.perf_counter()
+            limits[k] = max(MIN_OPTION_S, left / (len(order) - n))
+            results[k] = run(k, limits[k])
+    return results, limits
+
+
+def _chosen(best: OptionResult, results: Sequence[OptionResult], options: Sequence[JobOption],
+            notes: Sequence[str], start: float) -> JobChoice:
+    """The choice, its plan noting it: every option's row in details.choice."""
     report = best.report
     assert report is not None
     proven = proven_fastest(best, results)
