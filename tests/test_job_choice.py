@@ -168,7 +168,7 @@ def test_solve_chooses_the_schedule_with_the_schedules_option(
     """`solve()` / the service: the `schedules` option of a pipeline method plans each schedule
     at the resources' count and keeps the fastest."""
     from planner.core.resources import Resources
-    from planner.engine.partition import solve_pipeline
+    from planner.engine.pipeline_solve import solve_pipeline
 
     graph = graphs[1][1]
     machine = Resources(device_count=2, microbatches=4)

@@ -36,7 +36,8 @@ def test_the_block_names_what_it_runs() -> None:
     assert lines[0] == "source .venv/bin/activate"
     assert all(line.startswith("planner-cli ") for line in lines[1:]), lines
     # nothing refers to a file the block does not make or the clone does not hold
-    made = {"graph.json", "plan.json", "gpt_adam.json", "gpt8.json", "gpt2.json", "resnet24.json"}
+    made = {"graph.json", "plan.json", "gpt_adam.json", "gpt8.json", "gpt2.json", "resnet24.json",
+            "gpt_b4.json"}
     for line in lines[1:]:
         for name in re.findall(r"[\w./-]+\.json", line.split("#")[0]):
             assert name in made or (ROOT / name).is_file(), f"{line!r}: {name} does not exist"
@@ -58,5 +59,5 @@ def test_every_command_runs_as_written(tmp_path: Path) -> None:
     assert run.returncode == 0, f"stopped at {ran[-1] if ran else '?'}:\n{run.stderr[-2000:]}"
     assert len(ran) == len(lines)
     for made in ("graph.json", "plan.json", "timeline.png", "pareto.png", "grid.png",
-                 "gpt_adam.json", "gpt8.json", "gpt2.json", "resnet24.json"):
+                 "gpt_adam.json", "gpt8.json", "gpt2.json", "resnet24.json", "gpt_b4.json"):
         assert (tmp_path / made).is_file(), made

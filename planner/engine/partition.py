@@ -7,7 +7,7 @@ one layer's model state, a split naming a module the model does not have), runs 
 method from the registry (planner.solvers.pipeline.methods: pipeline-dp, pipeline-ilp or a
 baseline; "dp", "ilp" and the baseline names say the same), builds the plan (kind pipeline:
 partition + per-rank action lists with SEND/RECV) and judges it with planner.sim.simulator.
-`solve_pipeline` is what `planner.engine.solve.solve` runs for a pipeline method. A plan whose
+(`solve()` and the service run it through planner.engine.pipeline_solve.) A plan whose
 ranks do not fit is never reported as feasible: dp and ilp raise NoPlanFits naming the rank
 that overflows, by how much, and the least memory any contiguous split needs (proven with one
 stage a rank, by the memory DP); baselines come back with `fits` False so they can be compared.
@@ -16,7 +16,6 @@ stage a rank, by the memory DP); baselines come back with `fits` False so they c
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.core.budget import format_bytes, parse_budget_spec
@@ -280,79 +279,6 @@ def partition_plan(
 def split_layers(text: str | None) -> list[str] | None:
     """The `split` option ("h.2,h.4": the layers that start stages 2..) as a list."""
     return None if text is None else [name.strip() for name in text.split(",") if name.strip()]
-
-
-def check_pipeline_request(graph: Graph, budget_bytes: int, method: str,
-                           options: Mapping[str, object] | None,
-                           resources: Resources | None) -> None:
-    """At submission, what `solve_pipeline` would refuse before searching: the machine (devices,
-    micro-batches, schedule), the problem (more stages than layers, a device below one layer's
-    model state) and a given split; InputError naming the field."""
-    chosen = pipeline_method(method).parse_options(options or {})
-    p, memory, m, sched, res = machine(resources, None, budget_bytes, None, None)
-    schedules = chosen_schedules(chosen)
-    if schedules is not None:
-        sched = schedules[0]  # each is checked when it is planned
-    problem = make_problem(graph, devices=p, memory_bytes=memory, microbatches=m,
-                           schedule=sched, chunks=chosen.chunks, resources=res)
-    split = split_layers(chosen.split)
-    if split is not None:
-        given_split(problem, split)
-
-
-def chosen_schedules(chosen: object) -> tuple[str, ...] | None:
-    """The `schedules` option of a pipeline method's options (None: the resources' schedule);
-    InputError when it names a wrong schedule or comes with a given split."""
-    text = getattr(chosen, "schedules", None)
-    if text is None:
-        return None
-    from planner.engine.job_choice import parse_schedules
-
-    if getattr(chosen, "split", None) is not None:
-        raise InputError("a given split runs one schedule: name one, or drop the split",
-                         field="schedules")
-    return parse_schedules(text)
-
-
-def solve_pipeline(
-    graph: Graph,
-    budget_bytes: int,
-    method: str,
-    *,
-    time_limit_s: float = 10.0,
-    threads: int = 2,
-    options: Mapping[str, object] | None = None,
-    resources: Resources | None = None,
-) -> Plan:
-    """`solve()` for a pipeline method: `budget_bytes` is each device's memory; devices,
-    micro-batches and schedule come from `resources`, `chunks` from the options (and with the
-    `schedules` option, the fastest of those schedules, planner.engine.job_choice). The plan
-    `partition_plan` builds (kind pipeline, simulated); when no split fits, status infeasible
-    with the least device memory that works in `details["smallest_feasible_bytes"]`."""
-    spec = pipeline_method(method)
-    chosen = spec.parse_options(options or {})
-    started = time.perf_counter()
-    try:
-        schedules = chosen_schedules(chosen)
-        if schedules is not None:  # the schedule chosen with the split
-            from planner.engine.job_choice import choose_job
-
-            m = machine(resources, None, budget_bytes, None, None)[2]
-            return choose_job([("graph", graph)], microbatches=m, schedules=schedules,
-                              device_memory_bytes=budget_bytes, method=spec.name,
-                              chunks=chosen.chunks, resources=resources,
-                              time_limit_s=time_limit_s, threads=threads).report.plan
-        return partition_plan(graph, device_memory_bytes=budget_bytes, method=spec.name,
-                              chunks=chosen.chunks, resources=resources,
-                              time_limit_s=time_limit_s, threads=threads,
-                              split=split_layers(chosen.split)).plan
-    except NoPlanFits as e:
-        _, _, _, _, machine_resources = machine(resources, None, budget_bytes, None, None)
-        return Plan(graph_hash=graph.content_hash(), budget_bytes=budget_bytes,
-                    resources=machine_resources, method=partitioner_name(spec.name),
-                    status=PlanStatus.infeasible, wall_seconds=time.perf_counter() - started,
-                    notes=[str(e)], details={"smallest_feasible_bytes": e.smallest_feasible_bytes},
-                    **graph_reference(graph))
 
 
 def _report(graph: Graph, problem: PipelineProblem, outcome: PartitionOutcome, cand: Candidate,

@@ -269,7 +269,7 @@ def check_pipeline(source: RequestGraph, budget_bytes: int, method: str,
     """For a pipeline method, what its solve would refuse before searching (the machine, more
     stages than layers, a given split; planner.engine.partition), named as request fields; the
     graph is read only for a pipeline method."""
-    from planner.engine.partition import check_pipeline_request
+    from planner.engine.pipeline_solve import check_pipeline_request
     from planner.engine.registry import method_spec
 
     spec = method_spec(method)

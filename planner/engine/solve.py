@@ -1,7 +1,7 @@
 """solve(): run a method, check its plan with the simulator, and report honestly.
 
 Every plan kind: a pipeline method (its spec's plan kinds are ("pipeline",)) runs the
-partition path (planner.engine.partition.solve_pipeline: devices, micro-batches and schedule
+partition path (planner.engine.pipeline_solve.solve_pipeline: devices, micro-batches and schedule
 from `resources`, the budget per device) and returns its pipeline plan; the rest is below.
 
 Whatever a method claims, the returned Plan's peak and cost are the simulator's, a plan over
@@ -203,7 +203,7 @@ def _pipeline_plan(graph: Graph, budget_bytes: int, method: str, time_limit_s: f
                    threads: int, options: dict[str, Any] | None,
                    resources: Resources | None) -> Plan:
     """A pipeline method's plan (planner.engine.partition; imported here, when asked for)."""
-    from planner.engine.partition import solve_pipeline
+    from planner.engine.pipeline_solve import solve_pipeline
 
     return solve_pipeline(graph, budget_bytes, method, time_limit_s=time_limit_s,
                           threads=threads, options=options, resources=resources)
