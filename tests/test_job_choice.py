@@ -5,13 +5,11 @@ its claims honest, bad requests one line."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run
 
-from planner.cli import main as cli_main
-from planner.cli import pipeline_cmds
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.io import load_plan, write_json
@@ -184,22 +182,6 @@ def test_solve_chooses_the_schedule_with_the_schedules_option(
     with pytest.raises(InputError, match="a given split runs one schedule"):
         solve_pipeline(graph, 2**40, "dp", options={"schedules": "auto", "split": "h.2"},
                        resources=machine)
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    if not any(c.name == "partition" for c in cli_main.app.registered_commands):
-        pipeline_cmds.register(cli_main.app)
-    old = sys.argv
-    sys.argv = ["planner-cli", *map(str, args)]
-    try:
-        cli_main.main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_chooses_writes_the_plan_and_refuses_bad_input(

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from api_server import ServerProcess, running_server, wait_finished
+from cli_run import run
 
-from planner.cli import main as cli_main
-from planner.cli import pipeline_cmds
 from planner.core.io import load_plan, write_json
 from planner.core.pipeline_actions import rank_actions_from_csv
 from planner.sim.simulator import simulate
@@ -19,22 +17,6 @@ from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 from planner.solvers.pipeline.schedules import SCHEDULES
 
 GRAPH = chain_graph(transformer_layers(6, 512, 8, 32000, 512, 2))  # tok, h.0..h.5, head
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    if not any(c.name == "partition" for c in cli_main.app.registered_commands):
-        pipeline_cmds.register(cli_main.app)
-    old = sys.argv
-    sys.argv = ["planner-cli", *map(str, args)]
-    try:
-        cli_main.main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -244,12 +244,11 @@ def _run(option: JobOption, graph: Graph, time_limit_s: float, kwargs: dict) -> 
 
 
 def _better(a: OptionResult, b: OptionResult) -> OptionResult:
-    """The faster of two runs of one option (a fitting plan over none)."""
-    if not b.fits:
-        return replace(a, runs=a.runs + 1, solve_seconds=a.solve_seconds + b.solve_seconds)
-    if not a.fits or (b.step_ms or 0.0) < (a.step_ms or 0.0) - 1e-9 or b.proven:
-        return replace(b, runs=a.runs + 1, solve_seconds=a.solve_seconds + b.solve_seconds)
-    return replace(a, runs=a.runs + 1, solve_seconds=a.solve_seconds + b.solve_seconds)
+    """The faster of two runs of one option (a fitting plan over none), counting both runs."""
+    b_wins = b.fits and (not a.fits or (b.step_ms or 0.0) < (a.step_ms or 0.0) - 1e-9
+                         or b.proven)
+    return replace(b if b_wins else a, runs=a.runs + 1,
+                   solve_seconds=a.solve_seconds + b.solve_seconds)
 
 
 def _fastest(results: Sequence[OptionResult]) -> OptionResult | None:
