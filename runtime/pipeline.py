@@ -53,12 +53,16 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
     PipelineScheduleSingle,
-    _add_reduce_grad,
     _PipelineSchedule,
     _PipelineScheduleRuntime,
     get_schedule_class,
 )
 from torch.utils.checkpoint import checkpoint
+
+try:  # torch with REDUCE_GRAD actions (2.13); a runtime without them scales gradients itself
+    from torch.distributed.pipelining.schedules import _add_reduce_grad
+except ImportError:  # pragma: no cover - an older torch (the GPU machine has 2.11)
+    _add_reduce_grad = None  # type: ignore[assignment]
 
 from planner.core.errors import InputError
 from planner.core.pipeline_actions import rank_actions_to_csv
@@ -75,6 +79,7 @@ from planner.runtime.pipeline_units import (
     check_unit_policies,
 )
 from planner.solvers.pipeline.schedules import SCHEDULE_CLASSES
+from planner.tracing.cuda_allocator import use_exact_allocator
 from planner.tracing.memory import StorageTracker
 
 
@@ -195,6 +200,7 @@ class PipelineRun:
                 f"group has {world}"
             )
         self.microbatches = 1 + max(a.microbatch_index for row in plan.rank_actions for a in row)
+        _check_split_backward(plan)
         # stage -> its units' policies other than "keep", its variants' too (checked on every
         # rank before tracing)
         self.unit_policies = {s.stage_index: check_unit_policies(s) for s in self.partition.stages}
@@ -207,6 +213,8 @@ class PipelineRun:
         self.loss_fn = loss_fn or _model_loss
         self.loss_reduction = loss_reduction
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            use_exact_allocator()  # allocated bytes = the plan's 512 B-rounded sizes
         every = frozenset(range(self.microbatches))
         forced = set(recompute_stages or ())
         self.recompute: dict[int, frozenset[int]] = {
@@ -248,7 +256,8 @@ class PipelineRun:
             path = Path(tmp) / "schedule.csv"
             path.write_text(rank_actions_to_csv(rows))
             sched._load_csv(str(path), format="compute_comms" if comms else "compute_only")
-        if comms:  # torch adds the gradient scaling only when it lowers compute_only lists
+        if comms and _add_reduce_grad is not None:
+            # torch adds the gradient scaling only when it lowers compute_only lists
             order = sched.pipeline_order_with_comms
             for r in order:
                 order[r] = [a for a in _add_reduce_grad(list(order[r]), m) if a is not None]
@@ -400,6 +409,23 @@ def build_pipeline(
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     return PipelineRun(model, load(plan), inputs, **options)
+
+
+# The torch release whose split backward (I and W actions) the runtime's W is verified on; on
+# torch 2.11 (an H100, 2026-11-27) the weight gradients of a zero-bubble step came out wrong
+# (the last stage's up to 3.4x): docs/whole_job.md
+SPLIT_BACKWARD_TORCH = (2, 13)
+
+
+def _check_split_backward(plan: Plan) -> None:
+    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    rows = plan.rank_actions or []
+    if release < SPLIT_BACKWARD_TORCH and any(a.op.value == "W" for r in rows for a in r):
+        raise InputError(
+            f"plan ({plan.details.get('schedule', plan.method)}): its W actions (split backward) "
+            f"give correct gradients on torch {'.'.join(map(str, SPLIT_BACKWARD_TORCH))}, not on "
+            f"this torch {torch.__version__}; install torch==2.13.0 or plan a schedule without W "
+            "(1f1b, interleaved-1f1b, gpipe)")
 
 
 def _check_variant_microbatches(plan: Plan) -> None:
