@@ -2,14 +2,15 @@
 # The project's GPU check in one script, for the device machine (benchmarks/gpu/README.md):
 # carried wheels installed into /tmp/site, the gpu-marked tests, then the fidelity benchmark.
 # Run from the repository root:   bash benchmarks/gpu/run.sh [PHASES]
-# PHASES: any of sanity pytest fidelity compiled units ranks (default: the first three). Each has a time
-# limit (PYTEST_S, FIDELITY_S) and writes as it goes, so a cut run still reports. Everything
-# lands in $OUT (at most 8 files come back): log.txt, pytest.txt, fidelity.json,
+# PHASES: any of sanity pytest fidelity compiled units rankplan ranks (default: the first three).
+# Each has a time limit (PYTEST_S, FIDELITY_S, ...) and writes as it goes, so a cut run still
+# reports. Everything lands in $OUT (at most 8 files come back): log.txt, pytest.txt, fidelity.json,
 # gpu_fidelity.md, graphs.tgz (the traced graphs with measured costs, for benchmarks/data/),
 # compiled.txt and compiled_vs_torch_gpu.md (benchmarks/compiled_vs_torch.py on the GPU),
 # units.txt (benchmarks/gpu/pipeline_units.py: per-module keep/recompute/offload on CUDA),
-# ranks.txt and ranks.json (benchmarks/gpu/whole_job_ranks.py: whole-job plans planned here into
-# RANKS_PLANS, default .gpu_plans, every rank on the one GPU).
+# ranks.txt and ranks.json (benchmarks/gpu/whole_job_ranks.py: whole-job plans, every rank on the
+# one GPU; planned into RANKS_PLANS, default .gpu_plans, from a CPU trace here, or by the rankplan
+# phase there from a CUDA trace: rankplan.txt).
 # FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt").
 set -u
 O=${OUT:-/tmp/out}
@@ -61,6 +62,12 @@ torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortoo
       timeout "${UNITS_S:-120}" python3 benchmarks/gpu/pipeline_units.py >"$O/units.txt" 2>&1
       code=$?
       tail -12 "$O/units.txt"; echo "units exit $code"; [ "$code" = 0 ] || rc=1 ;;
+    rankplan)  # plan the ranks phase's rows here, from a CUDA trace (its op workspaces)
+      export RANKS_PLANS=/tmp/rank_plans
+      PYTHONWARNINGS=ignore timeout "${RANKPLAN_S:-150}" python3 benchmarks/gpu/whole_job_ranks.py \
+        plan "$RANKS_PLANS" --trace-device cuda >"$O/rankplan.txt" 2>&1
+      code=$?
+      tail -12 "$O/rankplan.txt"; echo "rankplan exit $code"; [ "$code" = 0 ] || rc=1 ;;
     ranks)
       python3 -c "import torch, torch.distributed.pipelining.schedules as s; \
 print('torch', torch.__version__, '_add_reduce_grad', hasattr(s, '_add_reduce_grad'))"
@@ -69,7 +76,8 @@ print('torch', torch.__version__, '_add_reduce_grad', hasattr(s, '_add_reduce_gr
       code=$?
       grep -vE "schedules.py:[0-9]+\]" "$O/ranks.txt" | tail -120; echo "ranks exit $code"
       [ "$code" = 0 ] || rc=1 ;;
-    *) echo "unknown phase $ph (use sanity, pytest, fidelity, compiled, units, ranks)"; rc=2 ;;
+    *) echo "unknown phase $ph (use sanity, pytest, fidelity, compiled, units, rankplan, ranks)"
+       rc=2 ;;
   esac
 done
 echo "== end $(date -u +%T) rc $rc"

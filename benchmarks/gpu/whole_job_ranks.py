@@ -60,13 +60,16 @@ def _machine(host: bool) -> Any:
     return with_host_memory(base, "64GiB") if host else base
 
 
-def _graph(gpt: dict[str, Any], micro_batch: int, cache: dict[int, Any]) -> Any:
+def _graph(gpt: dict[str, Any], micro_batch: int, cache: dict[int, Any], device: str) -> Any:
+    """One micro-batch's op graph, traced on `device` (on CUDA it records each op's workspace,
+    the transient buffers a CPU trace cannot see)."""
     from planner import zoo
     from planner.tracing.api import trace
 
     if micro_batch not in cache:
         model, inputs = zoo.gpt(batch_size=micro_batch, **gpt)
-        cache[micro_batch] = trace(model, inputs).graph
+        model = model.to(device)
+        cache[micro_batch] = trace(model, tuple(x.to(device) for x in inputs)).graph
     return cache[micro_batch]
 
 
@@ -79,7 +82,7 @@ def _least_plain(graph: Any, ranks: int, microbatches: int) -> int:
     return int(least_memory_split(plain)[0])
 
 
-def plan_rows(out: Path, tiny: bool, time_limit_s: float) -> None:
+def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
     from planner.engine.job_choice import AUTO_SCHEDULES, choose_job
     from planner.engine.partition import partition_plan
 
@@ -90,13 +93,14 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float) -> None:
     manifest = []
     for name, ranks, schedule, host, share, method in [*ROWS, CHOICE]:
         started = time.perf_counter()
-        graph = _graph(gpt, batch // MICROBATCHES, cache)
+        graph = _graph(gpt, batch // MICROBATCHES, cache, device)
         memory = int(share * _least_plain(graph, ranks, MICROBATCHES))
         common = dict(devices=ranks, device_memory_bytes=memory, method=method,
                       resources=_machine(host), threads=2)
         try:
             if schedule == "auto":
-                graphs = [(f"b{b}", _graph(gpt, b, cache)) for b in (1, 2, 4) if batch % b == 0]
+                graphs = [(f"b{b}", _graph(gpt, b, cache, device)) for b in (1, 2, 4)
+                          if batch % b == 0]
                 choice = choose_job(graphs, global_batch=batch, schedules=AUTO_SCHEDULES,
                                     time_limit_s=6 * time_limit_s, **common)
                 plan = choice.best.report.plan
@@ -111,7 +115,7 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float) -> None:
         (out / f"{name}.json").write_text(plan.model_dump_json())
         row = {"name": name, "ranks": ranks, "schedule": plan.details.get("schedule", schedule),
                "host": host, "share": share, "method": method, "memory_bytes": memory,
-               "gpt": gpt, "batch": batch, "micro_batch": micro_batch,
+               "gpt": gpt, "batch": batch, "micro_batch": micro_batch, "traced_on": device,
                "policies": _policies(plan),
                "predicted": plan.predicted.per_rank_peak_bytes,
                "predicted_host": plan.predicted.host_peak_bytes,
@@ -265,7 +269,8 @@ def run_rows(folder: Path, device_name: str, only: list[str] | None,
 
 def _row_text(r: dict[str, Any]) -> str:
     head = (f"## {r['name']}: {r['ranks']} ranks, {r['schedule']}, micro-batch {r['micro_batch']}"
-            f", memory {r['memory_bytes']:,} B, {'host tier' if r['host'] else 'no host tier'}"
+            f", memory {r['memory_bytes']:,} B, {'host tier' if r['host'] else 'no host tier'}, "
+            f"traced on {r.get('traced_on', 'cpu')}"
             f" ({r['run_seconds']} s)\npolicies: {' | '.join(r['policies'])}")
     if r["error"]:
         return f"{head}\nFAILED: {r['error']}"
@@ -310,6 +315,8 @@ def main() -> None:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--tiny", action="store_true", help="plan the test-sized GPT (CPU dry run)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="seconds a plan (plan step)")
+    ap.add_argument("--trace-device", default="cpu",
+                    help="where the plan step traces (cuda: the op workspaces the GPU allocates)")
     ap.add_argument("--device", default="cuda", help="cuda (every rank on GPU 0) or cpu")
     ap.add_argument("--start-method", default=None,
                     help="of the rank processes (default: spawn on CUDA, whose driver does not "
@@ -318,7 +325,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write every row as JSON here (run step)")
     args = ap.parse_args()
     if args.step == "plan":
-        plan_rows(args.folder, args.tiny, args.time_limit)
+        plan_rows(args.folder, args.tiny, args.time_limit, args.trace_device)
         return
     # the parent never touches CUDA (the ranks are its children); rank 0 names the device
     start = args.start_method or ("spawn" if args.device.startswith("cuda") else "fork")
