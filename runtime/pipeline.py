@@ -42,6 +42,7 @@ import itertools
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -215,6 +216,12 @@ class PipelineRun:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             use_exact_allocator()  # allocated bytes = the plan's 512 B-rounded sizes
+            if _has_weight_actions(plan):
+                warnings.warn(
+                    "planner.runtime.pipeline: W actions (split backward) on CUDA are checked on "
+                    "torch 2.11 only, where the weight gradients came out wrong "
+                    "(docs/whole_job.md); compare a step's gradients with one process first",
+                    RuntimeWarning, stacklevel=2)
         every = frozenset(range(self.microbatches))
         forced = set(recompute_stages or ())
         self.recompute: dict[int, frozenset[int]] = {
@@ -417,10 +424,13 @@ def build_pipeline(
 SPLIT_BACKWARD_TORCH = (2, 13)
 
 
+def _has_weight_actions(plan: Plan) -> bool:
+    return any(a.op.value == "W" for row in plan.rank_actions or [] for a in row)
+
+
 def _check_split_backward(plan: Plan) -> None:
     release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    rows = plan.rank_actions or []
-    if release < SPLIT_BACKWARD_TORCH and any(a.op.value == "W" for r in rows for a in r):
+    if release < SPLIT_BACKWARD_TORCH and _has_weight_actions(plan):
         raise InputError(
             f"plan ({plan.details.get('schedule', plan.method)}): its W actions (split backward) "
             f"give correct gradients on torch {'.'.join(map(str, SPLIT_BACKWARD_TORCH))}, not on "
