@@ -304,7 +304,7 @@ def _parity_text(p: dict[str, Any] | None) -> str:
             f"{p['reference_loss']:.6f}, max gradient error {p['max_grad_error']:.3g} "
             f"(largest gradient {p['grad_scale']:.3g})" + (
                 "" if p["max_grad_error"] is not None
-                and p["max_grad_error"] <= 1e-4 * p["grad_scale"] else
+                and p["max_grad_error"] <= 1e-5 * max(1.0, p["grad_scale"]) else
                 "; WRONG: " + ", ".join(f"{k} error {e:.3g} of {m:.3g} (norm ratio {r:.4f})"
                                         for k, e, m, r in p["worst"])))
 
@@ -332,9 +332,28 @@ def main() -> None:
     results = run_rows(args.folder, args.device, [r for r in args.rows.split(",") if r], start)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1, default=str))
+    print(_summary(results))
+    sys.exit(1 if any(r["error"] or not _parity_ok(r) for r in results) else 0)
+
+
+def _parity_ok(r: dict[str, Any]) -> bool:
+    p = r["ranks_measured"][0].get("parity") if r["ranks_measured"] else None
+    return p is None or (p["same_parameters"] and p["max_grad_error"] is not None
+                         and p["max_grad_error"] <= 1e-5 * max(1.0, p["grad_scale"]))
+
+
+def _summary(results: list[dict[str, Any]]) -> str:
+    """Rows failed, rows with wrong gradients, and ranks measured over their prediction."""
     failed = [r["name"] for r in results if r["error"]]
-    print(f"rows run {len(results)}, failed {len(failed)} {failed}")
-    sys.exit(1 if failed else 0)
+    wrong = [r["name"] for r in results if not r["error"] and not _parity_ok(r)]
+    ratios = {kind: [m[kind]["peak"] / p for r in results if r["ranks_measured"]
+                     for m, p in zip(r["ranks_measured"], r["predicted"], strict=True)
+                     if m[kind] is not None]
+              for kind in ("allocator", "tracker")}
+    over = "; ".join(f"{k}: {sum(x > 1 for x in v)} of {len(v)} ranks over their prediction "
+                     f"(max {max(v):.4f})" for k, v in ratios.items() if v)
+    return (f"rows run {len(results)}, failed {len(failed)} {failed}, wrong gradients "
+            f"{len(wrong)} {wrong}" + (f"; {over}" if over else ""))
 
 
 if __name__ == "__main__":
