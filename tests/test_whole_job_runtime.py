@@ -31,13 +31,13 @@ NO_HOST = resources_preset("h100-pcie-gen5")  # no host tier: stages can only re
 SHARE = 0.85  # of the least memory any plain contiguous split needs
 
 
-def _plan(world: int, machine: Any) -> tuple[Plan, int, Any]:
+def _plan(world: int, machine: Any, schedule: str = "1f1b") -> tuple[Plan, int, Any]:
     model, inputs = zoo.gpt(batch_size=BATCH // MICROBATCHES, **GPT)
     graph = trace(model, inputs).graph
     plain = PipelineProblem(graph, UnitChain(graph), world, MICROBATCHES, "1f1b", None)
     memory = int(SHARE * least_memory_split(plain)[0])
     report = partition_plan(graph, devices=world, device_memory_bytes=memory,
-                            microbatches=MICROBATCHES, schedule="1f1b", method="whole",
+                            microbatches=MICROBATCHES, schedule=schedule, method="whole",
                             resources=machine, time_limit_s=5.0, threads=1)
     return report.plan, memory, graph
 
@@ -99,3 +99,32 @@ def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
     ranks = simulate_pipeline(graph, plan.partition, plan.rank_actions, machine).ranks
     for m, r in zip(result["memory"], ranks, strict=True):
         assert m.host_peak_bytes <= r.host_peak_bytes
+
+
+@pytest.mark.slow  # traces, plans (5 s) and runs 4 gloo processes
+def test_a_zero_bubble_plan_with_full_backwards_runs_as_planned() -> None:
+    """Under ZB-H1 a stage whose W would rerun its recomputed blocks runs B instead of I and W
+    (one rerun): the plan has B actions there, I/W elsewhere, and runs as planned."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plan, memory, graph = _plan(4, NO_HOST, "zb-h1")
+        result = run_local(_worker, 4, plan)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert plan.partition is not None and plan.predicted is not None and plan.rank_actions
+    ops = {(a.stage_index, a.op.value) for row in plan.rank_actions for a in row}
+    fused = {s for s, op in ops if op == "B"}
+    assert fused and {s for s, op in ops if op == "W"}, ops  # both kinds in one plan
+    for s in fused:  # a fused stage recomputes, and is not the first (whose W is a B anyway)
+        assert s > 0 and "recompute" in plan.partition.stages[s].unit_policies.values()
+    assert result["same_parameters"]
+    assert result["loss"] == pytest.approx(result["reference_loss"], rel=1e-6)
+    assert result["max_grad_error"] <= 1e-5 * max(1.0, result["grad_scale"])
+    predicted = plan.predicted.per_rank_peak_bytes
+    assert predicted is not None and max(predicted) <= memory
+    measured = [m.peak_bytes for m in result["memory"]]
+    print(f"ZB-H1 on 4 ranks at {memory:,} B: B on stages {sorted(fused)}; measured {measured}, "
+          f"predicted {predicted}")
+    for m, p in zip(measured, predicted, strict=True):
+        assert m <= p

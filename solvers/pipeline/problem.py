@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from planner.core.graph import Graph
-from planner.core.pipeline_actions import Partition, PipelineAction, PipelineStage
+from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, PipelineStage
 from planner.core.resources import Resources
 from planner.sim.pipeline_ranks import simulate_pipeline
 from planner.sim.result import SimulationResult
@@ -128,7 +128,11 @@ class PipelineProblem:
             ))
         return Partition(stages=stages)
 
-    def action_lists(self, split: Split) -> list[list[PipelineAction]]:
+    def action_lists(self, split: Split,
+                     fused: frozenset[int] = frozenset()) -> list[list[PipelineAction]]:
+        """The split's rank lists; under zero-bubble, the stages in `fused` run one full
+        backward (B) per micro-batch instead of I and W (a recomputed unit then reruns once,
+        not for I and again for W)."""
         times = None
         if self.plan_schedule.split_backward:  # list-scheduled on the split's own stage times
             times = []
@@ -136,17 +140,20 @@ class PipelineProblem:
                 c = self.costs(i, j, s)
                 # the recomputed forwards averaged over the micro-batches, as in stage_time
                 again = len(self.recomputed(s, split.stored_of(s))) / self.microbatches
+                weight_ms = c.backward_weight_ms + (0.0 if c.first_stage else again * c.forward_ms)
                 times.append(StageTimes(
                     forward_ms=c.forward_ms,
-                    backward_input_ms=c.backward_input_ms + again * c.forward_ms,
-                    backward_weight_ms=c.backward_weight_ms
-                    + (0.0 if c.first_stage else again * c.forward_ms),
+                    backward_input_ms=c.backward_input_ms + again * c.forward_ms
+                    + (weight_ms if s in fused else 0.0),
+                    backward_weight_ms=0.0 if s in fused else weight_ms,
                     send_forward_ms=self.transfer_ms(c.send_forward_bytes),
                     send_backward_ms=self.transfer_ms(c.send_backward_bytes),
                 ))
         recompute = [self.recomputed(s, split.stored_of(s)) for s in range(self.stage_count)]
         if times is not None:
-            return self.plan_schedule.rank_actions(times, recompute)
+            every = frozenset(range(self.microbatches))  # a fused stage's W right after its I
+            order = [every if s in fused else r for s, r in enumerate(recompute)]
+            return fuse_backward(self.plan_schedule.rank_actions(times, order), fused)
         key = tuple(recompute)  # the same lists for every split: built once (enumeration)
         if key not in self._lists:
             self._lists[key] = self.plan_schedule.rank_actions(None, recompute)
@@ -216,3 +223,22 @@ class PartitionOutcome:
     backend: str = "none"
     proxy_objective: float | None = None  # a model's own step-time proxy (ILP), not simulated
     proxy_bound: float | None = None  # the solver's bound on that proxy only
+
+
+def fuse_backward(lists: list[list[PipelineAction]],
+                  fused: frozenset[int]) -> list[list[PipelineAction]]:
+    """Each I of a stage in `fused` as a full backward (B), its W (right after it) dropped."""
+    if not fused:
+        return lists
+    out = []
+    for row in lists:
+        new = []
+        for a in row:
+            if a.stage_index in fused and a.op is PipelineOp.backward_weight:
+                continue
+            if a.stage_index in fused and a.op is PipelineOp.backward_input:
+                a = PipelineAction(stage_index=a.stage_index, op=PipelineOp.backward,
+                                   microbatch_index=a.microbatch_index)
+            new.append(a)
+        out.append(new)
+    return out

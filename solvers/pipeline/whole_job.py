@@ -198,7 +198,24 @@ class WholeJob:
                                         variants=variants, **_unit_plan(own)))
             costs.append(own.costs if own is not None else p.costs(i, j, s))
         partition = Partition(stages=stages)
-        lists = p.action_lists(Split(split.bounds))
+        # under zero-bubble a stage whose W reruns recomputed units may run B instead of I+W
+        # (one rerun, W no longer deferred): both judged, the faster kept
+        reruns = frozenset(s for s, (i, j) in enumerate(split.bounds) if p.plan_schedule.
+                           split_backward and costs[s].backward_weight_ms
+                           > p.costs(i, j, s).backward_weight_ms + 1e-9)
+        best: Candidate | None = None
+        for fused in dict.fromkeys((frozenset(), reruns)):
+            cand = self._judged(split, partition, p.action_lists(Split(split.bounds), fused),
+                                costs, recompute, variant_costs)
+            if best is None or _faster(cand, best):
+                best = cand
+        assert best is not None
+        return best
+
+    def _judged(self, split: PolicySplit, partition: Partition, lists: list[list[Any]],
+                costs: list[StageCosts], recompute: list[frozenset[int]],
+                variant_costs: list[dict[int, StageCosts]]) -> Candidate:
+        p = self.p
         peaks = rank_peak_bytes(lists, [stage_rank(s, p.ranks) for s in range(p.stage_count)],
                                 costs, recompute, variant_sizes=variant_costs)
         fits = p.memory_bytes is None or max(peaks) <= p.memory_bytes
@@ -411,3 +428,11 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current, deadline: Dea
             continue
         try_bounds(bounds, "enumeration")
     return True, bound
+
+
+def _faster(a: Candidate, b: Candidate) -> bool:
+    """Whether `a` beats `b`: fitting first, then the simulated step."""
+    if a.fits != b.fits:
+        return a.fits
+    return (a.simulation is not None and b.simulation is not None
+            and a.simulation.makespan_ms < b.simulation.makespan_ms)
