@@ -66,7 +66,7 @@ except ImportError:  # pragma: no cover - an older torch (the GPU machine has 2.
     _add_reduce_grad = None  # type: ignore[assignment]
 
 from planner.core.errors import InputError
-from planner.core.pipeline_actions import rank_actions_to_csv
+from planner.core.pipeline_actions import PipelineOp, rank_actions_to_csv
 from planner.core.plan import Plan, PlanKind, PlanStatus
 from planner.runtime.pipeline_memory import RankMemory
 from planner.runtime.pipeline_memory import gather_gradients as gather_gradients
@@ -425,7 +425,7 @@ SPLIT_BACKWARD_TORCH = (2, 13)
 
 
 def _has_weight_actions(plan: Plan) -> bool:
-    return any(a.op.value == "W" for row in plan.rank_actions or [] for a in row)
+    return any(a.op is PipelineOp.backward_weight for row in plan.rank_actions or [] for a in row)
 
 
 def _check_split_backward(plan: Plan) -> None:

@@ -43,7 +43,7 @@ class _StagedWork:
         self.receive = receive
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
-        done = self.work.wait(*args, **kwargs) if self.work is not None else True
+        done = self.work.wait(*args, **kwargs)
         if self.device_tensor is not None:
             if self.receive:
                 assert self.host is not None
@@ -53,7 +53,7 @@ class _StagedWork:
         return bool(done) if done is not None else True
 
     def is_completed(self) -> bool:
-        return self.device_tensor is None or bool(self.work is None or self.work.is_completed())
+        return self.device_tensor is None or bool(self.work.is_completed())
 
 
 class _AllWorks:
@@ -108,19 +108,20 @@ def install(stage_all: bool = False) -> None:
             tensor.copy_(host)
         return out
 
-    def isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def started(name: str, tensor: torch.Tensor, args: Any, kwargs: Any) -> Any:
+        """isend/irecv: the gloo work on a host copy (send) or host buffer (receive)."""
         if not _staged(tensor, stage_all):
-            return _ORIGINAL["isend"](tensor, *args, **kwargs)
-        host = _host_copy(tensor)
-        work = _ORIGINAL["isend"](host, *args, **kwargs)
-        return None if work is None else _StagedWork(work, tensor, host, receive=False)
+            return _ORIGINAL[name](tensor, *args, **kwargs)
+        receive = name == "irecv"
+        host = _host_buffer(tensor) if receive else _host_copy(tensor)
+        work = _ORIGINAL[name](host, *args, **kwargs)
+        return None if work is None else _StagedWork(work, tensor, host, receive)
+
+    def isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return started("isend", tensor, args, kwargs)
 
     def irecv(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not _staged(tensor, stage_all):
-            return _ORIGINAL["irecv"](tensor, *args, **kwargs)
-        host = _host_buffer(tensor)
-        work = _ORIGINAL["irecv"](host, *args, **kwargs)
-        return None if work is None else _StagedWork(work, tensor, host, receive=True)
+        return started("irecv", tensor, args, kwargs)
 
     def batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
         # gloo does not coalesce: one call per op, in the list's order (as torch does for it)

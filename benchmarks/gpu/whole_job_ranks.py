@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -171,11 +170,10 @@ def _worker(rank: int, world: int, plan_json: str, row: dict[str, Any], device_n
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, grads)
     tracker = run.measure_step(*on_device)
-    allocator = _allocator_step(run, on_device, cuda)
-    times = [run.time_steps(*on_device, repeats=3)]
+    allocator = _allocator_step(run, on_device, cuda, tracker)
     out = {"rank": rank, "loss": loss, "device": _device_text(device),
            "tracker": tracker.__dict__ | {"peak": tracker.peak_bytes},
-           "allocator": allocator, "step_ms": statistics.median(times)}
+           "allocator": allocator, "step_ms": run.time_steps(*on_device, repeats=3)}
     if reference is not None:
         out["parity"] = _parity(reference, loss, gathered)
     return out
@@ -217,13 +215,12 @@ def _parity(reference: dict[str, Any], loss: float, gathered: list[Any]) -> dict
                       for k in worst]}
 
 
-def _allocator_step(run: Any, inputs: tuple[Any, ...], cuda: bool) -> dict[str, int] | None:
+def _allocator_step(run: Any, inputs: tuple[Any, ...], cuda: bool,
+                    tracked: Any) -> dict[str, int] | None:
     """One step's device memory from the CUDA caching allocator: the state the plan counts
     (this rank's parameters, gradients and torch's receive buffers) plus the step's peak above
     its start; `process` is the process's whole allocator peak (CUDA workspaces, the inputs)."""
     import torch.distributed as dist
-
-    from planner.runtime.pipeline import _storage_bytes
 
     if not cuda:
         return None
@@ -236,9 +233,8 @@ def _allocator_step(run: Any, inputs: tuple[Any, ...], cuda: bool) -> dict[str, 
     run.step(*inputs)
     torch.cuda.synchronize()
     process = torch.cuda.max_memory_allocated()
-    params = list(run.parameters().values())
-    state = (_storage_bytes(params) + _storage_bytes(p.grad for p in params if p.grad is not None)
-             + _storage_bytes(run._recv_buffers()))
+    # the same storages the tracked step counted (they persist across steps)
+    state = tracked.parameters_bytes + tracked.gradients_bytes + tracked.pipeline_buffers_bytes
     return {"state": state, "above_start": process - start, "peak": state + process - start,
             "process": process, "host_peak": run.host.peak_bytes}
 

@@ -431,8 +431,8 @@ def _enumerate(job: WholeJob, try_bounds: Offer, current: Current, deadline: Dea
 
 
 def _faster(a: Candidate, b: Candidate) -> bool:
-    """Whether `a` beats `b`: fitting first, then the simulated step."""
+    """Whether `a` beats `b`: fitting first, then the search's own order (simulated_key)."""
     if a.fits != b.fits:
         return a.fits
     return (a.simulation is not None and b.simulation is not None
-            and a.simulation.makespan_ms < b.simulation.makespan_ms)
+            and simulated_key(a) < simulated_key(b))
