@@ -245,6 +245,15 @@ def test_page_shows_a_finished_plan_with_its_chart_and_a_sweep(
     assert page.external == [] and page.errors == [], (page.external, page.errors)
 
 
+def ready_plan_id(page: Any) -> str:
+    """The plan the detail pane shows once it is ready, read in the same check that sees it
+    ready (the pane re-renders: a second read may find the attribute gone for a moment)."""
+    ready = page.wait_for_function(
+        "() => { const v = document.querySelector('#detail')?.getAttribute('data-ready');"
+        " return v && v.startsWith('plan/') ? v : null; }")
+    return str(ready.json_value()).split("/")[1]
+
+
 def test_page_submits_the_example_and_follows_it_to_done(
     page: Any, server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -252,8 +261,7 @@ def test_page_submits_the_example_and_follows_it_to_done(
     page.select_option("#method", "chen-greedy")
     page.fill("#budget", "0.8")
     page.click("#submit-plan")
-    page.wait_for_selector("#detail[data-ready^='plan/']")
-    plan_id = page.get_attribute("#detail", "data-ready").split("/")[1]
+    plan_id = ready_plan_id(page)
     page.wait_for_selector(f"#jobs tr[data-id='{plan_id}'][data-status='done']")
     page.wait_for_selector(f"#detail[data-ready='plan/{plan_id}'] svg.memory-chart")
     keep(page.screenshot(full_page=True), tmp_path, "submitted.png")
@@ -361,8 +369,7 @@ def test_page_submits_an_offload_plan_on_a_preset_machine(
     page.select_option("#method", "offload-greedy")
     page.fill("#budget", "0.8")
     page.click("#submit-plan")
-    page.wait_for_selector("#detail[data-ready^='plan/']")
-    plan_id = page.get_attribute("#detail", "data-ready").split("/")[1]
+    plan_id = ready_plan_id(page)
     page.wait_for_selector(f"#jobs tr[data-id='{plan_id}'][data-status='done']")
     page.wait_for_selector(f"#detail[data-ready='plan/{plan_id}'] svg.memory-chart")
     keep(page.screenshot(full_page=True), tmp_path, "offload.png")
@@ -390,8 +397,7 @@ def test_page_submits_a_partition_and_shows_its_stages(
     page.fill("#pp-microbatches", "4")
     page.select_option("#pp-schedule", "1f1b")
     page.click("#submit-partition")
-    page.wait_for_selector("#detail[data-ready^='plan/']")
-    plan_id = page.get_attribute("#detail", "data-ready").split("/")[1]
+    plan_id = ready_plan_id(page)
     stages = page.locator(f"#detail[data-ready='plan/{plan_id}'] [data-view=stages] tr[data-stage]")
     stages.first.wait_for()
     keep(page.screenshot(full_page=True), tmp_path, "partition.png")
