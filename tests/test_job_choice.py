@@ -219,3 +219,37 @@ def test_cli_chooses_writes_the_plan_and_refuses_bad_input(
         code, out, err = run(capsys, "partition", *args)
         assert code == 2, (args, out, err)
         assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_second_run_of_a_request_goes_on_from_the_first(
+        graphs: list[tuple[str, Graph]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job choice's second round plans an option again: with the memo of the first run's
+    problem it reuses that search's knapsacks (none is solved again) and answers no slower."""
+    from planner.engine.partition import make_problem
+    from planner.solvers.pipeline import whole_job
+    from planner.solvers.pipeline.dp import least_memory_split
+
+    graph = graphs[0][1]
+    kwargs: dict = dict(microbatches=GLOBAL_BATCH, schedule="1f1b", method="whole", devices=2,
+                        time_limit_s=20.0)
+    problem = make_problem(graph, devices=2, memory_bytes=None, microbatches=GLOBAL_BATCH,
+                           schedule="1f1b")
+    kwargs["device_memory_bytes"] = int(0.95 * least_memory_split(problem)[0])  # remat needed
+    solved: list[int] = []
+    real_choose = whole_job.choose
+    monkeypatch.setattr(whole_job, "choose", lambda *a, **k: solved.append(1) or
+                        real_choose(*a, **k))
+    memo: dict = {}
+    first = partition_plan(graph, problems=memo, **kwargs)
+    assert first.fits and first.plan.status.value == "optimal" or "all judged" in \
+        " ".join(first.notes)  # the first search finished: the second has nothing new to do
+    (kept,) = memo.values()
+    job, knapsacks = kept.whole_job, len(solved)
+    assert job is not None and knapsacks > 0
+    second = partition_plan(graph, problems=memo, **kwargs)
+    assert len(memo) == 1 and kept.whole_job is job
+    assert len(solved) == knapsacks  # every stage's choice came from the first run
+    assert second.makespan_ms <= first.makespan_ms + 1e-9
+    fresh = partition_plan(graph, **kwargs)  # no memo: the same answer, solved again
+    assert fresh.makespan_ms == pytest.approx(second.makespan_ms)
+    assert len(solved) > knapsacks

@@ -30,6 +30,7 @@ from planner.core.graph import Graph
 from planner.core.plan import PlanStatus
 from planner.core.resources import Resources
 from planner.engine.partition import PartitionReport, partition_plan
+from planner.solvers.pipeline.problem import PipelineProblem
 from planner.solvers.pipeline.schedules import SCHEDULES
 from planner.solvers.pipeline.units import UnitChain
 
@@ -227,11 +228,13 @@ def _ranks(kwargs: Mapping[str, object]) -> int | None:
     return None  # partition_plan says what is wrong
 
 
-def _run(option: JobOption, graph: Graph, time_limit_s: float, kwargs: dict) -> OptionResult:
+def _run(option: JobOption, graph: Graph, time_limit_s: float, kwargs: dict,
+         problems: dict[tuple[object, ...], PipelineProblem] | None = None) -> OptionResult:
     start = time.perf_counter()
     try:
         report = partition_plan(graph, microbatches=option.microbatches,
-                                schedule=option.schedule, time_limit_s=time_limit_s, **kwargs)
+                                schedule=option.schedule, time_limit_s=time_limit_s,
+                                problems=problems, **kwargs)
     except NoPlanFits as e:
         least = e.smallest_feasible_bytes
         return OptionResult(option, None, time.perf_counter() - start,
@@ -309,9 +312,12 @@ def choose_job(
     work = [work_bound_ms(graphs[o.graph_index][1], o.microbatches, ranks) if ranks else None
             for o in options]
 
+    # each option's problem: a second-round run goes on from its first run's search caches
+    problems: dict[tuple[object, ...], PipelineProblem] = {}
+
     def run(k: int, seconds: float) -> OptionResult:
         o = options[k]
-        return replace(_run(o, graphs[o.graph_index][1], seconds, kwargs),
+        return replace(_run(o, graphs[o.graph_index][1], seconds, kwargs, problems),
                        work_bound_ms=work[k])
 
     chunks = kwargs.get("chunks", 2)

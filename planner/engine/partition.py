@@ -256,18 +256,26 @@ def partition_plan(
     time_limit_s: float = 10.0,
     split: list[str] | None = None,
     threads: int = 2,
+    problems: dict[tuple[object, ...], PipelineProblem] | None = None,
 ) -> PartitionReport:
     """Partition `graph` for the machine; raise InputError (naming its field) / NoPlanFits
-    (dp, ilp, a split)."""
+    (dp, ilp, a split). `problems`: problems built by earlier calls of this process (job
+    choice), so planning the same request again goes on from the first search's caches."""
     pipeline_method(method)
     if schedule is not None and schedule not in SCHEDULES:
         raise InputError(f"no schedule {schedule!r}; use one of {', '.join(SCHEDULES)}",
                          field="schedule")
     p, memory, m, sched, res = machine(resources, devices, device_memory_bytes, microbatches,
                                        schedule)
-    graph = sharded(graph, zero_stage, dp)
-    problem = make_problem(graph, devices=p, memory_bytes=memory, microbatches=m,
-                           schedule=sched, chunks=chunks, resources=res)
+    # the graph by identity: the caller holds it for as long as the memo
+    key = (id(graph), p, memory, m, sched, chunks, res.model_dump_json(), zero_stage, dp)
+    problem = problems.get(key) if problems is not None else None
+    if problem is None:
+        problem = make_problem(sharded(graph, zero_stage, dp), devices=p, memory_bytes=memory,
+                               microbatches=m, schedule=sched, chunks=chunks, resources=res)
+        if problems is not None:
+            problems[key] = problem
+    graph = problem.graph
     outcome = run_method(problem, method, time_limit_s, split, threads)
     cand = outcome.best
     if cand is None or (not cand.fits and outcome.method in ("dp", "ilp", "given")):

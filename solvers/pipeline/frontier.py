@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 EVERYTHING_FITS = 1 << 62  # a saved delta past any real stage's bytes
 
 
-@dataclass(frozen=True)
-class State:
+class State(NamedTuple):  # a tuple, not a dataclass: the knapsack makes ~10^5 a stage
     delta_bytes: int  # saved bytes per micro-batch over the all-keep stage (upper bound)
     offload_bytes: int  # the host bytes
     largest_bytes: int  # the largest non-keep module's transient bound
@@ -30,8 +30,8 @@ class State:
     weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
-def time_order(x: State) -> tuple[float, int, int, int]:
-    return (x.ms, x.delta_bytes, x.offload_bytes, x.largest_bytes)
+# (ms, delta, offload, largest): the time order, ties by bytes
+time_order: Callable[[State], tuple[float, int, int, int]] = operator.itemgetter(3, 0, 1, 2)
 
 
 def pareto(states: list[State]) -> list[State]:
@@ -40,10 +40,16 @@ def pareto(states: list[State]) -> list[State]:
     out: list[State] = []
     by_rerun: dict[int, _Prefixes] = {}  # W-rerun figure -> its kept states
     for st in sorted(states, key=time_order):
-        if any(w <= st.weight_rerun_bytes and p.covers(st) for w, p in by_rerun.items()):
-            continue
-        out.append(st)
-        by_rerun.setdefault(st.weight_rerun_bytes, _Prefixes()).add(st)
+        reruns = st.weight_rerun_bytes
+        for w, p in by_rerun.items():  # a loop, not any(): this runs ~10^5 times a stage
+            if w <= reruns and p.covers(st):
+                break
+        else:
+            out.append(st)
+            kept = by_rerun.get(reruns)
+            if kept is None:
+                kept = by_rerun[reruns] = _Prefixes()
+            kept.add(st)
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, PipelineStage
@@ -64,6 +65,9 @@ class PipelineProblem:
     # action lists by recomputed micro-batches, for schedules whose lists ignore stage times
     _lists: dict[tuple[frozenset[int], ...], list[list[PipelineAction]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # the whole-job search's caches (its WholeJob: knapsacks, module figures, proxy costs),
+    # kept so a second search of this problem (job choice's second round) goes on from them
+    whole_job: Any = field(default=None, init=False, repr=False, compare=False)
     # simulated steps by split: the DP, the ILP and the whole-job search share them
     _simulations: dict[tuple[tuple[tuple[int, int], ...], tuple[int | None, ...]],
                        SimulationResult] = field(

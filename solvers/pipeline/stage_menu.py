@@ -237,15 +237,9 @@ def choose(
     for n, it in enumerate(figures):
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeUp
-        grown = []
         mine = options + tuple(f"{OP}{k}" for k, o in enumerate(it.ops)
                                if host or o.policy != "offload")
-        for st in frontier:
-            for p in mine:
-                g = _grow(st, it, p)
-                if screen.keeps(g, n + 1):
-                    grown.append(g)
-        frontier = pareto(grown)
+        frontier = pareto(_grown(frontier, [_grow(ZERO, it, p) for p in mine], screen, n + 1))
         if len(frontier) > limit:
             exact = False
             frontier = cut(frontier, inflight, limit)
@@ -395,6 +389,24 @@ def additive_state(modules: list[Item], choice: tuple[str, ...]) -> State:
     for it, policy in zip(modules, choice, strict=True):
         st = _grow(st, it, policy)
     return st
+
+
+ZERO = State(0, 0, 0, 0.0, ())
+
+
+def _grown(frontier: list[State], steps: list[State], screen: FitScreen,
+           decided: int) -> list[State]:
+    """Every state grown by every option (`steps`: each option's figures, grown from ZERO)
+    that the screen keeps: _grow inlined, as this runs ~10^5 times a stage."""
+    out = []
+    keeps = screen.keeps
+    for d, o, largest, ms, choice, reruns in frontier:
+        for sd, so, sl, sms, (name,), sr in steps:
+            g = State(d + sd, o + so, largest if largest >= sl else sl, ms + sms,
+                      choice + (name,), reruns + sr)
+            if keeps(g, decided):
+                out.append(g)
+    return out
 
 
 def _grow(st: State, it: Item, policy: str) -> State:

@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
@@ -109,6 +110,19 @@ class WholeJob:
         self.range_facts: dict[tuple[int, int], StageFacts] = {}
         # (i, j, W reruns, op level, host tier) -> the knapsack's module figures
         self.figures: dict[tuple[int, int, bool, bool, bool], list[Item]] = {}
+
+    @classmethod
+    def of(cls, problem: PipelineProblem) -> WholeJob:
+        """The problem's whole-job caches, made on its first search."""
+        if problem.whole_job is None:
+            problem.whole_job = cls(problem)
+        job: WholeJob = problem.whole_job
+        return job
+
+    @cached_property
+    def proxy(self) -> ProxyCosts:
+        """The split proposals' stage costs (made once per problem)."""
+        return ProxyCosts(self.p, self.cap, self.facts)
 
     # -- one stage -------------------------------------------------------------------------------
     def choice(self, i: int, j: int, s: int, host_cap: int | None = None,
@@ -257,7 +271,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
 
     start = time.perf_counter()
     deadline = start + time_limit_s
-    job = WholeJob(problem)
+    job = WholeJob.of(problem)
+    job.deadline = None
     notes: list[str] = []
     best: Candidate | None = None
     source = ""
@@ -330,27 +345,31 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
         # of the time limit: with several stages a rank they find most of the faster splits
         moved, _ = improve_by_moves(problem, dp.best, start + MOVES_SHARE * time_limit_s)
         offer(moved, "the DP's split moved further")
+
+    def closing() -> float:  # the limit less room for the last split judged (as slow as any)
+        return deadline - min(slowest_s, ROOM_SHARE * time_limit_s)
+
     left_s = deadline - time.perf_counter()
     share = ILP_SHARE if dp.best is not None else 2 * ILP_SHARE
-    if problem.stage_count == problem.ranks:  # interleaved: its model outgrows a short share
+    if problem.stage_count > problem.ranks:  # interleaved: its model outgrows a short share
+        notes.append("today's ILP not run (several stages a rank: its CP-SAT model does not "
+                     "fit a share of the time limit)")
+    elif time.perf_counter() > closing():  # building its model alone takes ~0.4 s at GPT-48
+        notes.append("today's ILP not run (the candidates before it took the time limit)")
+    else:
         ilp = ilp_partition(problem, time_limit_s=max(0.1, OVERRUN * share * left_s),
                             threads=threads)
         offer(ilp.best, "ilp")
-        if ilp.best is not None:  # its split with per-module policies, not whole-stage reruns
+        if ilp.best is not None and time.perf_counter() < closing():
+            # its split with per-module policies, not whole-stage reruns
             try_bounds(ilp.best.split.bounds, "the ILP's split with per-stage policies")
-    else:
-        notes.append("today's ILP not run (several stages a rank: its CP-SAT model does not "
-                     "fit a share of the time limit)")
     L, S = problem.length, problem.stage_count
     count = math.comb(L - 1, S - 1)
     fixed_lists = not problem.plan_schedule.split_backward
     complete = False
     bound: float | None = None
 
-    def closing() -> float:  # the limit less room for the last split judged (as slow as any)
-        return deadline - min(slowest_s, ROOM_SHARE * time_limit_s)
-
-    proxy = ProxyCosts(problem, job.cap, job.facts)
+    proxy = job.proxy
     if count <= ENUMERATE_LIMIT:
         until = time.perf_counter() + PROMISING_SHARE * max(0.0, closing() - time.perf_counter())
         complete, bound = _enumerate(job, try_bounds, lambda: best, closing, proxy, until)
