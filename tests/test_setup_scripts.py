@@ -164,3 +164,30 @@ def test_the_test_command_stops_only_the_postgres_it_started(
     assert run.returncode == (0 if passing else 1), run.stdout + run.stderr
     expected = ["--status", "start"] + (["--stop"] if stopped else [])
     assert calls.read_text().split() == expected
+
+
+@pytest.mark.slow
+def test_the_whole_suite_runs_on_two_workers_and_a_named_file_in_one(tmp_path: Path) -> None:
+    """scripts/test adds `-n 2` (pytest-xdist) on a 2-core machine unless the run names test
+    files, gives its own -n, or PLANNER_TEST_WORKERS=1."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "test", tmp_path / "scripts" / "test")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_tiny.py").write_text(
+        "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    env = {**os.environ, "PLANNER_SKIP_SETUP": "1"}
+    env.pop("PLANNER_TEST_WORKERS", None)
+
+    def run(*args: str, **more: str) -> str:
+        done = subprocess.run([str(tmp_path / "scripts" / "test"), *args], capture_output=True,
+                              text=True, env={**env, **more}, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "2 passed" in done.stdout, done.stdout
+        return done.stdout
+
+    two = len(os.sched_getaffinity(0)) >= 2  # what nproc counts
+    assert ("2 workers" in run("-k", "one or two")) == two
+    assert "workers" not in run("tests/test_tiny.py")
+    assert "workers" not in run("-k", "one or two", PLANNER_TEST_WORKERS="1")
+    assert "workers" not in run("-n", "0")
