@@ -241,8 +241,9 @@ def test_a_second_run_of_a_request_goes_on_from_the_first(
                         real_choose(*a, **k))
     memo: dict = {}
     first = partition_plan(graph, problems=memo, **kwargs)
-    assert first.fits and first.plan.status.value == "optimal" or "all judged" in \
-        " ".join(first.notes)  # the first search finished: the second has nothing new to do
+    assert first.fits
+    # the first search finished: the second has nothing new to do
+    assert first.plan.status.value == "optimal" or "all judged" in " ".join(first.notes)
     (kept,) = memo.values()
     job, knapsacks = kept.whole_job, len(solved)
     assert job is not None and knapsacks > 0

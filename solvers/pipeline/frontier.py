@@ -30,6 +30,9 @@ class State(NamedTuple):  # a tuple, not a dataclass: the knapsack makes ~10^5 a
     weight_rerun_bytes: int = 0  # the recomputed modules' W reruns, summed (upper bound)
 
 
+ZERO = State(0, 0, 0, 0.0, ())  # nothing decided: the all-keep stage
+
+
 # (ms, delta, offload, largest): the time order, ties by bytes
 time_order: Callable[[State], tuple[float, int, int, int]] = operator.itemgetter(3, 0, 1, 2)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from planner.sim.stage_costs import one_stage_peak_bytes
 from planner.sim.stage_policies import StageFacts
 from planner.solvers.pipeline.chain_dp import minmax_dp, minsum_dp
-from planner.solvers.pipeline.frontier import State
+from planner.solvers.pipeline.frontier import ZERO, State
 from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
 from planner.solvers.pipeline.stage_menu import Item, bound_costs, items, whole_stage
 
@@ -88,13 +88,13 @@ class ProxyCosts:
             return one_stage_peak_bytes(bound_costs(base, 0, st), k, microbatches=m,
                                         split_backward=split) <= self.cap
 
-        if fits(State(0, 0, 0, 0.0, ())):
+        if fits(ZERO):
             return 0.0
         units = self._units(split and not base.first_stage)
         order = sorted((it for u in range(i, j) for it in units[u]
                         if it.exclusive_bytes > it.inputs_bytes),
                        key=lambda it: it.recompute_ms / (it.exclusive_bytes - it.inputs_bytes))
-        prefix = [State(0, 0, 0, 0.0, ())]  # prefix[n]: the first n of `order` recomputed
+        prefix = [ZERO]  # prefix[n]: the first n of `order` recomputed
         for it in order:
             st = prefix[-1]
             prefix.append(State(st.delta_bytes + it.inputs_bytes - it.exclusive_bytes, 0,

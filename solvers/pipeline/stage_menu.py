@@ -42,7 +42,7 @@ from planner.sim.stage_policies import (
     weight_rerun_bytes,
 )
 from planner.sim.unit_times import backward_with_reloads, forward_with_copies
-from planner.solvers.pipeline.frontier import FitScreen, State, cut, pareto
+from planner.solvers.pipeline.frontier import ZERO, FitScreen, State, cut, pareto
 from planner.solvers.pipeline.op_options import (
     OpOption,
     module,
@@ -224,7 +224,7 @@ def choose(
     host = res is not None and res.has_host_tier and host_cap > 0
     options: tuple[str, ...] = ("keep", "recompute", "offload") if host else (
         "keep", "recompute")
-    frontier = [State(0, 0, 0, 0.0, ())]
+    frontier = [ZERO]
     exact = True
     if figures is None:
         figures = items(problem, facts, split and not base.first_stage, op_level, host)
@@ -385,13 +385,10 @@ def bound_costs(base: StageCosts, forward: int, st: State) -> StageCosts:
 
 def additive_state(modules: list[Item], choice: tuple[str, ...]) -> State:
     """The additive figures of `choice` (one policy per module, in module order)."""
-    st = State(0, 0, 0, 0.0, ())
+    st = ZERO
     for it, policy in zip(modules, choice, strict=True):
         st = _grow(st, it, policy)
     return st
-
-
-ZERO = State(0, 0, 0, 0.0, ())
 
 
 def _grown(frontier: list[State], steps: list[State], screen: FitScreen,
