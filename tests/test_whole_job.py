@@ -224,6 +224,28 @@ def test_one_stage_may_use_more_than_an_even_share_of_the_host_pool(gpt: Graph) 
     assert makespan(got) <= makespan(roomy) + 1e-9
 
 
+def test_a_host_tier_is_never_slower_than_none_where_every_split_is_judged(
+        gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A host tier's knapsacks are cut sooner (here: two states a module), so its plan for a
+    split may be slower than the one without a host tier; with time left, the splits are
+    judged again with plans that copy nothing, and the answer is never slower than the search
+    without a host tier."""
+    monkeypatch.setattr(stage_menu, "HOST_FRONTIER_WORK", 1)
+    monkeypatch.setattr(stage_menu, "HOST_FRONTIER_MOST", 2)
+    monkeypatch.setattr(stage_menu, "FRONTIER_LIMITS", (2, 3000))
+    memory = int(plain_least(gpt, HOST) * 0.9)
+    p = problem(gpt, memory, HOST)
+    with_host = whole_job_partition(p, time_limit_s=10)
+    check_plan(p, with_host)
+    without = whole_job_partition(problem(gpt, memory), time_limit_s=10)
+    assert makespan(with_host) <= makespan(without) + 1e-9
+    # the host tier's own plans were slower on this split: the plan without copies won
+    job = whole_job.WholeJob(p)
+    own = job.candidate(job.with_policies(with_host.best.split.bounds))
+    assert own.simulation.makespan_ms > makespan(with_host) + 1e-6
+    assert "without host copies" in with_host.notes[0]
+
+
 def test_status_is_optimal_only_with_a_proof(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     p = problem(gpt, None)
     full = whole_job_partition(p, time_limit_s=5)
