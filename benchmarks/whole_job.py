@@ -39,13 +39,14 @@ from planner.core.graph import Graph  # noqa: E402
 from planner.core.resources import GiB, Resources  # noqa: E402
 from planner.solvers.pipeline.dp import dp_partition, least_memory_split  # noqa: E402
 from planner.solvers.pipeline.ilp import ilp_partition  # noqa: E402
+from planner.solvers.pipeline.policy_splits import WholeJob  # noqa: E402
 from planner.solvers.pipeline.problem import (  # noqa: E402
     Candidate,
     PartitionOutcome,
     PipelineProblem,
 )
 from planner.solvers.pipeline.units import UnitChain  # noqa: E402
-from planner.solvers.pipeline.whole_job import WholeJob, whole_job_partition  # noqa: E402
+from planner.solvers.pipeline.whole_job import whole_job_partition  # noqa: E402
 
 LEVELS = (("generous", 2.0), ("tight", 1.0), ("below", 0.9), ("far below", 0.7))
 ILP_SCHEDULES = ("1f1b", "zb-h1")

@@ -226,7 +226,7 @@ def test_a_second_run_of_a_request_goes_on_from_the_first(
     """Job choice's second round plans an option again: with the memo of the first run's
     problem it reuses that search's knapsacks (none is solved again) and answers no slower."""
     from planner.engine.partition import make_problem
-    from planner.solvers.pipeline import whole_job
+    from planner.solvers.pipeline import policy_splits
     from planner.solvers.pipeline.dp import least_memory_split
 
     graph = graphs[0][1]
@@ -236,8 +236,8 @@ def test_a_second_run_of_a_request_goes_on_from_the_first(
                            schedule="1f1b")
     kwargs["device_memory_bytes"] = int(0.95 * least_memory_split(problem)[0])  # remat needed
     solved: list[int] = []
-    real_choose = whole_job.choose
-    monkeypatch.setattr(whole_job, "choose", lambda *a, **k: solved.append(1) or
+    real_choose = policy_splits.choose
+    monkeypatch.setattr(policy_splits, "choose", lambda *a, **k: solved.append(1) or
                         real_choose(*a, **k))
     memo: dict = {}
     first = partition_plan(graph, problems=memo, **kwargs)

@@ -13,9 +13,10 @@ from planner.sim.stage_costs import one_stage_peak_bytes
 from planner.solvers.pipeline import whole_job
 from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 from planner.solvers.pipeline.dp import least_memory_split, neighbours
+from planner.solvers.pipeline.policy_splits import WholeJob
 from planner.solvers.pipeline.problem import PipelineProblem, Split
 from planner.solvers.pipeline.proposals import Bounds, ProxyCosts, propose
-from planner.solvers.pipeline.whole_job import WholeJob, whole_job_partition
+from planner.solvers.pipeline.whole_job import whole_job_partition
 
 
 @pytest.fixture(scope="module")

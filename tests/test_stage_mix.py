@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-import planner.solvers.pipeline.whole_job as whole_job
+import planner.solvers.pipeline.policy_splits as policy_splits
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant
 from planner.core.resources import Resources
@@ -145,7 +145,7 @@ def test_the_planner_mixes_where_that_is_faster(op_gpt: Graph, monkeypatch) -> N
     assert sim.per_rank_peak_bytes == cand.peaks and max(cand.peaks) <= p.memory_bytes
     mixed = [s for s in cand.partition.stages if s.variants]
     assert mixed and mixed[0].variants[0].microbatches == [0, 2, 4, 6]
-    monkeypatch.setattr(whole_job, "best_mix", lambda *args, **kwargs: None)
+    monkeypatch.setattr(policy_splits, "best_mix", lambda *args, **kwargs: None)
     one = whole_job_partition(problem(op_gpt, 0.85), time_limit_s=5, threads=1)
     assert one.best is not None and not any(s.variants for s in one.best.partition.stages)
     assert sim.makespan_ms < one.best.simulation.makespan_ms

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 import planner.sim.pipeline_ranks as pipeline_ranks
+import planner.solvers.pipeline.policy_splits as policy_splits
 import planner.solvers.pipeline.whole_job as whole_job
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineStage
@@ -240,7 +241,7 @@ def test_a_host_tier_is_never_slower_than_none_where_every_split_is_judged(
     without = whole_job_partition(problem(gpt, memory), time_limit_s=10)
     assert makespan(with_host) <= makespan(without) + 1e-9
     # the host tier's own plans were slower on this split: the plan without copies won
-    job = whole_job.WholeJob(p)
+    job = policy_splits.WholeJob(p)
     own = job.candidate(job.with_policies(with_host.best.split.bounds))
     assert own.simulation.makespan_ms > makespan(with_host) + 1e-6
     assert "without host copies" in with_host.notes[0]
@@ -321,14 +322,14 @@ def test_before_the_first_plan_unfit_splits_wait_for_their_op_level_knapsacks(
     (quicker); a split none fits gets its op-level knapsacks only once no split fits that way,
     so the first plan does not wait for them."""
     calls: list[tuple[tuple[tuple[int, int], ...], bool, bool]] = []
-    judge = whole_job.WholeJob.with_policies
+    judge = policy_splits.WholeJob.with_policies
 
     def logged(self, bounds, op_level=True):  # type: ignore[no-untyped-def]
         got = judge(self, bounds, op_level)
         calls.append((bounds, op_level, got is not None))
         return got
 
-    monkeypatch.setattr(whole_job.WholeJob, "with_policies", logged)
+    monkeypatch.setattr(policy_splits.WholeJob, "with_policies", logged)
     memory = int(plain_least(gpt) * 0.8)
     p = problem(gpt, memory)
     got = whole_job_partition(p, time_limit_s=5)
@@ -347,7 +348,7 @@ def test_a_stage_may_rerun_whole_as_one_checkpoint(gpt: Graph, monkeypatch) -> N
     import planner.solvers.pipeline.ilp as ilp
     from planner.solvers.pipeline.problem import PartitionOutcome
 
-    monkeypatch.setattr(whole_job, "choose", lambda *args, **kwargs: None)
+    monkeypatch.setattr(policy_splits, "choose", lambda *args, **kwargs: None)
     monkeypatch.setattr(ilp, "ilp_partition",  # its recomputation is not the one tested
                         lambda *args, **kwargs: PartitionOutcome("ilp", None, "infeasible"))
     memory = int(plain_least(gpt) * 0.9)
