@@ -247,6 +247,25 @@ def test_a_host_tier_is_never_slower_than_none_where_every_split_is_judged(
     assert "without host copies" in with_host.notes[0]
 
 
+def test_zero_bubble_stages_may_run_full_backwards_to_fit(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Under ZB-H1 a W deferred into the bubbles holds its micro-batch's tensors: a stage over
+    its memory may instead run one B a micro-batch (planned under 1F1B's rules at its
+    in-flight count). Here that is the only way to fit, and the plan's peaks are the
+    simulator's."""
+    memory = int(plain_least(gpt) * 0.8)
+    p = problem(gpt, memory, schedule="zb-h1")
+    got = whole_job_partition(p, time_limit_s=5)
+    check_plan(p, got)
+    ops = {(a.stage_index, a.op.value) for row in got.best.rank_actions for a in row}
+    fused = {s for s, op in ops if op == "B"}
+    assert fused and fused < {s for s, _ in ops}  # I and W on the others
+    assert got.best.split.fused and got.best.split.fused <= fused
+    monkeypatch.setattr(policy_splits.WholeJob, "fused_for_memory",
+                        lambda self, bounds: frozenset())
+    assert whole_job_partition(problem(gpt, memory, schedule="zb-h1"), time_limit_s=5).best \
+        is None
+
+
 def test_status_is_optimal_only_with_a_proof(gpt: Graph, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     p = problem(gpt, None)
     full = whole_job_partition(p, time_limit_s=5)

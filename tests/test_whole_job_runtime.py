@@ -103,8 +103,9 @@ def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
 
 @pytest.mark.slow  # traces, plans (5 s) and runs 4 gloo processes
 def test_a_zero_bubble_plan_with_full_backwards_runs_as_planned() -> None:
-    """Under ZB-H1 a stage whose W would rerun its recomputed blocks runs B instead of I and W
-    (one rerun): the plan has B actions there, I/W elsewhere, and runs as planned."""
+    """Under ZB-H1 a stage whose W would rerun its recomputed blocks, or whose W's deferred
+    into the bubbles would hold more than its memory, runs B instead of I and W: the plan has
+    B actions there, I/W elsewhere, and runs as planned (measured <= predicted per rank)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -116,8 +117,9 @@ def test_a_zero_bubble_plan_with_full_backwards_runs_as_planned() -> None:
     ops = {(a.stage_index, a.op.value) for row in plan.rank_actions for a in row}
     fused = {s for s, op in ops if op == "B"}
     assert fused and {s for s, op in ops if op == "W"}, ops  # both kinds in one plan
-    for s in fused:  # a fused stage recomputes, and is not the first (whose W is a B anyway)
-        assert s > 0 and "recompute" in plan.partition.stages[s].unit_policies.values()
+    # a fused stage recomputes (one rerun, not two) or holds less with W not deferred
+    # (fused for memory); it is not the first (whose W is a B anyway)
+    assert all(s > 0 for s in fused)
     assert result["same_parameters"]
     assert result["loss"] == pytest.approx(result["reference_loss"], rel=1e-6)
     assert result["max_grad_error"] <= 1e-5 * max(1.0, result["grad_scale"])

@@ -11,13 +11,13 @@ is planner.solvers.pipeline.whole_job.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
 from planner.sim.pipeline_ranks import simulate_pipeline
-from planner.sim.stage_costs import StageCosts, rank_peak_bytes
+from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes, rank_peak_bytes
 from planner.sim.stage_policies import StageFacts, stage_facts
 from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split, simulated_key
 from planner.solvers.pipeline.proposals import Bounds, ProxyCosts
@@ -35,6 +35,7 @@ class PolicySplit(Split):
     op_level: bool = True  # the knapsacks had op-level options (else whole-module only)
     rerun: frozenset[int] = frozenset()  # stages recomputed whole in every micro-batch
     mixed: bool = False  # stages whose choice has a two-plan mix run it (StageChoice.mix)
+    fused: frozenset[int] = frozenset()  # zero-bubble stages planned to run one B a micro-batch
 
 
 class WholeJob:
@@ -52,8 +53,8 @@ class WholeJob:
         self.exact = True  # every knapsack solved on an uncut frontier
         self.deadline: float | None = None  # once a plan exists: knapsacks stop (TimeUp) past it
         self.keep_time: dict[Bounds, float] = {}
-        self.choices: dict[tuple[int, int, int, int, bool], StageChoice | None] = {}  # (i,
-        # j, stage, host cap, op level) -> the stage's choice
+        self.choices: dict[tuple[int, int, int, int, bool, bool], StageChoice | None] = {}
+        # (i, j, stage, host cap, op level, I and W fused) -> the stage's choice
         self.range_facts: dict[tuple[int, int], StageFacts] = {}
         # (i, j, W reruns, op level, host tier) -> the knapsack's module figures
         self.figures: dict[tuple[int, int, bool, bool, bool], list[Item]] = {}
@@ -71,30 +72,40 @@ class WholeJob:
         """The split proposals' stage costs (made once per problem)."""
         return ProxyCosts(self.p, self.cap, self.facts)
 
+    @cached_property
+    def fused_rules(self) -> PipelineProblem:
+        """The problem under one full backward a micro-batch (1F1B's memory and time rules):
+        a zero-bubble stage that runs B instead of I and W (PolicySplit.fused) is planned by
+        them, at the schedule's own in-flight count."""
+        return replace(self.p, schedule="1f1b")
+
     # -- one stage -------------------------------------------------------------------------------
     def choice(self, i: int, j: int, s: int, host_cap: int | None = None,
-               op_level: bool = True) -> StageChoice | None:
+               op_level: bool = True, fused: bool = False) -> StageChoice | None:
         """Stage s = units [i, j): its fastest policies within its share of device memory and
         `host_cap` host bytes (None: the whole pool); None: none fit. Without `op_level`: only
-        whole-module policies (the DP proposals' stage costs: at least the op-level ones)."""
+        whole-module policies (the DP proposals' stage costs: at least the op-level ones).
+        `fused`: the stage runs one B a micro-batch under a zero-bubble schedule."""
         host_cap = self.host_caps[0] if host_cap is None else host_cap
-        key = (i, j, s, host_cap, op_level)
+        key = (i, j, s, host_cap, op_level, fused)
         if key not in self.choices:
+            rules = self.fused_rules if fused else self.p
             base = self.p.costs(i, j, s)
-            cheap = choose(self.p, None, base, self.p.inflight[s], self.cap, host_cap)
+            inflight = self.p.inflight[s]
+            cheap = choose(rules, None, base, inflight, self.cap, host_cap)
             if cheap is None:  # the all-keep stage does not fit: its module facts
                 facts = self.facts(i, j)
                 res = self.p.resources
                 host = res is not None and res.has_host_tier and host_cap > 0
-                reruns = self.p.plan_schedule.split_backward and not base.first_stage
+                reruns = rules.plan_schedule.split_backward and not base.first_stage
                 figures_key = (i, j, reruns, op_level, host)
                 if figures_key not in self.figures:  # the same for every stage index
                     self.figures[figures_key] = items(self.p, facts, reruns, op_level, host,
                                                       self.deadline)
-                cheap = choose(self.p, facts, base, self.p.inflight[s], self.cap, host_cap,
+                cheap = choose(rules, facts, base, inflight, self.cap, host_cap,
                                op_level, self.deadline, best_mix if op_level else None,
                                self.figures[figures_key])  # quick: one plan
-                rerun = whole_stage(self.p, base, self.p.inflight[s], self.cap)
+                rerun = whole_stage(rules, base, inflight, self.cap)
                 if rerun is not None and (cheap is None or (rerun.added_ms, rerun.peak_bytes)
                                           < (cheap.mean_added_ms, cheap.peak_bytes)):
                     cheap = rerun
@@ -112,15 +123,17 @@ class WholeJob:
         return self.range_facts[(i, j)]
 
     # -- one split -------------------------------------------------------------------------------
-    def with_policies(self, bounds: Bounds, op_level: bool = True,
-                      host_tier: bool = True) -> PolicySplit | None:
+    def with_policies(self, bounds: Bounds, op_level: bool = True, host_tier: bool = True,
+                      fused: frozenset[int] = frozenset()) -> PolicySplit | None:
         """The split with each stage's choice (None: some stage fits none); without
-        `host_tier`: choices that copy nothing to the host."""
+        `host_tier`: choices that copy nothing to the host; `fused`: zero-bubble stages
+        planned to run one B a micro-batch (`fused_for_memory`)."""
         if self.p.candidate(Split(bounds), simulate=False).fits:
             return PolicySplit(bounds)  # all-keep fits its ranks' exact peaks: nothing is faster
         caps = self.host_caps if host_tier else (0,)
         for host_cap in dict.fromkeys(caps):  # the pool first, then even shares
-            picks = [self.choice(i, j, s, host_cap, op_level) for s, (i, j) in enumerate(bounds)]
+            picks = [self.choice(i, j, s, host_cap, op_level, s in fused)
+                     for s, (i, j) in enumerate(bounds)]
             if any(c is None for c in picks):
                 return None  # an even share is smaller: nothing more fits
             on_host = sum(self.p.inflight[s] * c.host_bytes
@@ -133,12 +146,12 @@ class WholeJob:
                 return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
                                    host_cap, op_level, frozenset(
                                        s for s, c in enumerate(picks) if c and c.whole_stage),
-                                   mixed)
+                                   mixed, fused)
         return None
 
     def candidate(self, split: PolicySplit) -> Candidate:
         p = self.p
-        if not split.policies and not split.rerun:  # all-keep: the problem's own (shared)
+        if not (split.policies or split.rerun or split.fused):  # all-keep: the problem's own
             return p.candidate(Split(split.bounds))
         every = frozenset(range(p.microbatches))
         recompute = [every if s in split.rerun else frozenset() for s in range(p.stage_count)]
@@ -146,7 +159,7 @@ class WholeJob:
         costs: list[StageCosts] = []
         variant_costs: list[dict[int, StageCosts]] = []
         for s, (i, j) in enumerate(split.bounds):
-            picked = self.choice(i, j, s, split.host_cap, split.op_level) \
+            picked = self.choice(i, j, s, split.host_cap, split.op_level, s in split.fused) \
                 if split.policies and split.policies[s] else None
             mix = picked.mix if picked is not None and split.mixed else None
             own = mix.light if mix is not None else picked
@@ -169,7 +182,7 @@ class WholeJob:
                            split_backward and costs[s].backward_weight_ms
                            > p.costs(i, j, s).backward_weight_ms + 1e-9)
         best: Candidate | None = None
-        for fused in dict.fromkeys((frozenset(), reruns)):
+        for fused in dict.fromkeys((split.fused, split.fused | reruns)):
             cand = self._judged(split, partition, p.action_lists(Split(split.bounds), fused),
                                 costs, recompute, variant_costs)
             if best is None or _faster(cand, best):
@@ -188,6 +201,23 @@ class WholeJob:
         if sim is not None and sim.host_peak_bytes > self.host_memory:
             fits = False
         return Candidate(split, partition, lists, peaks, sim, fits)
+
+    def fused_for_memory(self, bounds: Bounds) -> frozenset[int]:
+        """Under zero-bubble, the stages whose all-keep peak is over their share but lower
+        with one B a micro-batch: a W deferred into the bubbles holds its micro-batch's tensors,
+        so fusing I and W can free more than recomputation would (GPT-24 on 2 ranks, ZB-H1:
+        the last stage's all-keep peak 1.17x the memory with I and W, 0.89x fused)."""
+        if not self.p.plan_schedule.split_backward:
+            return frozenset()
+        m = self.p.microbatches
+        fused = set()
+        for s, (i, j) in enumerate(bounds):
+            base, k = self.p.costs(i, j, s), self.p.inflight[s]
+            split_peak = one_stage_peak_bytes(base, k, microbatches=m, split_backward=True)
+            if split_peak > self.cap and one_stage_peak_bytes(
+                    base, k, microbatches=m, split_backward=False) < split_peak:
+                fused.add(s)
+        return frozenset(fused)
 
     def keep_step_ms(self, bounds: Bounds) -> float:
         """The split's all-keep simulated step (memory aside): a bound on its every plan."""

@@ -136,9 +136,13 @@ class _Search:
     def try_bounds(self, bounds: Bounds, name: str) -> None:
         job = self.job
         began = time.perf_counter()
+        # zero-bubble: stages over their share may run one B a micro-batch instead of I and W
+        fused = job.fused_for_memory(bounds)
         if self.best is None and not self.late:  # anytime: whole-module knapsacks (quicker)
             job.deadline = None
             quick = job.with_policies(bounds, op_level=False)
+            if quick is None and fused:
+                quick = job.with_policies(bounds, op_level=False, fused=fused)
             if quick is None:  # op-level options seldom fit where whole modules do not:
                 self.unfit.append(bounds)  # those wait until no split fits otherwise
                 return
@@ -147,11 +151,15 @@ class _Search:
         job.deadline = self.deadline - 2 * self.sim_s if self.best is not None else None
         try:
             split = job.with_policies(bounds)
+            if split is not None:
+                self.offer_both(split, name)
+            if fused and (split is None or split.policies):
+                split = job.with_policies(bounds, fused=fused)
+                if split is not None:
+                    self.offer_both(split, name + ", I and W fused for memory")
         except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
             self.timed_out = True
             return
-        if split is not None:
-            self.offer_both(split, name)
         self.slowest_s = max(self.slowest_s, time.perf_counter() - began)
 
     def try_without_host(self, bounds: Bounds) -> bool:
