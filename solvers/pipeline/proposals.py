@@ -88,8 +88,9 @@ class ProxyCosts:
             return one_stage_peak_bytes(bound_costs(base, 0, st), k, microbatches=m,
                                         split_backward=split) <= self.cap
 
-        if fits(ZERO):
-            return 0.0
+        if fits(ZERO) or split and one_stage_peak_bytes(
+                base, k, microbatches=m, split_backward=False) <= self.cap:
+            return 0.0  # (zero-bubble: full backwards fit, WholeJob.fused_for_memory)
         units = self._units(split and not base.first_stage)
         order = sorted((it for u in range(i, j) for it in units[u]
                         if it.exclusive_bytes > it.inputs_bytes),
