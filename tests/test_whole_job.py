@@ -260,6 +260,9 @@ def test_zero_bubble_stages_may_run_full_backwards_to_fit(gpt: Graph, monkeypatc
     fused = {s for s, op in ops if op == "B"}
     assert fused and fused < {s for s, _ in ops}  # I and W on the others
     assert got.best.split.fused and got.best.split.fused <= fused
+    from planner.engine.partition import stage_rows
+
+    assert {r.stage_index for r in stage_rows(p, got.best) if r.full_backward} == fused
     monkeypatch.setattr(policy_splits.WholeJob, "fused_for_memory",
                         lambda self, bounds: frozenset())
     assert whole_job_partition(problem(gpt, memory, schedule="zb-h1"), time_limit_s=5).best \

@@ -223,6 +223,8 @@ def _redo(row: StageRow) -> str:
             parts.append(f"{policy} {len(mods)}: {', '.join(mods[:3])}{more}")
     if row.host_bytes:
         parts.append(f"host {format_bytes(row.host_bytes)} x {row.inflight}")
+    if row.full_backward:
+        parts.append("B, not I and W")
     for microbatches, policies in row.variants:  # another unit plan in these micro-batches
         named = ", ".join(f"{m} {p}" for m, p in list(policies.items())[:3])
         more = " .." if len(policies) > 3 else ""

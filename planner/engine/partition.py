@@ -58,6 +58,7 @@ class StageRow:
     # other unit plans for some micro-batches (PipelineStage.variants): (micro-batches, module
     # -> recompute/offload)
     variants: list[tuple[list[int], dict[str, str]]] = field(default_factory=list)
+    full_backward: bool = False  # zero-bubble: one B a micro-batch, not I and W
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,8 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
     (planner.sim.stage_policies, the simulator's own rule)."""
     plain = [problem.costs(i, j, s) for s, (i, j) in enumerate(cand.split.bounds)]
     effective = apply_unit_policies(problem.graph, cand.partition, plain, problem.resources)
+    full = {a.stage_index for row in cand.rank_actions for a in row if a.op.value == "B"} \
+        if problem.plan_schedule.split_backward else set()
     rows = []
     for s, (i, j) in enumerate(cand.split.bounds):
         c, e = plain[s], effective[s]
@@ -354,6 +357,7 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
             variants=[(list(v.microbatches), {k: p for k, p in v.unit_policies.items()
                                               if p != "keep"})
                       for v in cand.partition.stage(s).variants],
+            full_backward=s in full,
         ))
     return rows
 
