@@ -346,8 +346,8 @@ def test_before_the_first_plan_unfit_splits_wait_for_their_op_level_knapsacks(
     calls: list[tuple[tuple[tuple[int, int], ...], bool, bool]] = []
     judge = policy_splits.WholeJob.with_policies
 
-    def logged(self, bounds, op_level=True):  # type: ignore[no-untyped-def]
-        got = judge(self, bounds, op_level)
+    def logged(self, bounds, op_level=True, **kwargs):  # type: ignore[no-untyped-def]
+        got = judge(self, bounds, op_level, **kwargs)
         calls.append((bounds, op_level, got is not None))
         return got
 

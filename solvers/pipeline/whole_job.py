@@ -150,27 +150,32 @@ class _Search:
         # once a plan exists, knapsacks stop in time for the split's two simulations
         job.deadline = self.deadline - 2 * self.sim_s if self.best is not None else None
         try:
-            split = job.with_policies(bounds)
-            if split is not None:
-                self.offer_both(split, name)
-            if fused and (split is None or split.policies):
-                split = job.with_policies(bounds, fused=fused)
-                if split is not None:
-                    self.offer_both(split, name + ", I and W fused for memory")
+            self._with_policies(bounds, name, fused)
         except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
             self.timed_out = True
             return
         self.slowest_s = max(self.slowest_s, time.perf_counter() - began)
 
+    def _with_policies(self, bounds: Bounds, name: str, fused: frozenset[int],
+                       host_tier: bool = True) -> None:
+        """The split with each stage's choice, and with the stages in `fused` running full
+        backwards where some stage recomputes or none fits (TimeUp past the job's deadline)."""
+        split = self.job.with_policies(bounds, host_tier=host_tier)
+        if split is not None and (host_tier or split.policies or split.rerun):
+            self.offer_both(split, name)
+        if fused and (split is None or split.policies):
+            split = self.job.with_policies(bounds, host_tier=host_tier, fused=fused)
+            if split is not None:
+                self.offer_both(split, name + ", I and W fused for memory")
+
     def try_without_host(self, bounds: Bounds) -> bool:
         """The split with plans that copy nothing; False: a knapsack ran past the limit."""
         self.job.deadline = self.deadline - 2 * self.sim_s
         try:
-            split = self.job.with_policies(bounds, host_tier=False)
+            self._with_policies(bounds, "the split's plans without host copies",
+                                self.job.fused_for_memory(bounds), host_tier=False)
         except TimeUp:
             return False
-        if split is not None and (split.policies or split.rerun):
-            self.offer_both(split, "the split's plans without host copies")
         return True
 
     # -- the phases ------------------------------------------------------------------------------
