@@ -46,6 +46,7 @@ ROWS = [
     ("whole-1f1b-2", 2, "1f1b", False, 0.85, "whole"),
     ("whole-1f1b-4", 4, "1f1b", False, 0.8, "whole"),
     ("whole-zb-h1-2", 2, "zb-h1", False, 0.85, "whole"),
+    ("whole-zb-h1-4", 4, "zb-h1", False, 0.8, "whole"),  # full backwards for memory
     ("whole-interleaved-2-host", 2, "interleaved-1f1b", True, 0.85, "whole"),
 ]
 CHOICE = ("chosen-4", 4, "auto", False, 0.85, "whole")
