@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from planner.core.budget import format_bytes, parse_budget_spec
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
+from planner.core.pipeline_actions import PipelineOp
 from planner.core.plan import Plan, PlanKind, PlanStatus, graph_reference, relative_gap
 from planner.core.resources import Resources
 from planner.engine.registry import method_spec, method_specs
@@ -332,8 +333,8 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
     (planner.sim.stage_policies, the simulator's own rule)."""
     plain = [problem.costs(i, j, s) for s, (i, j) in enumerate(cand.split.bounds)]
     effective = apply_unit_policies(problem.graph, cand.partition, plain, problem.resources)
-    full = {a.stage_index for row in cand.rank_actions for a in row if a.op.value == "B"} \
-        if problem.plan_schedule.split_backward else set()
+    full = {a.stage_index for row in cand.rank_actions for a in row
+            if a.op is PipelineOp.backward} if problem.plan_schedule.split_backward else set()
     rows = []
     for s, (i, j) in enumerate(cand.split.bounds):
         c, e = plain[s], effective[s]
