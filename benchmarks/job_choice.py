@@ -38,10 +38,9 @@ from benchmarks.whole_job import traced_gpt  # noqa: E402
 from planner.core.errors import InputError, NoPlanFits  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
 from planner.core.resources import GiB  # noqa: E402
-from planner.engine.job_choice import (  # noqa: E402
+from planner.engine.job_choice import JobChoice, choose_job  # noqa: E402
+from planner.engine.job_options import (  # noqa: E402
     AUTO_SCHEDULES,
-    JobChoice,
-    choose_job,
     job_options,
     work_bound_ms,
 )

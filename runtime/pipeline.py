@@ -38,7 +38,6 @@ targets) on theirs.
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import tempfile
 import time
@@ -50,7 +49,6 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
     PipelineScheduleSingle,
@@ -58,7 +56,6 @@ from torch.distributed.pipelining.schedules import (
     _PipelineScheduleRuntime,
     get_schedule_class,
 )
-from torch.utils.checkpoint import checkpoint
 
 try:  # torch with REDUCE_GRAD actions (2.13); a runtime without them scales gradients itself
     from torch.distributed.pipelining.schedules import _add_reduce_grad
@@ -66,13 +63,19 @@ except ImportError:  # pragma: no cover - an older torch (the GPU machine has 2.
     _add_reduce_grad = None  # type: ignore[assignment]
 
 from planner.core.errors import InputError
-from planner.core.pipeline_actions import PipelineOp, rank_actions_to_csv
+from planner.core.pipeline_actions import rank_actions_to_csv
 from planner.core.plan import Plan, PlanKind, PlanStatus
+from planner.runtime.pipeline_checks import (
+    check_split_backward,
+    check_variant_microbatches,
+    has_weight_actions,
+)
 from planner.runtime.pipeline_memory import RankMemory
 from planner.runtime.pipeline_memory import gather_gradients as gather_gradients
 from planner.runtime.pipeline_memory import gather_memory as gather_memory
 from planner.runtime.pipeline_memory import memory_table as memory_table
-from planner.runtime.pipeline_split import SplitModel, StageProgram, check_plan_model, split_model
+from planner.runtime.pipeline_split import SplitModel, check_plan_model, split_model
+from planner.runtime.pipeline_stage import PlannedStage, StageModule
 from planner.runtime.pipeline_units import (
     HostMemory,
     UnitSwitch,
@@ -82,81 +85,6 @@ from planner.runtime.pipeline_units import (
 from planner.solvers.pipeline.schedules import SCHEDULE_CLASSES
 from planner.tracing.cuda_allocator import use_exact_allocator
 from planner.tracing.memory import StorageTracker
-
-
-class StageModule(nn.Module):
-    """One stage's module: the stage program, keyword inputs filtered; the forward of the
-    micro-batches in `recompute` runs checkpointed (the stage sets `microbatch` before each).
-    `switch` (planner.runtime.pipeline_units) is told the micro-batch, so that its unit calls
-    run that micro-batch's unit plan, and the checkpoint's rerun in the backward, with the
-    micro-batch its forward ran."""
-
-    def __init__(self, program: StageProgram, recompute: frozenset[int],
-                 switch: UnitSwitch | None = None) -> None:
-        super().__init__()
-        self.program = program.module
-        self.keyword_inputs = list(program.keyword_inputs)
-        self.recompute = recompute
-        self.switch = switch or UnitSwitch()
-        self.microbatch: int | None = None
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        keywords = {k: kwargs[k] for k in self.keyword_inputs}
-        microbatch = self.microbatch  # the backward's rerun runs when it is None again
-        with self.switch.running(microbatch):
-            if microbatch in self.recompute and torch.is_grad_enabled():
-                runs = itertools.count()
-
-                def whole_stage(*args: Any, **kwargs: Any) -> Any:
-                    if next(runs) == 0:
-                        return self.program(*args, **kwargs)
-                    with self.switch.rerun(microbatch):  # the backward's rerun
-                        return self.program(*args, **kwargs)
-
-                return checkpoint(
-                    whole_stage, *args, use_reentrant=False, preserve_rng_state=True, **keywords
-                )
-            return self.program(*args, **keywords)
-
-
-class _Stage(PipelineStage):
-    """torch's PipelineStage telling its module which micro-batch a forward runs (torch's
-    metadata inference calls the module outside forward_one_chunk: no micro-batch there)."""
-
-    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        module = self.submod
-        if isinstance(module, StageModule):
-            module.microbatch = fwd_chunk_id
-        try:
-            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-        finally:
-            if isinstance(module, StageModule):
-                module.microbatch = None
-
-    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
-        # torch's W runs one autograd call per weight group, and each call reruns every
-        # checkpoint it passes through and leaves the rerun's input-gradient tensors alive
-        # until the graph is freed (a GPT block: six reruns); one call over all groups reruns
-        # each checkpoint once
-        state = getattr(self, "backward_state", {}).get(bwd_chunk_id)
-        if self.dw_builder is None and isinstance(state, tuple) and len(state) == 4:
-            input_values, groups, stage_output, output_grads = state
-            if groups is not None and len(groups) > 1:
-                self.backward_state[bwd_chunk_id] = (
-                    input_values, [merged_weight_groups(groups)], stage_output, output_grads)
-        super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
-
-
-def merged_weight_groups(groups: list[dict[str, Any]]) -> dict[str, Any]:
-    """torch's weight groups (params, their intermediates and those's gradients from I) as one:
-    each intermediate's gradient is still clamped to its own (stage_backward_weight's prehooks
-    with several intermediates), so every parameter's gradient is the same."""
-    merged: dict[str, Any] = {"params": set(), "intermediates": [], "grads": []}
-    for g in groups:
-        merged["params"] |= set(g["params"])
-        merged["intermediates"].extend(g["intermediates"])
-        merged["grads"].extend(g["grads"])
-    return merged
 
 
 def _model_loss(output: Any, target: Any) -> Any:
@@ -185,7 +113,7 @@ class PipelineRun:
         if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
             raise InputError(f"plan ({plan.method}): status {plan.status.value}: cannot be run")
         check_plan_model(plan, model)  # a plan for another model: said before any fx tracing
-        _check_variant_microbatches(plan)
+        check_variant_microbatches(plan)
         if not dist.is_initialized():
             raise InputError(
                 "planner.runtime.pipeline: call torch.distributed.init_process_group first"
@@ -201,7 +129,7 @@ class PipelineRun:
                 f"group has {world}"
             )
         self.microbatches = 1 + max(a.microbatch_index for row in plan.rank_actions for a in row)
-        _check_split_backward(plan)
+        check_split_backward(plan)
         # stage -> its units' policies other than "keep", its variants' too (checked on every
         # rank before tracing)
         self.unit_policies = {s.stage_index: check_unit_policies(s) for s in self.partition.stages}
@@ -216,7 +144,7 @@ class PipelineRun:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             use_exact_allocator()  # allocated bytes = the plan's 512 B-rounded sizes
-            if _has_weight_actions(plan):
+            if has_weight_actions(plan):
                 warnings.warn(
                     "planner.runtime.pipeline: W actions (split backward) on CUDA are checked on "
                     "torch 2.11 only, where the weight gradients came out wrong "
@@ -235,7 +163,7 @@ class PipelineRun:
         self.host = HostMemory()  # host bytes of offloaded saved tensors (unit_policies)
         self.modules = {s: self._stage_module(s) for s in self.stage_indices}
         self.stages = [
-            _Stage(self.modules[s], s, self.partition.stage_count, self.device, group=group)
+            PlannedStage(self.modules[s], s, self.partition.stage_count, self.device, group=group)
             for s in self.stage_indices
         ]
         self.schedule = self._schedule(schedule)
@@ -416,42 +344,6 @@ def build_pipeline(
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     return PipelineRun(model, load(plan), inputs, **options)
-
-
-# The torch release whose split backward (I and W actions) the runtime's W is verified on; on
-# torch 2.11 (an H100, 2026-11-27) the weight gradients of a zero-bubble step came out wrong
-# (the last stage's up to 3.4x): docs/whole_job.md
-SPLIT_BACKWARD_TORCH = (2, 13)
-
-
-def _has_weight_actions(plan: Plan) -> bool:
-    return any(a.op is PipelineOp.backward_weight for row in plan.rank_actions or [] for a in row)
-
-
-def _check_split_backward(plan: Plan) -> None:
-    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if release < SPLIT_BACKWARD_TORCH and _has_weight_actions(plan):
-        raise InputError(
-            f"plan ({plan.details.get('schedule', plan.method)}): its W actions (split backward) "
-            f"give correct gradients on torch {'.'.join(map(str, SPLIT_BACKWARD_TORCH))}, not on "
-            f"this torch {torch.__version__}; install torch==2.13.0 or plan a schedule without W "
-            "(1f1b, interleaved-1f1b, gpipe)")
-
-
-def _check_variant_microbatches(plan: Plan) -> None:
-    """One line for a variant naming a micro-batch the rank actions do not run."""
-    if plan.partition is None or not plan.rank_actions:
-        return
-    m = 1 + max(a.microbatch_index for row in plan.rank_actions for a in row)
-    for s in plan.partition.stages:
-        for k, variant in enumerate(s.variants):
-            beyond = sorted(mb for mb in variant.microbatches if mb >= m)
-            if beyond:
-                raise InputError(
-                    f"partition: stage {s.stage_index}'s variants[{k}].microbatches name "
-                    f"{beyond[0]}, but the rank actions run {m} micro-batches (0..{m - 1}); "
-                    "drop it"
-                )
 
 
 def _storage_bytes(tensors: Any) -> int:

@@ -16,7 +16,7 @@ from planner.engine.partition import make_problem
 from planner.sim.rank_memory import mixed_stage_peak_bytes, one_stage_peak_bytes
 from planner.sim.stage_costs import stage_costs, stage_of_nodes
 from planner.sim.stage_policies import stage_facts
-from planner.solvers.pipeline import frontier, stage_menu
+from planner.solvers.pipeline import frontier, stage_items, stage_menu
 
 HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", device_count=2, microbatches=8)
 
@@ -103,8 +103,8 @@ def test_the_screen_never_drops_a_state_some_fitting_plan_extends(op_gpt: Graph,
                      resources=HOST)
     # mixes: four in flight (the first stage of four ranks), so 1 and k - 1 slots differ
     k, m = (4 if mixes else p.inflight[s]), p.microbatches
-    figures = stage_menu.items(p, facts)
-    forward = stage_menu.forward_bytes(p, facts)
+    figures = stage_items.items(p, facts)
+    forward = stage_items.forward_bytes(p, facts)
     menus = [("keep", "recompute", "offload", *(f"op{j}" for j in range(len(it.ops))))
              for it in figures]
     blocks = [i for i, u in enumerate(facts.units) if u.name.startswith("h.")]

@@ -13,14 +13,8 @@ from cli_run import run
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.io import load_plan, write_json
-from planner.engine.job_choice import (
-    AUTO_SCHEDULES,
-    JobOption,
-    OptionResult,
-    choose_job,
-    job_options,
-    proven_fastest,
-)
+from planner.engine.job_choice import OptionResult, choose_job, proven_fastest
+from planner.engine.job_options import AUTO_SCHEDULES, JobOption, job_options
 from planner.engine.partition import partition_plan
 from planner.sim.simulator import simulate
 

@@ -69,15 +69,15 @@ def test_staged_messages_change_no_loss_gradient_or_peak(schedule: str) -> None:
 
 
 def test_split_backward_needs_the_verified_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner.runtime import pipeline
+    from planner.runtime import pipeline_checks
 
     rows = rank_actions_from_text("0F0 0I0 0W0\n")
     plan = SimpleNamespace(rank_actions=rows, details={"schedule": "zb-h1"}, method="dp")
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
     with pytest.raises(InputError, match="torch==2.13.0"):
-        pipeline._check_split_backward(plan)  # type: ignore[arg-type]
+        pipeline_checks.check_split_backward(plan)  # type: ignore[arg-type]
     no_w = SimpleNamespace(rank_actions=rank_actions_from_text("0F0 0B0\n"), details={},
                            method="dp")
-    pipeline._check_split_backward(no_w)  # type: ignore[arg-type]
+    pipeline_checks.check_split_backward(no_w)  # type: ignore[arg-type]
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
-    pipeline._check_split_backward(plan)  # type: ignore[arg-type]
+    pipeline_checks.check_split_backward(plan)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from planner.sim.stage_policies import (
     policy_stage_costs,
     stage_facts,
 )
-from planner.solvers.pipeline import stage_menu
+from planner.solvers.pipeline import stage_items, stage_menu
 from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 from planner.solvers.pipeline.dp import dp_partition, least_memory_split
 from planner.solvers.pipeline.ilp import ilp_partition
@@ -131,8 +131,8 @@ def test_the_menus_additive_figures_bound_the_simulators_rule(op_gpt: Graph, s: 
     bytes equal them (so what it accepts fits)."""
     _, facts, base = _op_stage(op_gpt, s)
     p = problem(op_gpt, None, HOST, ranks=2)
-    figures = stage_menu.items(p, facts)
-    forward = stage_menu.forward_bytes(p, facts)
+    figures = stage_items.items(p, facts)
+    forward = stage_items.forward_bytes(p, facts)
     blocks = [i for i, u in enumerate(facts.units) if u.name.startswith("h.")]
     menus = [("keep", "recompute", "offload", *(f"op{k}" for k in range(len(figures[i].ops))))
              for i in blocks]

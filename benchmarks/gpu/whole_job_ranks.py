@@ -83,7 +83,8 @@ def _least_plain(graph: Any, ranks: int, microbatches: int) -> int:
 
 
 def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
-    from planner.engine.job_choice import AUTO_SCHEDULES, choose_job
+    from planner.engine.job_choice import choose_job
+    from planner.engine.job_options import AUTO_SCHEDULES
     from planner.engine.partition import partition_plan
 
     gpt = TINY if tiny else GPT

@@ -27,7 +27,8 @@ def choose(
 ) -> tuple[Graph, PartitionReport]:
     """The chosen option's graph and report; the options' table printed (not with --json:
     the plan's details.choice carries it)."""
-    from planner.engine.job_choice import AUTO, choose_job, parse_schedules
+    from planner.engine.job_choice import choose_job
+    from planner.engine.job_options import AUTO, parse_schedules
 
     try:
         choice = choose_job(graphs, global_batch=global_batch, microbatches=microbatches,

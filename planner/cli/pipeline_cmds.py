@@ -18,7 +18,8 @@ from planner.core.resources import PipelineSchedule
 
 if TYPE_CHECKING:
     from planner.core.graph import Graph
-    from planner.engine.partition import PartitionReport, StageRow, SweepRow
+    from planner.engine.partition import PartitionReport, StageRow
+    from planner.engine.partition_sweep import SweepRow
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 GraphArg = Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json")]
@@ -133,7 +134,8 @@ def partition_cmd(
     (batch / --microbatches). With --schedule auto (or a list) the schedule is chosen too; with
     --global-batch and one graph per micro-batch size, the micro-batch count as well."""
     from planner.engine.inputs import load_graph
-    from planner.engine.partition import parse_device_memory, partition_plan, sweep_partitions
+    from planner.engine.partition import parse_device_memory, partition_plan
+    from planner.engine.partition_sweep import sweep_partitions
     from planner.engine.request import with_host_memory
     graph_path = graph_paths[0]
     graphs = [(str(path), load_graph(path)) for path in graph_paths]

@@ -11,7 +11,8 @@ from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.plan import Plan, PlanStatus, graph_reference
 from planner.core.resources import Resources
-from planner.engine.job_choice import choose_job, parse_schedules
+from planner.engine.job_choice import choose_job
+from planner.engine.job_options import parse_schedules
 from planner.engine.partition import (
     given_split,
     machine,

@@ -28,12 +28,8 @@ from planner.core.graph import Graph
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
 from planner.sim.selective_units import call_outputs, rerun_ms, unit_calls
-from planner.sim.stage_policies import (
-    StageFacts,
-    UnitFacts,
-    backward_working_bytes,
-    weight_rerun_bytes,
-)
+from planner.sim.stage_policies import StageFacts, UnitFacts, weight_rerun_bytes
+from planner.sim.stage_working import backward_working_bytes
 
 FRACTIONS = (0.25, 0.5, 0.75)  # of the candidates' bytes, per option
 

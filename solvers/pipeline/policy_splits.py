@@ -22,7 +22,8 @@ from planner.sim.stage_policies import StageFacts, stage_facts
 from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split, simulated_key
 from planner.solvers.pipeline.proposals import Bounds, ProxyCosts
 from planner.solvers.pipeline.schedules import stage_rank
-from planner.solvers.pipeline.stage_menu import Item, StageChoice, choose, items, whole_stage
+from planner.solvers.pipeline.stage_items import Item, items
+from planner.solvers.pipeline.stage_menu import StageChoice, choose, whole_stage
 from planner.solvers.pipeline.stage_mix import best_mix
 
 

@@ -22,7 +22,8 @@ from planner.sim.stage_policies import StageFacts
 from planner.solvers.pipeline.chain_dp import minmax_dp, minsum_dp
 from planner.solvers.pipeline.frontier import ZERO, State
 from planner.solvers.pipeline.problem import Candidate, PipelineProblem, Split
-from planner.solvers.pipeline.stage_menu import Item, bound_costs, items, whole_stage
+from planner.solvers.pipeline.stage_items import Item, items
+from planner.solvers.pipeline.stage_menu import bound_costs, whole_stage
 
 Bounds = tuple[tuple[int, int], ...]  # (first unit, end unit) per stage
 Offer = Callable[[Bounds, str], None]  # judge a split's best-policy plan (and its source)

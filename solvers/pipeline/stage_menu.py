@@ -5,22 +5,23 @@ For stage s = units [i, j) of the chain with k micro-batches in flight, choose p
 stage's peak fits `cap` bytes and its host bytes fit `host_cap` (k in-flight copies).
 
 Exact over the additive model, then checked by the simulator's rule: each module's effect is
-bounded by additive figures (`Item`): a non-keep module frees at least its `exclusive` saved
-bytes (roots no other part of the stage keeps) per micro-batch; recompute adds at most its
-inputs' bytes; offload puts its host copies on the host; the transient is at most the largest
-of the all-keep stage's, the F's working bytes with nothing kept but what the stage must keep
-(`forward_bytes`), and each non-keep module's backward working bytes under its policy with
-nothing else kept (the simulator's rules, planner.sim.stage_policies, only fall when more is
-kept). A dynamic programme over the modules keeps the Pareto frontier of (bytes per
-micro-batch, offloaded bytes, largest non-keep transient, estimated ms, and under zero-bubble
-I/W the recompute modules' W reruns, summed): every peak it accepts
-is an upper bound of the simulator's, so the answer fits. Besides the three whole-module
-policies, each module offers op-level options (planner.solvers.pipeline.op_options: selective
-checkpoints and partial offloads). The fitting frontier points are then ranked by the
-simulator's own time rule (planner.sim.unit_times: copies queue on the host links, which the
-per-module estimates cannot see), and the fastest few are checked with `policy_stage_costs`.
-The frontier (planner.solvers.pipeline.frontier: its Pareto filter, its cut, and a screen
-dropping states no completion can fit) stays near linear in its size.
+bounded by additive figures (`Item`, planner.solvers.pipeline.stage_items): a non-keep module
+frees at least its `exclusive` saved bytes (roots no other part of the stage keeps) per
+micro-batch; recompute adds at most its inputs' bytes; offload puts its host copies on the
+host; the transient is at most the largest of the all-keep stage's, the F's working bytes with
+nothing kept but what the stage must keep (`forward_bytes`), and each non-keep module's
+backward working bytes under its policy with nothing else kept (the simulator's rules,
+planner.sim.stage_policies, only fall when more is kept). A dynamic programme over the modules
+keeps the Pareto frontier of (bytes per micro-batch, offloaded bytes, largest non-keep
+transient, estimated ms, and under zero-bubble I/W the recompute modules' W reruns, summed):
+every peak it accepts is an upper bound of the simulator's, so the answer fits. Besides the
+three whole-module policies, each module offers op-level options
+(planner.solvers.pipeline.op_options: selective checkpoints and partial offloads). The fitting
+frontier points are then ranked by the simulator's own time rule (planner.sim.unit_times:
+copies queue on the host links, which the per-module estimates cannot see), and the fastest few
+are checked with `policy_stage_costs`. The frontier (planner.solvers.pipeline.frontier: its
+Pareto filter, its cut, and a screen dropping states no completion can fit) stays near linear
+in its size.
 """
 
 from __future__ import annotations
@@ -31,25 +32,16 @@ from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
 from planner.core.resources import Resources
-from planner.sim.ledger import MemoryLedger
 from planner.sim.rank_memory import mixed_stage_peak_bytes
 from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes
-from planner.sim.stage_policies import (
-    StageFacts,
-    backward_working_bytes,
-    forward_working_bytes,
-    policy_stage_costs,
-    weight_rerun_bytes,
-)
+from planner.sim.stage_policies import StageFacts, policy_stage_costs
 from planner.sim.unit_times import backward_with_reloads, forward_with_copies
 from planner.solvers.pipeline.frontier import ZERO, FitScreen, State, cut, pareto
 from planner.solvers.pipeline.op_options import (
     OpOption,
-    module,
-    offload_options,
-    selective_options,
 )
 from planner.solvers.pipeline.problem import PipelineProblem
+from planner.solvers.pipeline.stage_items import Item, TimeUp, forward_bytes, items
 
 FRONTIER_WORK = 24000  # states kept per module times modules (beyond: not proven least)
 FRONTIER_LIMITS = (300, 3000)  # the least and most states kept per module
@@ -60,26 +52,6 @@ HOST_FRONTIER_WORK, HOST_FRONTIER_MOST = 6000, 1000
 EXACT_CHECKS = 6  # frontier points, fastest first, whose bytes the simulator's rule checks
 QUICK_CHECKS = 2  # the same for whole-module knapsacks (a first estimate: the quick pass, DP costs)
 OP = "op"  # a choice "op<k>": the module's k-th op-level option (op_options.OpOption)
-
-
-class TimeUp(Exception):  # noqa: N818 - a signal, not an error
-    """choose() ran past its deadline (nothing is known about the stage)."""
-
-
-@dataclass(frozen=True)
-class Item:
-    """One module's additive figures (bytes of storage roots)."""
-
-    name: str
-    host_bytes: int  # its host copies when offloaded
-    exclusive_bytes: int  # saved roots no other module or outside node of the stage keeps
-    inputs_bytes: int
-    recompute_transient_bytes: int  # its backward working bytes, recomputed (upper bound)
-    offload_transient_bytes: int  # and offloaded
-    recompute_ms: float
-    offload_ms: float  # estimated copy time not hidden behind the stage's other compute
-    weight_rerun_bytes: int = 0  # recomputed: what its reruns leave in a split W (bound)
-    ops: tuple[OpOption, ...] = ()  # op-level options: selective checkpoints, partial offloads
 
 
 @dataclass(frozen=True)
@@ -135,64 +107,6 @@ def variant_microbatches(microbatches: int, inflight: int, slots: int) -> list[i
 Mixer = Callable[["PipelineProblem", int, float, int, StageChoice,
                   "list[tuple[State, StageCosts]]", "Callable[[State], StageChoice]"],
                  "StageMix | None"]  # planner.solvers.pipeline.stage_mix.best_mix
-
-
-def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = False,
-          op_level: bool = True, offload: bool = True,
-          deadline: float | None = None) -> list[Item]:
-    """Each module's figures; `weight_reruns`: a split W (zero-bubble, not the first stage)
-    keeps its reruns (planner.sim.stage_policies.weight_rerun_bytes, one module at a time:
-    their sum bounds the simulator's); `op_level`: with its op-level options; `offload`
-    False: no offload figures (a knapsack without the host tier). TimeUp past `deadline`."""
-    size = MemoryLedger.of(problem.graph).storage_bytes
-    res = problem.resources
-    out = []
-    after_fwd = [0.0] * len(facts.units)
-    after_bwd = [0.0] * len(facts.units)
-    for n in range(len(facts.units) - 2, -1, -1):
-        after_fwd[n] = after_fwd[n + 1] + facts.units[n + 1].forward_ms
-        after_bwd[n] = after_bwd[n + 1] + facts.units[n + 1].backward_ms
-    least = set(facts.rest_saved | facts.held)  # kept whatever the policies
-    inputs = set().union(*(u.inputs for u in facts.units))  # never freed, whoever recomputes
-    host_tier = offload and res is not None and res.d2h is not None and res.h2d is not None
-    split = problem.plan_schedule.split_backward
-    for n, u in enumerate(facts.units):
-        if deadline is not None and time.perf_counter() > deadline:
-            raise TimeUp
-
-        def copy_ms(nbytes: int, n: int = n) -> float:  # not hidden behind later compute
-            if res is None or res.d2h is None or res.h2d is None:
-                return 0.0
-            return (max(0.0, res.d2h.transfer_ms(nbytes) - after_fwd[n])
-                    + max(0.0, res.h2d.transfer_ms(nbytes) - after_bwd[n]))
-
-        m = module(facts, u, least, inputs)
-        alone: dict[str, UnitPolicy] = {w.name: "keep" for w in facts.units}
-        transient = []
-        policy: UnitPolicy
-        for policy in ("recompute", "offload") if host_tier else ("recompute",):
-            alone[u.name] = policy
-            kept = least | u.inputs if policy == "recompute" else least
-            transient.append(backward_working_bytes(problem.graph, facts, alone, kept, inputs))
-        alone[u.name] = "recompute"
-        rerun = weight_rerun_bytes(problem.graph, facts, alone, False) if weight_reruns else 0
-        ops = selective_options(problem.graph, m, weight_reruns) if op_level else ()
-        if host_tier and not split and op_level:  # zero-bubble: 0.6 % under torch there
-            ops += offload_options(problem.graph, m, copy_ms)
-        again_ms = u.forward_ms if weight_reruns and u.weight_groups else 0.0  # W's rerun
-        ops = tuple(replace(o, ms=o.ms + again_ms) if o.policy == "recompute" else o
-                    for o in ops)
-        out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
-                        sum(size[r] for r in u.inputs), transient[0],
-                        transient[1] if host_tier else 0,
-                        u.forward_ms + again_ms, copy_ms(u.host_bytes), rerun, ops))
-    return out
-
-
-def forward_bytes(problem: PipelineProblem, facts: StageFacts) -> int:
-    """The F's working bytes with only what the stage keeps whatever the policies kept: at
-    least the simulator's under any policies."""
-    return forward_working_bytes(problem.graph, facts, facts.rest_saved | facts.held)
 
 
 def choose(

@@ -52,7 +52,7 @@ from planner.solvers.pipeline.proposals import (
     ProxyCosts,
     propose,
 )
-from planner.solvers.pipeline.stage_menu import TimeUp
+from planner.solvers.pipeline.stage_items import TimeUp
 
 ENUMERATE_LIMIT = 10000  # contiguous splits simulated one by one (cheapest bound first)
 PROMISING_SHARE = 0.5  # of the time left, the splits the proxy finds fastest go first
