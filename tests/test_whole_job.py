@@ -12,7 +12,7 @@ import planner.solvers.pipeline.policy_splits as policy_splits
 import planner.solvers.pipeline.whole_job as whole_job
 from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineStage
-from planner.core.resources import Resources
+from planner.core.resources import Link, Resources
 from planner.engine.partition import make_problem, partition_plan
 from planner.sim.ledger import MemoryLedger
 from planner.sim.pipeline_ranks import simulate_pipeline
@@ -32,7 +32,10 @@ from planner.solvers.pipeline.ilp import ilp_partition
 from planner.solvers.pipeline.problem import PipelineProblem, Split
 from planner.solvers.pipeline.whole_job import whole_job_partition
 
-HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", device_count=4, microbatches=8)
+# a host link fast enough that copying some modules beats recomputing them (Grace Hopper)
+HOST = Resources(host_memory_bytes=2**36, h2d="nvlink-c2c", device_count=4, microbatches=8)
+# PCIe Gen5: copies cost more than most reruns
+PCIE_HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", device_count=4, microbatches=8)
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +179,33 @@ def test_a_recomputed_unit_keeps_its_inputs_unless_torch_buffers_them(op_gpt: Gr
     assert offload.host_bytes == h2.host_bytes >= sum(size[r] for r in h2.saved) > 0
 
 
+def test_copies_hold_the_stage_for_their_transfer(op_gpt: Graph) -> None:
+    """The runtime copies a saved tensor to the host when autograd saves it and back when a
+    backward node unpacks it, in the stage's own stream: each copy adds its transfer and the
+    link's latency to the F and to the B (or I), and a split W reloads what its weight-gradient
+    nodes read. The knapsack's figure for the module is that time."""
+    _, facts, base = _op_stage(op_gpt, 1)
+    h2 = facts.units[0]
+    d2h, h2d = PCIE_HOST.d2h, PCIE_HOST.h2d
+    assert d2h is not None and h2d is not None
+
+    def moved_ms(link: Link, roots: frozenset[int] | None) -> float:
+        return (h2.host_bytes_of(roots, MemoryLedger.of(op_gpt).storage_bytes)
+                / link.bandwidth_bytes_per_s * 1e3 + h2.copies_of(roots) * link.latency_s * 1e3)
+
+    out, back = moved_ms(d2h, None), moved_ms(h2d, None)
+    weight = moved_ms(h2d, h2.weight_read)
+    assert h2.copies_of(None) > 1 and weight > 0
+    got = policy_stage_costs(op_gpt, facts, base, {"h.2": "offload"}, PCIE_HOST).costs
+    assert got.forward_ms == pytest.approx(base.forward_ms + out)
+    assert got.backward_ms == pytest.approx(base.backward_ms + back)
+    assert got.backward_input_ms == pytest.approx(base.backward_input_ms + back)
+    assert got.backward_weight_ms == pytest.approx(base.backward_weight_ms + weight)
+    (figure,) = [it for it in stage_items.items(problem(op_gpt, None, PCIE_HOST, ranks=2), facts)
+                 if it.name == "h.2"]
+    assert figure.offload_ms == pytest.approx(out + back)
+
+
 # -- the planner -------------------------------------------------------------------------------
 @pytest.mark.parametrize("level", [1.3, 1.0, 0.9])
 def test_whole_fits_and_is_never_slower_than_dp_and_ilp(gpt: Graph, level: float) -> None:
@@ -234,8 +264,8 @@ def test_a_host_tier_is_never_slower_than_none_where_every_split_is_judged(
     monkeypatch.setattr(stage_menu, "HOST_FRONTIER_WORK", 1)
     monkeypatch.setattr(stage_menu, "HOST_FRONTIER_MOST", 2)
     monkeypatch.setattr(stage_menu, "FRONTIER_LIMITS", (2, 3000))
-    memory = int(plain_least(gpt, HOST) * 0.9)
-    p = problem(gpt, memory, HOST)
+    memory = int(plain_least(gpt, PCIE_HOST) * 0.9)
+    p = problem(gpt, memory, PCIE_HOST)
     with_host = whole_job_partition(p, time_limit_s=10)
     check_plan(p, with_host)
     without = whole_job_partition(problem(gpt, memory), time_limit_s=10)

@@ -34,14 +34,16 @@ planner.sim.stage_working).
 Measured against torch on 2 and 4 gloo ranks (tests/test_pipeline_policies.py): measured <=
 predicted <= 1.10 x measured per rank, host bytes exact.
 
-Time (the overlap rule), per stage and micro-batch on the rank's own host links:
-- F: the stage's nodes outside units run first, then units in module order; each offloaded
-  unit's d2h copy starts when its forward ends and the d2h link is free (FIFO); the F ends when
-  both its compute and its copies end.
-- B (or I): units run in reverse module order, then the nodes outside units; the h2d reload of
-  an offloaded unit starts at B's start or when the previous offloaded unit's backward ends
-  (one reloaded set at a time), and the unit's backward (its recomputed forward first) waits
-  for it. W is unchanged.
+Time (planner.sim.unit_times), per stage and micro-batch, as the runtime issues the copies:
+on the stage's own stream, so a copy holds the compute for its transfer (each copy pays the
+link's latency once).
+- F: the stage's compute, plus each offloaded unit's device-to-host copies.
+- B (or I): each unit's backward (a recompute unit's rerun first), plus each offloaded unit's
+  reloads. A split W (zero-bubble, not the first stage) reloads what its weight-gradient nodes
+  read again, and reruns recompute units' forwards.
+An earlier rule overlapped copies with later compute (d2h behind the next units' forwards,
+reloads prefetched a unit ahead); the runtime never did, and its plans' steps came out up to
+46 % under what their copies take (docs/whole_job.md, "Copies in the step").
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from dataclasses import dataclass, replace
 
 from planner.core.graph import Graph, Phase
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
-from planner.core.resources import Resources
+from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
 from planner.sim.selective_units import rerun_ms, unit_cached, unit_moved
@@ -61,7 +63,7 @@ from planner.sim.stage_costs import (
     stage_of_nodes,
 )
 from planner.sim.stage_working import backward_working_bytes, forward_working_bytes
-from planner.sim.unit_times import backward_with_reloads, forward_with_copies
+from planner.sim.unit_times import backward_with_reloads, copies_ms, forward_with_copies
 
 MEMO_ENTRIES = 4096  # stage plans whose effective costs the graph keeps (variant_unit_costs)
 
@@ -84,6 +86,10 @@ class UnitFacts:
         if moved is None:
             return self.host_bytes
         return sum(count * size[r] for r, count in self.saving if r in moved)
+
+    def copies_of(self, moved: Set[int] | None) -> int:
+        """How many host copies `host_bytes_of(moved)` is made of (one a saving)."""
+        return sum(count for r, count in self.saving if moved is None or r in moved)
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,7 @@ def policy_stage_costs(
             kept |= u.saved - moved[u.name]
     offloaded = [u for u in facts.units if chosen[u.name] == "offload"]
     host = {u.name: u.host_bytes_of(moved.get(u.name), size) for u in offloaded}
+    copies = {u.name: u.copies_of(moved.get(u.name)) for u in offloaded}
     saved_bytes = base.saved_bytes - nbytes(every_saved - kept) + nbytes(kept - every_saved)
     transient = max(base.transient_bytes, forward_working_bytes(graph, facts, kept),
                     backward_working_bytes(graph, facts, chosen, kept, cached=cached,
@@ -224,9 +231,9 @@ def policy_stage_costs(
     if offloaded and (d2h is None or h2d is None):
         raise PlanError("unit_policies: 'offload' needs a host tier (resources h2d and d2h "
                         "links); give resources with a host tier or use 'recompute'")
-    forward_ms = forward_with_copies(facts, host, d2h) if offloaded else base.forward_ms
+    forward_ms = forward_with_copies(facts, host, copies, d2h) if offloaded else base.forward_ms
     backward_ms = backward_with_reloads(facts, chosen, h2d if offloaded else None,
-                                         rerun_ms(graph, facts.forward, cached), host)
+                                         rerun_ms(graph, facts.forward, cached), host, copies)
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
     weight_transient = base.weight_transient_bytes + weight_rerun_bytes(
         graph, facts, chosen, base.first_stage) + weight_reload_bytes(
@@ -236,8 +243,9 @@ def policy_stage_costs(
         forward_ms=max(base.forward_ms, forward_ms),
         backward_ms=base.backward_ms + extra_ms,
         backward_input_ms=base.backward_input_ms + extra_ms,
-        backward_weight_ms=base.backward_weight_ms + weight_rerun_ms(facts, chosen,
-                                                                     base.first_stage),
+        backward_weight_ms=base.backward_weight_ms
+        + weight_rerun_ms(facts, chosen, base.first_stage)
+        + weight_reload_ms(facts, chosen, moved, size, base.first_stage, h2d),
         saved_bytes=saved_bytes,
         transient_bytes=transient,
         weight_transient_bytes=weight_transient,
@@ -281,6 +289,21 @@ def weight_rerun_ms(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
         return 0.0
     return sum(u.forward_ms for u in facts.units
                if chosen[u.name] == "recompute" and u.weight_groups)
+
+
+def weight_reload_ms(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
+                     moved: Mapping[str, Set[int]], size: Mapping[int, int], first_stage: bool,
+                     h2d: Link | None) -> float:
+    """What a split W's reloads add (zero-bubble, not the first stage): each offloaded unit's
+    weight-gradient nodes reload their saved tensors again, in the stage's stream."""
+    if first_stage or h2d is None:
+        return 0.0
+    total = 0.0
+    for u in facts.units:
+        if chosen[u.name] == "offload":
+            read = u.weight_read & moved.get(u.name, u.saved)
+            total += copies_ms(h2d, u.host_bytes_of(read, size), u.copies_of(read))
+    return total
 
 
 def weight_reload_bytes(facts: StageFacts, chosen: Mapping[str, UnitPolicy],

@@ -15,8 +15,8 @@ the module's options, between the whole-module policy and "keep". Each option ca
 figures that bound the simulator's rule, as stage_menu's `Item` does for whole-module
 policies: the saved bytes it frees at least (the module's exclusive saved roots it drops) and
 adds at most (a checkpoint's inputs and kept outputs outside its saved roots), its host bytes
-(exact), its backward working bytes with nothing else changed, and its time (a rerun's, or the
-copies not hidden behind the stage's other compute).
+(exact), its backward working bytes with nothing else changed, and its time (a rerun's, or its
+copies out and back in the stage's stream: planner.sim.unit_times).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class OpOption:
     delta_bytes: int  # saved bytes per micro-batch over the all-keep stage (upper bound)
     host_bytes: int  # its host copies per micro-batch
     transient_bytes: int  # its backward working bytes (upper bound)
-    ms: float  # added time (rerun, or estimated copies not hidden)
+    ms: float  # added time (a rerun, or the copies)
     weight_rerun_bytes: int = 0  # under a split W (zero-bubble, not the first stage)
 
 
@@ -121,9 +121,9 @@ def selective_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpO
 
 
 def offload_options(graph: Graph, m: Module,
-                    copy_ms: Callable[[int], float]) -> tuple[OpOption, ...]:
-    """Offload only the saved tensors on the largest calls' outputs (`copy_ms`: the estimated
-    copy time not hidden, for a number of host bytes)."""
+                    copy_ms: Callable[[frozenset[int]], float]) -> tuple[OpOption, ...]:
+    """Offload only the saved tensors on the largest calls' outputs (`copy_ms`: the copies'
+    time, for the roots moved)."""
     u = m.unit
     calls = sorted(_calls(graph, m), key=lambda c: (-c.cost_bytes, c.name))
     size = MemoryLedger.of(graph).storage_bytes
@@ -137,7 +137,7 @@ def offload_options(graph: Graph, m: Module,
                                            m.inputs, moved={u.name: moved})
         out.append(OpOption("offload", tuple(c.name for c in taken),
                             -sum(size[r] for r in m.exclusive & moved), host, transient,
-                            copy_ms(host)))
+                            copy_ms(moved)))
     return tuple(out)
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
-from planner.sim.stage_policies import StageFacts, weight_rerun_bytes
+from planner.sim.stage_policies import StageFacts, UnitFacts, weight_rerun_bytes
 from planner.sim.stage_working import backward_working_bytes, forward_working_bytes
+from planner.sim.unit_times import copies_ms
 from planner.solvers.pipeline.op_options import (
     OpOption,
     module,
@@ -36,7 +37,7 @@ class Item:
     recompute_transient_bytes: int  # its backward working bytes, recomputed (upper bound)
     offload_transient_bytes: int  # and offloaded
     recompute_ms: float
-    offload_ms: float  # estimated copy time not hidden behind the stage's other compute
+    offload_ms: float  # its copies out and back in the stage's stream (and a split W's reloads)
     weight_rerun_bytes: int = 0  # recomputed: what its reruns leave in a split W (bound)
     ops: tuple[OpOption, ...] = ()  # op-level options: selective checkpoints, partial offloads
 
@@ -51,24 +52,26 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
     size = MemoryLedger.of(problem.graph).storage_bytes
     res = problem.resources
     out = []
-    after_fwd = [0.0] * len(facts.units)
-    after_bwd = [0.0] * len(facts.units)
-    for n in range(len(facts.units) - 2, -1, -1):
-        after_fwd[n] = after_fwd[n + 1] + facts.units[n + 1].forward_ms
-        after_bwd[n] = after_bwd[n + 1] + facts.units[n + 1].backward_ms
     least = set(facts.rest_saved | facts.held)  # kept whatever the policies
     inputs = set().union(*(u.inputs for u in facts.units))  # never freed, whoever recomputes
     host_tier = offload and res is not None and res.d2h is not None and res.h2d is not None
     split = problem.plan_schedule.split_backward
-    for n, u in enumerate(facts.units):
+    for u in facts.units:
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeUp
 
-        def copy_ms(nbytes: int, n: int = n) -> float:  # not hidden behind later compute
+        def copy_ms(moved: frozenset[int] | None, u: UnitFacts = u) -> float:
+            """Its copies out and back in the stage's stream (planner.sim.unit_times), and a
+            split W's reloads of what its weight-gradient nodes read (`moved`: the roots an
+            op-level option moves; None: every saved one)."""
             if res is None or res.d2h is None or res.h2d is None:
                 return 0.0
-            return (max(0.0, res.d2h.transfer_ms(nbytes) - after_fwd[n])
-                    + max(0.0, res.h2d.transfer_ms(nbytes) - after_bwd[n]))
+            nbytes, copies = u.host_bytes_of(moved, size), u.copies_of(moved)
+            ms = copies_ms(res.d2h, nbytes, copies) + copies_ms(res.h2d, nbytes, copies)
+            if weight_reruns:
+                read = u.weight_read & (u.saved if moved is None else moved)
+                ms += copies_ms(res.h2d, u.host_bytes_of(read, size), u.copies_of(read))
+            return ms
 
         m = module(facts, u, least, inputs)
         alone: dict[str, UnitPolicy] = {w.name: "keep" for w in facts.units}
@@ -89,7 +92,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0],
                         transient[1] if host_tier else 0,
-                        u.forward_ms + again_ms, copy_ms(u.host_bytes), rerun, ops))
+                        u.forward_ms + again_ms, copy_ms(None), rerun, ops))
     return out
 
 

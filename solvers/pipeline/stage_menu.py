@@ -16,12 +16,12 @@ keeps the Pareto frontier of (bytes per micro-batch, offloaded bytes, largest no
 transient, estimated ms, and under zero-bubble I/W the recompute modules' W reruns, summed):
 every peak it accepts is an upper bound of the simulator's, so the answer fits. Besides the
 three whole-module policies, each module offers op-level options
-(planner.solvers.pipeline.op_options: selective checkpoints and partial offloads). The fitting
-frontier points are then ranked by the simulator's own time rule (planner.sim.unit_times:
-copies queue on the host links, which the per-module estimates cannot see), and the fastest few
-are checked with `policy_stage_costs`. The frontier (planner.solvers.pipeline.frontier: its
-Pareto filter, its cut, and a screen dropping states no completion can fit) stays near linear
-in its size.
+(planner.solvers.pipeline.op_options: selective checkpoints and partial offloads). Each
+module's time is the simulator's (planner.sim.unit_times: a rerun, or the copies out and back,
+add to the stage's stream), so the fastest fitting frontier points are the fastest plans of the
+additive model; the fastest few are checked with `policy_stage_costs`. The frontier
+(planner.solvers.pipeline.frontier: its Pareto filter, its cut, and a screen dropping states no
+completion can fit) stays near linear in its size.
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
-from planner.core.resources import Resources
 from planner.sim.rank_memory import mixed_stage_peak_bytes
 from planner.sim.stage_costs import StageCosts, one_stage_peak_bytes
 from planner.sim.stage_policies import StageFacts, policy_stage_costs
-from planner.sim.unit_times import backward_with_reloads, forward_with_copies
 from planner.solvers.pipeline.frontier import ZERO, FitScreen, State, cut, pareto
 from planner.solvers.pipeline.op_options import (
     OpOption,
@@ -175,8 +173,7 @@ def choose(
                            offload_ops)
 
     best: StageChoice | None = None
-    for st in _to_check(fitting, figures, facts, base, res)[:EXACT_CHECKS if op_level
-                                                             else QUICK_CHECKS]:
+    for st in _to_check(fitting)[:EXACT_CHECKS if op_level else QUICK_CHECKS]:
         got = exact_of(st)
         if got.peak_bytes > cap or inflight * got.host_bytes > host_cap:  # pragma: no cover
             continue  # the bounds hold
@@ -232,31 +229,11 @@ def whole_stage(problem: PipelineProblem, base: StageCosts, inflight: int,
     return StageChoice((), base, 0, reruns * base.forward_ms, peak, True, whole_stage=True)
 
 
-def _to_check(fitting: list[State], figures: list[Item], facts: StageFacts, base: StageCosts,
-              res: Resources | None) -> list[State]:
-    """The frontier points whose bytes the simulator's rule checks: the fastest by the rule's
-    own time (planner.sim.unit_times: copies queue on the host links, reloads wait), which
-    needs only each module's host bytes and rerun time."""
-    d2h = res.d2h if res is not None else None
-    h2d = res.h2d if res is not None else None
-    compute = facts.rest_backward_ms + sum(u.backward_ms for u in facts.units)
-
-    def added_ms(st: State) -> float:
-        chosen: dict[str, UnitPolicy] = {u.name: "keep" for u in facts.units}
-        host: dict[str, int] = {}
-        reruns: dict[str, float] = {}
-        for it, p in zip(figures, st.choice, strict=True):
-            policy, o = _picked(it, p)
-            chosen[it.name] = policy
-            if policy == "offload":
-                host[it.name] = o.host_bytes if o is not None else it.host_bytes
-            elif policy == "recompute":  # with a split W's rerun (items), as the knapsack adds
-                reruns[it.name] = o.ms if o is not None else it.recompute_ms
-        forward = forward_with_copies(facts, host, d2h) if host else base.forward_ms
-        backward = backward_with_reloads(facts, chosen, h2d if host else None, reruns, host)
-        return max(0.0, forward - base.forward_ms) + backward - compute
-
-    return sorted(fitting, key=added_ms)[:EXACT_CHECKS]
+def _to_check(fitting: list[State]) -> list[State]:
+    """The frontier points whose bytes the simulator's rule checks: the fastest. Their times
+    are the simulator's (planner.sim.unit_times: reruns and copies add to the stage's stream,
+    one module at a time)."""
+    return sorted(fitting, key=lambda st: st.ms)[:EXACT_CHECKS]
 
 
 Named = tuple[tuple[str, tuple[str, ...]], ...]  # module -> its named calls
