@@ -106,23 +106,9 @@ def solve(
                               resources)
     fn = load_method(method)
     started = time.perf_counter()
-    floor_bytes = lower_bound_peak_bytes(graph)
-    if budget_bytes < floor_bytes:
-        # Proven without solving: some node's inputs, output and workspace alone exceed it.
-        proof = MethodResult(
-            actions=None,
-            status=PlanStatus.infeasible,
-            backend="proof",
-            notes=[
-                f"proven infeasible: computing some node needs {floor_bytes} bytes (its inputs, "
-                f"output, workspace and fixed memory), more than the budget of {budget_bytes}"
-            ],
-            details={"budget_lower_bound_bytes": floor_bytes},
-            smallest_feasible_bytes=smallest_baseline_peak_bytes(graph, started + time_limit_s),
-        )
-        return checked_plan(
-            graph, budget_bytes, method, proof, time.perf_counter() - started, resources
-        )
+    proven = _proven_infeasible(graph, budget_bytes, method, started, time_limit_s, resources)
+    if proven is not None:
+        return proven
     reporter = monotone_progress(progress, graph.total_compute_ms)
     gate = None if reporter is None else ClosableProgress(reporter)
     request = SolveRequest(
@@ -156,7 +142,40 @@ def solve(
                 fallback, graph, budget_bytes, limit_at + ANSWER_MARGIN_S - FALLBACK_SLACK_S)
         return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
                                resources, reporter)
-    judged_by = limit_at + ANSWER_MARGIN_S - JUDGE_RESERVE_S
+    return _answer(graph, budget_bytes, method, time_limit_s, run, fallback, started,
+                   resources, reporter, known_plans)
+
+
+def _proven_infeasible(graph: Graph, budget_bytes: int, method: str, started: float,
+                       time_limit_s: float, resources: Resources | None) -> Plan | None:
+    """The answer without solving when some node's inputs, output and workspace alone exceed
+    the budget; None otherwise."""
+    floor_bytes = lower_bound_peak_bytes(graph)
+    if budget_bytes >= floor_bytes:
+        return None
+    proof = MethodResult(
+        actions=None,
+        status=PlanStatus.infeasible,
+        backend="proof",
+        notes=[
+            f"proven infeasible: computing some node needs {floor_bytes} bytes (its inputs, "
+            f"output, workspace and fixed memory), more than the budget of {budget_bytes}"
+        ],
+        details={"budget_lower_bound_bytes": floor_bytes},
+        smallest_feasible_bytes=smallest_baseline_peak_bytes(graph, started + time_limit_s),
+    )
+    return checked_plan(
+        graph, budget_bytes, method, proof, time.perf_counter() - started, resources
+    )
+
+
+def _answer(graph: Graph, budget_bytes: int, method: str, time_limit_s: float, run: MethodRun,
+            fallback: Fallback | None, started: float, resources: Resources | None,
+            reporter: ProgressFn | None,
+            known_plans: Iterable[tuple[str, Sequence[Action]]]) -> Plan:
+    """The answer from a method that finished in time: its plan judged by the simulator, or
+    the fallback's where it has none, ran out of memory, or cannot be judged in time."""
+    judged_by = started + time_limit_s + ANSWER_MARGIN_S - JUDGE_RESERVE_S
     try:
         result = run.result()
     except MemoryError:  # a model too large for this machine: the fast baselines still answer

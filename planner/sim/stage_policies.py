@@ -42,8 +42,8 @@ link's latency once).
   reloads. A split W (zero-bubble, not the first stage) reloads what its weight-gradient nodes
   read again, and reruns recompute units' forwards.
 An earlier rule overlapped copies with later compute (d2h behind the next units' forwards,
-reloads prefetched a unit ahead); the runtime never did, and its plans' steps came out up to
-46 % under what their copies take (docs/whole_job.md, "Copies in the step").
+reloads prefetched a unit ahead); the runtime never did, and host-tier plans took up to 1.48x
+their predicted step (docs/whole_job.md, "Copies in the step").
 """
 
 from __future__ import annotations

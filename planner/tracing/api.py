@@ -214,29 +214,7 @@ def _trace_ops(
     groups = group_records(records, fuse=fuse)
     order = _execution_order(groups, by_name)
     ids = {g.primary: i for i, g in enumerate(order)}
-    nodes: list[Node] = []
-    edges: list[Edge] = []
-    for i, g in enumerate(order):
-        primary = by_name[g.primary]
-        # The node is named after the op that does the work (a multi-output op, not getitem).
-        workers = [by_name[m] for m in g.members if not by_name[m].trivial]
-        head = next((r for r in workers if r.op != "getitem"), primary)
-        nodes.append(
-            Node(
-                id=i,
-                name=head.name,
-                op=head.op,
-                phase=Phase(primary.phase),
-                compute_ms=sum(fx_ms.get(m, 0.0) for m in g.members),
-                workspace_bytes=max((workspace.get(m, 0) for m in g.members), default=0),
-                cost_source=source,
-                output_bytes=_allocated_bytes(primary.output_bytes, on_cpu),
-                module_path=primary.module_path,
-                random=any(by_name[m].random for m in g.members),
-                alias_of=ids[g.alias_of] if g.alias_of is not None else None,
-            )
-        )
-        edges.extend(Edge(source=ids[u], target=i) for u in g.inputs)
+    nodes, edges = _op_nodes(order, by_name, ids, fx_ms, workspace, source, on_cpu)
     fx_to_id = {m: ids[g.primary] for g in order for m in g.members}
     outputs = [fx_to_id[cap.loss_node]] if cap.loss_node in fx_to_id else []
     outputs += [fx_to_id[n] for n in cap.gradient_nodes.values() if n in fx_to_id]
@@ -271,6 +249,12 @@ def _trace_ops(
         ),
         model_state=model_state,
     )
+    return _op_result(graph, cap, order, ids, records, fx_to_id)
+
+
+def _op_result(graph: Graph, cap: Any, order: list[Any], ids: dict[str, int],
+               records: list[Any], fx_to_id: dict[str, int]) -> TraceResult:
+    """The op-level trace: the graph and what maps its nodes back to the joint graph's."""
     return TraceResult(
         graph=graph,
         level="op",
@@ -295,6 +279,36 @@ def _trace_ops(
             ],
         },
     )
+
+
+def _op_nodes(order: list[Any], by_name: dict[str, Any], ids: dict[str, int],
+              fx_ms: dict[str, float], workspace: dict[str, int], source: CostSource,
+              on_cpu: bool) -> tuple[list[Node], list[Edge]]:
+    """One node per fused group (`order`: execution order) and its input edges."""
+    nodes: list[Node] = []
+    edges: list[Edge] = []
+    for i, g in enumerate(order):
+        primary = by_name[g.primary]
+        # The node is named after the op that does the work (a multi-output op, not getitem).
+        workers = [by_name[m] for m in g.members if not by_name[m].trivial]
+        head = next((r for r in workers if r.op != "getitem"), primary)
+        nodes.append(
+            Node(
+                id=i,
+                name=head.name,
+                op=head.op,
+                phase=Phase(primary.phase),
+                compute_ms=sum(fx_ms.get(m, 0.0) for m in g.members),
+                workspace_bytes=max((workspace.get(m, 0) for m in g.members), default=0),
+                cost_source=source,
+                output_bytes=_allocated_bytes(primary.output_bytes, on_cpu),
+                module_path=primary.module_path,
+                random=any(by_name[m].random for m in g.members),
+                alias_of=ids[g.alias_of] if g.alias_of is not None else None,
+            )
+        )
+        edges.extend(Edge(source=ids[u], target=i) for u in g.inputs)
+    return nodes, edges
 
 
 CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every allocation up to this
