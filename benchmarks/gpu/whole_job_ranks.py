@@ -56,8 +56,14 @@ def _machine(host: bool) -> Any:
     from planner.core.resources import resources_preset
     from planner.engine.request import with_host_memory
 
-    base = resources_preset("h100-pcie-gen5")
-    return with_host_memory(base, "64GiB") if host else base
+    if not host:
+        return resources_preset("h100-pcie-gen5")
+    # Host rows are planned for a GH200's host link (NVLink-C2C, 450 GB/s each way), where
+    # copying some modules beats recomputing them; over PCIe Gen5 the planner offloads nothing
+    # on this GPT, since a copy holds the stage's stream (docs/whole_job.md, "Copies in the
+    # step"). The lent H100 copies over PCIe, so these rows' step times are not their plans';
+    # memory is what they check.
+    return with_host_memory(resources_preset("gh200"), "64GiB")
 
 
 def _graph(gpt: dict[str, Any], micro_batch: int, cache: dict[int, Any], device: str) -> Any:
