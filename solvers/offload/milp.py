@@ -78,114 +78,146 @@ class OffloadMilp:
     TIME: dict[int, int]  # t: duration of stage t
 
 
+@dataclass
+class _Grid:
+    """The model being built: the store-all plan's stages and the variables so far."""
+
+    judge: Judge
+    base: list[Action]
+    windows: list[Window]
+    computes: list[int]  # stage -> its compute's action index
+    stage_of: dict[int, int]  # action index of a compute -> its stage
+    m: LinearModel
+    KEEP: dict[int, int]  # w: window w stays on the device
+    OFF: dict[int, int]  # w: window w is offloaded
+    RC: dict[int, int]  # w: window w's node is recomputed before its use
+    PRE: dict[tuple[int, int], int]  # (w, q): w's reload starts before stage q
+    MOVE: dict[tuple[int, int], int]  # (w, t): the fraction of w's reload carried in stage t
+    TIME: dict[int, int]  # t: duration of stage t
+    covering: dict[int, list[tuple[int, int]]]  # stage -> (window, free stage)
+    pre_of: dict[int, list[tuple[int, int]]]  # window -> (q, PRE variable)
+
+    def compute_ms(self, t: int) -> float:
+        return self.judge.graph.index.node(self.base[self.computes[t]].node).compute_ms
+
+
 def build(judge: Judge, base: list[Action], windows: list[Window]) -> OffloadMilp:
     graph = judge.graph
-    index = graph.index
-    r = judge.resources
-    assert r.d2h is not None and r.h2d is not None
     sim = judge(base)
     assert sim is not None
-    from planner.sim.simulator import simulate
-
-    live = simulate(graph, base).live_bytes  # store-all: one stream, per action
     computes = [i for i, a in enumerate(base) if a.op is ActionOp.compute]
-    stage_of = {i: t for t, i in enumerate(computes)}
-    n = len(computes)
+    m = LinearModel()
+    g = _Grid(judge, base, windows, computes, {i: t for t, i in enumerate(computes)}, m,
+              {}, {}, {}, {}, {}, {}, {}, {})
+    for t in range(len(computes)):
+        g.TIME[t] = m.var(f"TIME_{t}", g.compute_ms(t), INF, False)
+        m.objective[g.TIME[t]] = 1.0
     timeline = base_timeline(graph, base)
     freed_at = {a.node: i for i, a in enumerate(base) if a.op is ActionOp.free}
-    m = LinearModel()
-    KEEP: dict[int, int] = {}
-    OFF: dict[int, int] = {}
-    RC: dict[int, int] = {}
-    PRE: dict[tuple[int, int], int] = {}
-    MOVE: dict[tuple[int, int], int] = {}
-    TIME = {t: m.var(f"TIME_{t}", index.node(base[computes[t]].node).compute_ms, INF, False)
-            for t in range(n)}
-    for t in range(n):
-        m.objective[TIME[t]] = 1.0
-    covering: dict[int, list[tuple[int, int]]] = {}  # stage -> (window, free stage)
+    for w, win in enumerate(windows):
+        _window_rows(g, w, win, timeline.start_ms, freed_at)
+    _input_rows(g)
+    _stage_rows(g)
+    return OffloadMilp(m, windows, g.stage_of, g.KEEP, g.OFF, g.RC, g.PRE, g.TIME)
+
+
+def _window_rows(g: _Grid, w: int, win: Window, start_ms: tuple[float, ...],
+                 freed_at: dict[int, int]) -> None:
+    """Window w's variables and its own rows."""
+    index, r, m = g.judge.graph.index, g.judge.resources, g.m
+    assert r.d2h is not None
+    a, b = g.stage_of[win.gap_start], g.stage_of[win.gap_end]
+    out_ms = r.d2h.transfer_ms(win.nbytes)
+    free_at = a + 1
+    while free_at < b and start_ms[g.computes[free_at]] < win.produced_ms + out_ms:
+        free_at += 1
+    KEEP, OFF, RC, PRE, MOVE = g.KEEP, g.OFF, g.RC, g.PRE, g.MOVE
+    KEEP[w] = m.var(f"KEEP_{w}", 0, 1, True)
+    OFF[w] = m.var(f"OFF_{w}", 0, 1, True)
+    rc_ok = index.node(win.node).recomputable and all(
+        freed_at.get(u, len(g.base)) > win.gap_end for u in index.predecessors[win.node])
+    RC[w] = m.var(f"RC_{w}", 0, 1 if rc_ok else 0, True)
+    # one decision per window
+    m.row([KEEP[w], OFF[w], RC[w]], [1.0, 1.0, 1.0], 1, 1)
+    m.objective[OFF[w]] = 2 * win.nbytes * BYTE_WEIGHT
+    first_q = max(free_at, b - PREFETCH_CHOICES + 1, a + 1)
+    qs = list(range(first_q, b + 1))
+    for q in qs:
+        PRE[(w, q)] = m.var(f"PRE_{w}_{q}", 0, 1, True)
+        g.pre_of.setdefault(w, []).append((q, PRE[(w, q)]))
+    # an offloaded window is reloaded exactly once
+    m.row([PRE[(w, q)] for q in qs] + [OFF[w]], [1.0] * len(qs) + [-1.0], 0, 0)
+    for t in range(first_q, b):
+        MOVE[(w, t)] = m.var(f"MOVE_{w}_{t}", 0, 1, False)
+        # a reload moves only once started
+        m.row([MOVE[(w, t)]] + [PRE[(w, q)] for q in qs if q <= t],
+              [1.0] + [-1.0] * sum(1 for q in qs if q <= t), -INF, 0)
+    # the whole reload happens before the use
+    m.row([MOVE[(w, t)] for t in range(first_q, b)] + [OFF[w]],
+          [1.0] * (b - first_q) + [-1.0], 0, 0)
+    for t in range(a + 1, b):
+        g.covering.setdefault(t, []).append((w, free_at))
+
+
+def _input_rows(g: _Grid) -> None:
+    """Recomputing needs the inputs: kept where their windows cover the use."""
+    index = g.judge.graph.index
     windows_of: dict[int, list[int]] = {}  # node -> its windows
-    pre_of: dict[int, list[tuple[int, int]]] = {}  # window -> (q, PRE variable)
-    for w, win in enumerate(windows):
+    for w, win in enumerate(g.windows):
         windows_of.setdefault(win.node, []).append(w)
-    for w, win in enumerate(windows):
-        a, b = stage_of[win.gap_start], stage_of[win.gap_end]
-        out_ms = r.d2h.transfer_ms(win.nbytes)
-        free_at = a + 1
-        while free_at < b and timeline.start_ms[computes[free_at]] < win.produced_ms + out_ms:
-            free_at += 1
-        KEEP[w] = m.var(f"KEEP_{w}", 0, 1, True)
-        OFF[w] = m.var(f"OFF_{w}", 0, 1, True)
-        rc_ok = index.node(win.node).recomputable and all(
-            freed_at.get(u, len(base)) > win.gap_end for u in index.predecessors[win.node])
-        RC[w] = m.var(f"RC_{w}", 0, 1 if rc_ok else 0, True)
-        # one decision per window
-        m.row([KEEP[w], OFF[w], RC[w]], [1.0, 1.0, 1.0], 1, 1)
-        m.objective[OFF[w]] = 2 * win.nbytes * BYTE_WEIGHT
-        first_q = max(free_at, b - PREFETCH_CHOICES + 1, a + 1)
-        qs = list(range(first_q, b + 1))
-        for q in qs:
-            PRE[(w, q)] = m.var(f"PRE_{w}_{q}", 0, 1, True)
-            pre_of.setdefault(w, []).append((q, PRE[(w, q)]))
-        # an offloaded window is reloaded exactly once
-        m.row([PRE[(w, q)] for q in qs] + [OFF[w]], [1.0] * len(qs) + [-1.0], 0, 0)
-        for t in range(first_q, b):
-            MOVE[(w, t)] = m.var(f"MOVE_{w}_{t}", 0, 1, False)
-            # a reload moves only once started
-            m.row([MOVE[(w, t)]] + [PRE[(w, q)] for q in qs if q <= t],
-                  [1.0] + [-1.0] * sum(1 for q in qs if q <= t), -INF, 0)
-        # the whole reload happens before the use
-        m.row([MOVE[(w, t)] for t in range(first_q, b)] + [OFF[w]],
-              [1.0] * (b - first_q) + [-1.0], 0, 0)
-        for t in range(a + 1, b):
-            covering.setdefault(t, []).append((w, free_at))
-    for w, win in enumerate(windows):
-        b = stage_of[win.gap_end]
-        # recomputing needs the inputs: kept where their windows cover the use
+    for w, win in enumerate(g.windows):
+        b = g.stage_of[win.gap_end]
         for u in index.predecessors[win.node]:
             for wu in windows_of.get(u, []):
-                uw = windows[wu]
-                if stage_of[uw.gap_start] < b < stage_of[uw.gap_end]:
-                    m.row([RC[w], KEEP[wu]], [1.0, -1.0], -INF, 0)
+                uw = g.windows[wu]
+                if g.stage_of[uw.gap_start] < b < g.stage_of[uw.gap_end]:
+                    g.m.row([g.RC[w], g.KEEP[wu]], [1.0, -1.0], -INF, 0)
+
+
+def _stage_rows(g: _Grid) -> None:
+    """Per stage: the h2d link, the recomputations and memory within the budget."""
+    from planner.sim.simulator import simulate
+
+    index, r, m = g.judge.graph.index, g.judge.resources, g.m
+    assert r.h2d is not None
+    live = simulate(g.judge.graph, g.base).live_bytes  # store-all: one stream, per action
     moving_in: dict[int, list[tuple[int, int]]] = {}
-    for (w, tt), v in MOVE.items():
+    for (w, tt), v in g.MOVE.items():
         moving_in.setdefault(tt, []).append((w, v))
     ending: dict[int, list[int]] = {}
-    for w, win in enumerate(windows):
-        ending.setdefault(stage_of[win.gap_end], []).append(w)
-    for t in range(n):
+    for w, win in enumerate(g.windows):
+        ending.setdefault(g.stage_of[win.gap_end], []).append(w)
+    for t in range(len(g.computes)):
         # the h2d link: reloads carried in stage t fit in its duration
         moving = moving_in.get(t, [])
         if moving:
-            m.row([TIME[t]] + [v for _, v in moving],
-                  [1.0] + [-r.h2d.transfer_ms(windows[w_].nbytes) for w_, _ in moving], 0, INF)
+            m.row([g.TIME[t]] + [v for _, v in moving],
+                  [1.0] + [-r.h2d.transfer_ms(g.windows[w_].nbytes) for w_, _ in moving], 0, INF)
         # stage time covers the recomputations before it
         rcs = ending.get(t, [])
         if rcs:
-            m.row([TIME[t]] + [RC[w] for w in rcs],
-                  [1.0] + [-index.node(windows[w].node).compute_ms for w in rcs],
-                  index.node(base[computes[t]].node).compute_ms, INF)
+            m.row([g.TIME[t]] + [g.RC[w] for w in rcs],
+                  [1.0] + [-index.node(g.windows[w].node).compute_ms for w in rcs],
+                  g.compute_ms(t), INF)
         # memory during stage t within the budget
-        cover = covering.get(t, [])
+        cover = g.covering.get(t, [])
         if cover:
-            base_bytes = live[computes[t]]
             idx: list[int] = []
             coef: list[float] = []
-            const = float(base_bytes)
+            const = float(live[g.computes[t]])
             for w, free_at in cover:
-                nb = float(windows[w].nbytes)
+                nb = float(g.windows[w].nbytes)
                 const -= nb
-                idx.append(KEEP[w])
+                idx.append(g.KEEP[w])
                 coef.append(nb)
                 if t < free_at:
-                    idx.append(OFF[w])
+                    idx.append(g.OFF[w])
                     coef.append(nb)
-                for q, v in pre_of.get(w, []):
+                for q, v in g.pre_of.get(w, []):
                     if q <= t:
                         idx.append(v)
                         coef.append(nb)
-            m.row(idx, coef, -INF, judge.budget_bytes - const)
-    return OffloadMilp(m, windows, stage_of, KEEP, OFF, RC, PRE, TIME)
+            m.row(idx, coef, -INF, g.judge.budget_bytes - const)
 
 
 def hint_of(milp: OffloadMilp, plan: list[Action]) -> dict[int, float]:
