@@ -63,31 +63,12 @@ def _checkpoint_schedule(
     max_actions: int | None,
     deadline: float | None,
 ) -> list[Action]:
-    index = graph.index
     order = schedule_order(graph)
     pos = {v: i for i, v in enumerate(order)}
-    preds, succs = index.predecessors, index.successors
-    node = index.node
+    preds = graph.index.predecessors
     never = -1
-    last_use = {v: max((pos[w] for w in succs[v]), default=never) for v in order}
-    last_forward_use = {
-        v: max(
-            (pos[w] for w in succs[v] if node(w).phase is not Phase.backward),
-            default=never,
-        )
-        for v in order
-    }
-    keep = set(checkpoints)
-    for v in order:  # a value that cannot be recomputed must survive every later need of it
-        if not node(v).recomputable and succs[v]:
-            keep.add(v)
-            last_use[v] = len(order)
-    # ending[t]: values whose (forward) last use is stage t, so that may stop being kept there.
-    ending: list[list[int]] = [[] for _ in order]
-    for v in order:
-        for stage in {last_use[v], last_forward_use[v] if retain_recomputed else never}:
-            if 0 <= stage < len(order):
-                ending[stage].append(v)
+    last_use, last_forward_use, keep, ending = _last_uses(graph, order, pos, checkpoints,
+                                                          retain_recomputed)
     retained: set[int] = set()
     resident: set[int] = set()
     actions: list[Action] = []
@@ -116,16 +97,7 @@ def _checkpoint_schedule(
                 return True
             return u in keep or u == tgt or u in retained
 
-        # Nodes to compute in this stage: the target and its non-resident ancestors.
-        needed: set[int] = set()
-        stack = [target]
-        while stack:
-            v = stack.pop()
-            if v in needed:
-                continue
-            needed.add(v)
-            stack.extend(u for u in preds[v] if u not in resident and u not in needed)
-        in_stage = sorted(needed, key=pos.__getitem__)
+        in_stage = _needed(target, preds, resident, pos)
         uses_left: dict[int, int] = {}
         for v in in_stage:
             for u in preds[v]:
@@ -153,6 +125,50 @@ def _checkpoint_schedule(
                 freed(u)
         previous_target = target
     return actions
+
+
+def _last_uses(graph: Graph, order: list[int], pos: dict[int, int],
+               checkpoints: Collection[int], retain_recomputed: bool) -> tuple[
+        dict[int, int], dict[int, int], set[int], list[list[int]]]:
+    """Per value its last use and last forward use (stages; -1: none), the values kept (the
+    checkpoints and every value that cannot be recomputed, then kept to the end), and per
+    stage the values whose (forward) last use it is, which may stop being kept there."""
+    index = graph.index
+    succs, node = index.successors, index.node
+    never = -1
+    last_use = {v: max((pos[w] for w in succs[v]), default=never) for v in order}
+    last_forward_use = {
+        v: max(
+            (pos[w] for w in succs[v] if node(w).phase is not Phase.backward),
+            default=never,
+        )
+        for v in order
+    }
+    keep = set(checkpoints)
+    for v in order:  # a value that cannot be recomputed must survive every later need of it
+        if not node(v).recomputable and succs[v]:
+            keep.add(v)
+            last_use[v] = len(order)
+    ending: list[list[int]] = [[] for _ in order]
+    for v in order:
+        for stage in {last_use[v], last_forward_use[v] if retain_recomputed else never}:
+            if 0 <= stage < len(order):
+                ending[stage].append(v)
+    return last_use, last_forward_use, keep, ending
+
+
+def _needed(target: int, preds: dict[int, list[int]], resident: set[int],
+            pos: dict[int, int]) -> list[int]:
+    """Nodes to compute in a stage, in order: the target and its non-resident ancestors."""
+    needed: set[int] = set()
+    stack = [target]
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        needed.add(v)
+        stack.extend(u for u in preds[v] if u not in resident and u not in needed)
+    return sorted(needed, key=pos.__getitem__)
 
 
 def store_all(graph: Graph, *, deadline: float | None = None) -> list[Action]:

@@ -42,8 +42,8 @@ def min_budget_cmd(
     from planner.cli.progress_view import work_status
     from planner.core.io import write_json
     from planner.core.plan import PlanStatus
+    from planner.engine.checked import checked_plan
     from planner.engine.inputs import load_graph
-    from planner.engine.solve import checked_plan
     from planner.sim.simulator import lower_bound_peak_bytes
     from planner.solvers.baselines import store_all_peak_bytes
     from planner.solvers.request import MethodResult

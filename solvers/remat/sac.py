@@ -65,8 +65,7 @@ def _build(space: SacSpace, budget_bytes: int) -> _Model | None:
     from ortools.sat.python import cp_model
 
     ledger = space.ledger
-    root, own, ws, held = (ledger.storage_root, ledger.storage_bytes, ledger.workspace_bytes,
-                           ledger.held_bytes)
+    root, own = ledger.storage_root, ledger.storage_bytes
     backward = [v for v in space.order if v in space.backward]
     pos = {**space.fpos, **{b: len(space.forward) + j for j, b in enumerate(backward)}}
     first_f, horizon = len(space.forward), len(space.forward) + len(backward)
@@ -74,21 +73,7 @@ def _build(space: SacSpace, budget_bytes: int) -> _Model | None:
     late_reads = {v: [pos[b] for b in space.succs[v] if b in space.backward]
                   for v in space.forward}
     cp = cp_model.CpModel()
-    # Memory that no R changes at each checkpoint: fixed and held bytes, the running node's
-    # workspace, and backward-owned storages (alive from their node to their last reader).
-    const = [0] * horizon
-    held_so_far = ledger.fixed_bytes
-    for c, v in enumerate([*space.forward, *backward]):
-        held_so_far += held.get(v, 0)
-        const[c] = held_so_far + ws[v]
-    alive: dict[int, set[int]] = defaultdict(set)  # backward storage root -> checkpoints
-    for b in backward:
-        if root[b] in space.backward:
-            last_read = max((pos[w] for w in space.succs[b]), default=pos[b])
-            alive[root[b]].update(range(pos[b], last_read + 1))
-    for r, cs in alive.items():
-        for c in cs:
-            const[c] += own[r]
+    const = _constant_bytes(space, backward, pos)
     if max(const, default=0) > budget_bytes:
         return None
     x = {v: cp.new_bool_var(f"x_{v}") for v in space.candidates}
@@ -128,8 +113,48 @@ def _build(space: SacSpace, budget_bytes: int) -> _Model | None:
         if own[r]:
             intervals.append(cp.new_interval_var(pos[r], end - pos[r], end, f"f_{r}"))
             demands.append(own[r])
-    # Backward copies of recomputed roots: from their recomputation (or the end of the forward
-    # copies' interval, whichever is later) to their last backward reader or recomputed reader.
+    _backward_copies(space, cp, x, s, group_end, late_reads, readers, intervals, demands)
+    unit = math.gcd(*demands, 1) if demands else 1
+    cp.add_cumulative(intervals, [d // unit for d in demands], budget_bytes // unit)
+    # Objective: the compute of recomputation (every node's once is a constant).
+    ms = ledger.compute_ms
+    scale = objective_scale([ms[v] for v in space.candidates] or [1.0])
+    cp.minimize(sum(scaled_cost(ms[v], scale) * x[v] for v in space.candidates))
+    return _Model(cp, x, scale)
+
+
+def _constant_bytes(space: SacSpace, backward: list[int], pos: dict[int, int]) -> list[int]:
+    """Memory that no R changes at each checkpoint: fixed and held bytes, the running node's
+    workspace, and backward-owned storages (alive from their node to their last reader)."""
+    ledger = space.ledger
+    root, own, ws, held = (ledger.storage_root, ledger.storage_bytes, ledger.workspace_bytes,
+                           ledger.held_bytes)
+    const = [0] * (len(space.forward) + len(backward))
+    held_so_far = ledger.fixed_bytes
+    for c, v in enumerate([*space.forward, *backward]):
+        held_so_far += held.get(v, 0)
+        const[c] = held_so_far + ws[v]
+    alive: dict[int, set[int]] = defaultdict(set)  # backward storage root -> checkpoints
+    for b in backward:
+        if root[b] in space.backward:
+            last_read = max((pos[w] for w in space.succs[b]), default=pos[b])
+            alive[root[b]].update(range(pos[b], last_read + 1))
+    for r, cs in alive.items():
+        for c in cs:
+            const[c] += own[r]
+    return const
+
+
+def _backward_copies(space: SacSpace, cp: Any, x: dict[int, Any], s: dict[int, Any],
+                     group_end: dict[int, Any], late_reads: dict[int, list[int]],
+                     readers: dict[int, list[int]], intervals: list[Any],
+                     demands: list[int]) -> None:
+    """Backward copies of recomputed roots: from their recomputation (or the end of the
+    forward copies' interval, whichever is later) to their last backward reader or recomputed
+    reader (an interval present when the root is recomputed)."""
+    root, own = space.ledger.storage_root, space.ledger.storage_bytes
+    first_f = len(space.forward)
+    horizon = first_f + sum(1 for v in space.order if v in space.backward)
     for v in space.candidates:
         if root[v] != v or not own[v]:
             continue
@@ -146,13 +171,6 @@ def _build(space: SacSpace, budget_bytes: int) -> _Model | None:
         cp.add(late_end == start + size)
         intervals.append(cp.new_optional_interval_var(start, size, late_end, x[v], f"b_{v}"))
         demands.append(own[v])
-    unit = math.gcd(*demands, 1) if demands else 1
-    cp.add_cumulative(intervals, [d // unit for d in demands], budget_bytes // unit)
-    # Objective: the compute of recomputation (every node's once is a constant).
-    ms = ledger.compute_ms
-    scale = objective_scale([ms[v] for v in space.candidates] or [1.0])
-    cp.minimize(sum(scaled_cost(ms[v], scale) * x[v] for v in space.candidates))
-    return _Model(cp, x, scale)
 
 
 def solve_exact(space: SacSpace, budget_bytes: int, *, time_limit_s: float, threads: int = 2,
