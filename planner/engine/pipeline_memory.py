@@ -15,7 +15,8 @@ from planner.core.graph import Graph
 from planner.core.model_state import OPTIMIZER_STATES, StateBytes
 from planner.core.plan import Plan, PlanKind
 from planner.sim.simulator import PlanError, simulate
-from planner.sim.stage_costs import model_state_per_stage, stage_costs, stage_of_nodes
+from planner.sim.stage_costs import stage_costs, stage_of_nodes
+from planner.sim.stage_state import model_state_per_stage
 from planner.sim.step_memory import ModelStateBreakdown, model_state_breakdown, with_sharding
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")

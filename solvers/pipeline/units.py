@@ -31,14 +31,12 @@ from planner.sim.stage_costs import (
     StageCosts,
     backward_weight_ms,
     boundary_sizes,
-    even_share_bytes,
     is_module_level,
     loss_roots,
-    parameter_stages,
     place_the_rest,
     stage_sums,
-    unplaced_fixed_bytes,
 )
+from planner.sim.stage_state import even_share_bytes, parameter_stages, unplaced_fixed_bytes
 
 
 @dataclass(frozen=True)
