@@ -20,9 +20,9 @@ from planner.core.pipeline_actions import Partition, StageVariant
 from planner.core.pipeline_actions import PipelineStage as StageSpec
 from planner.core.plan import Plan, PlanStatus
 from planner.core.resources import Resources, resources_preset
-from planner.runtime.pipeline import StageModule
 from planner.runtime.pipeline_launch import run_local
 from planner.runtime.pipeline_split import split_model
+from planner.runtime.pipeline_stage import StageModule
 from planner.runtime.pipeline_units import (
     HostMemory,
     UnitSwitch,

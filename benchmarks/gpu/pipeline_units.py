@@ -1,7 +1,11 @@
 """Unit policies on one device (CUDA where there is one): a GPT as one pipeline stage whose blocks
 keep, recompute (checkpoint) or offload (saved tensors to pinned host memory) their activations,
 as planner.runtime.pipeline runs them. Prints, per policy mix, the step's peak above its start,
-the host bytes and the largest gradient difference from the plain step.
+the host bytes, the largest gradient difference from the plain step, and the step's time
+(median of --repeats after a warm-up): with every block offloaded, the time added over the
+plain step against the simulator's rule (planner.sim.unit_times: each copy, out in the forward
+and back in the backward, holds the stage's stream; at the PCIe Gen5 preset's 50 GB/s, the
+copies' latency left out).
 
     python3 benchmarks/gpu/pipeline_units.py [--device cuda] [--layers 8] [--dim 256]
 """
@@ -9,7 +13,9 @@ the host bytes and the largest gradient difference from the plain step.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +26,8 @@ import torch  # noqa: E402
 from planner import zoo  # noqa: E402
 from planner.core.pipeline_actions import Partition  # noqa: E402
 from planner.core.pipeline_actions import PipelineStage as StageSpec  # noqa: E402
-from planner.runtime.pipeline import StageModule  # noqa: E402
 from planner.runtime.pipeline_split import split_model  # noqa: E402
+from planner.runtime.pipeline_stage import StageModule  # noqa: E402
 from planner.runtime.pipeline_units import (  # noqa: E402
     HostMemory,
     UnitSwitch,
@@ -55,7 +61,19 @@ def step(args: argparse.Namespace, policies: dict[str, str]) -> dict[str, Any]:
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
     grads = {k: p.grad.detach().float().cpu() for k, p in model.named_parameters()}
-    return {"loss": float(loss.detach()), "peak": peak, "host": host.peak_bytes, "grads": grads}
+    host_bytes = host.peak_bytes
+    times = []
+    for _ in range(1 + args.repeats):  # the first: a warm-up
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        stage(*inputs).backward()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - began) * 1e3)
+    return {"loss": float(loss.detach()), "peak": peak, "host": host_bytes, "grads": grads,
+            "ms": statistics.median(times[1:])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps after a warm-up")
+    ap.add_argument("--link-gb-s", type=float, default=50.0,
+                    help="host link bandwidth each way for the copies' time (PCIe Gen5: 50)")
     args = ap.parse_args(argv)
     blocks = [f"h.{i}" for i in range(args.layers)]
     mixes = {
@@ -77,15 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"device {name}; GPT {args.layers} blocks, dim {args.dim}, context {args.context}, "
           f"batch {args.batch}")
-    print("| policies | step peak B | host peak B | loss | max grad diff | peak / keep |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| policies | step peak B | host peak B | loss | max grad diff | peak / keep | step ms "
+          "| added ms | copies ms (rule) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     plain = step(args, {})
     for label, policies in mixes.items():
         r = plain if label == "keep" else step(args, policies)
         diff = max(float((r["grads"][k] - g).abs().max()) for k, g in plain["grads"].items())
         ratio = f"{r['peak'] / plain['peak']:.3f}" if plain["peak"] else "-"
+        # every host byte goes out in the forward and back in the backward, in the stream
+        copies_ms = 2 * r["host"] / (args.link_gb_s * 1e9) * 1e3
         print(f"| {label} | {r['peak']:,} | {r['host']:,} | {r['loss']:.6f} | {diff:.2e} | "
-              f"{ratio} |")
+              f"{ratio} | {r['ms']:.2f} | {r['ms'] - plain['ms']:+.2f} | {copies_ms:.2f} |")
     return 0
 
 
