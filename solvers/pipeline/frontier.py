@@ -60,10 +60,9 @@ def cut(frontier: list[State], inflight: int, limit: int) -> list[State]:
     """`limit` states of a frontier in time order: the fastest half, and the rest least in
     device bytes (what the stage keeps in flight plus the largest transient), so both the
     fastest plans and those that fit tight memory survive the cut; and, with a host tier,
-    every state that offloads nothing, up to `limit` of them (the per-module copy estimates
-    add up below what copies queued on one link take, so offloading plans look faster than
-    they are, and a cut by that time alone dropped the plans without a host tier: a host
-    tier made GPT-48 plans slower than none)."""
+    every state that offloads nothing, up to `limit` of them (a host tier's frontier is cut
+    sooner, and before copies were timed as the runtime makes them, a cut by time alone
+    dropped the plans without a host tier: a host tier made GPT-48 plans slower than none)."""
     fast = frontier[:limit // 2]
     rest = sorted(frontier[limit // 2:],
                   key=lambda x: (inflight * x.delta_bytes + x.largest_bytes, x.offload_bytes))

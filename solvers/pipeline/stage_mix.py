@@ -55,10 +55,10 @@ def best_mix(
     """The fastest mix of two frontier plans (each with its bound costs) that fits `cap` and
     `host_cap` and beats `uniform` (the fastest one plan) on the mean added time; None if
     none does. `exact_of`: a state's plan under the simulator's rule. With a host tier, the
-    plans that offload nothing are mixed on their own too: the per-module copy estimates
-    run below what queued copies take, so offloading plans fill the staircase and the
-    fastest screened mixes, then fail the rule's check (GPT-24 on 2 ranks, 0.9x: no mix with a
-    host tier, 58.54 ms, against 58.02 without one)."""
+    plans that offload nothing are mixed on their own too, so a host tier's staircase never
+    hides the mixes found without one (when copies were timed as hidden, offloading plans
+    filled it and failed the rule's check: GPT-24 on 2 ranks, 0.9x, 58.54 ms with a host
+    tier against 58.02 without one)."""
     if inflight < 2 or problem.microbatches < 2:
         return None
     local = [x for x in frontier if not x[0].offload_bytes]
