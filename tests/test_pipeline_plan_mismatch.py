@@ -63,7 +63,7 @@ def test_plan_for_fewer_blocks_names_the_blocks(
 def test_plan_with_a_graph_summary_names_the_model(
     two_layer_plan: Plan, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from planner.engine.solve import graph_reference
+    from planner.core.plan import graph_reference
 
     small, small_inputs = _gpt(2)
     plan = two_layer_plan.model_copy(update=graph_reference(trace(small, small_inputs).graph))

@@ -116,45 +116,69 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
     """Like dtr_plan, but a missing input is rematerialized depth-first (as DTR does): only the
     inputs of the nodes on the current recomputation path are pinned, not a whole batch of
     ancestors, so deep recomputation cascades fit far smaller budgets."""
-    n, deps, users = problem.n, problem.deps, problem.users
-    mem, cost = problem.mem_bytes, problem.cost
-    budget, ids = problem.budget_bytes, problem.node_ids
-    actions: list[Action] = []
-    resident: set[int] = set()  # positions
-    pins = [0] * n  # how many nodes on the recomputation path hold this value as an input
-    wanted = [0] * n  # how many nodes on the path still have to read it
-    live = problem.ledger.live_set(ViewRule.charge_base)  # bytes (the ledger's ids: node ids)
-    frontier = 0
-    computed = [0]
-    max_computations = 20 * n + 1000
+    run = _DepthFirst(problem, score, deadline)
+    try:
+        for t in range(problem.n):
+            run.frontier = t
+            if t not in run.resident:
+                run.materialize(t)
+            run.frontier = t + 1
+            for u in sorted(run.resident):
+                if run.distance(u) > problem.n:
+                    run.release(u)
+    except _Stuck:
+        return None
+    return run.actions
 
-    def distance(u: int) -> int:
-        if wanted[u]:
+
+class _DepthFirst:
+    """The state of a depth-first DTR run: what is resident, pinned and wanted, and the plan."""
+
+    def __init__(self, problem: RematProblem, score: Score, deadline: float) -> None:
+        self.problem, self.score, self.deadline = problem, score, deadline
+        n = problem.n
+        self.actions: list[Action] = []
+        self.resident: set[int] = set()  # positions
+        self.pins = [0] * n  # how many nodes on the recomputation path hold this value as input
+        self.wanted = [0] * n  # how many nodes on the path still have to read it
+        # bytes (the ledger's ids: node ids)
+        self.live = problem.ledger.live_set(ViewRule.charge_base)
+        self.frontier = 0
+        self.computed = 0
+        self.max_computations = 20 * n + 1000
+
+    def distance(self, u: int) -> int:
+        if self.wanted[u]:
             return 1  # the current path reads it next
-        for j in users[u]:
-            if j >= frontier:
-                return j - frontier + 1
-        return n + 1
+        for j in self.problem.users[u]:
+            if j >= self.frontier:
+                return j - self.frontier + 1
+        return self.problem.n + 1
 
-    def release(u: int) -> None:
-        resident.discard(u)
-        live.free(ids[u])
-        actions.append(free(ids[u]))
+    def release(self, u: int) -> None:
+        ids = self.problem.node_ids
+        self.resident.discard(u)
+        self.live.free(ids[u])
+        self.actions.append(free(ids[u]))
 
-    def make_room(x: int) -> None:
-        while live.peak_if_computed(ids[x]) > budget:
-            candidates = [u for u in resident if not pins[u] and mem[u] > 0
-                          and (problem.recomputable[u] or distance(u) > n)]
+    def make_room(self, x: int) -> None:
+        p = self.problem
+        while self.live.peak_if_computed(p.node_ids[x]) > p.budget_bytes:
+            candidates = [u for u in self.resident if not self.pins[u] and p.mem_bytes[u] > 0
+                          and (p.recomputable[u] or self.distance(u) > p.n)]
             if not candidates:
                 raise _Stuck("evict")
             # Cost of bringing a value back: itself plus its evicted ancestors (DTR's e*),
             # so that evictions that would start long cascades are avoided.
             remat = [0.0] * (max(candidates) + 1)
             for u in range(len(remat)):
-                remat[u] = cost[u] + sum(remat[w] for w in deps[u] if w not in resident)
-            release(min(candidates, key=lambda u: score(remat[u] + 1e-12, mem[u], distance(u))))
+                remat[u] = p.cost[u] + sum(remat[w] for w in p.deps[u]
+                                           if w not in self.resident)
+            self.release(min(candidates, key=lambda u: self.score(
+                remat[u] + 1e-12, p.mem_bytes[u], self.distance(u))))
 
-    def materialize(v: int) -> None:
+    def materialize(self, v: int) -> None:
+        deps, pins, wanted = self.problem.deps, self.pins, self.wanted
         path: list[tuple[int, int]] = [(v, 0)]  # (node, index of its next input to secure)
         for u in deps[v]:
             wanted[u] += 1
@@ -163,45 +187,36 @@ def dtr_depth_first_plan(problem: RematProblem, score: Score, deadline: float = 
             if i < len(deps[x]):
                 path[-1] = (x, i + 1)
                 u = deps[x][i]
-                if u in resident:
+                if u in self.resident:
                     pins[u] += 1
                     continue
-                if not problem.recomputable[u]:
+                if not self.problem.recomputable[u]:
                     raise _Stuck("a non-recomputable input was evicted")
                 path.append((u, 0))
                 for w in deps[u]:
                     wanted[w] += 1
                 continue
-            make_room(x)  # held bytes from the first computation: the live set's
-            actions.append(compute(ids[x]))
-            computed[0] += 1
-            if computed[0] > max_computations:  # thrashing: cascades that grow without end
-                raise _Stuck("too many recomputations")
-            if computed[0] % 64 == 0 and time.perf_counter() > deadline:
-                raise _Stuck("out of time")
-            resident.add(x)
-            live.compute(ids[x])
+            self.make_room(x)  # held bytes from the first computation: the live set's
+            self.compute(x)
             path.pop()
             for u in deps[x]:
                 pins[u] -= 1
                 wanted[u] -= 1
-                if not pins[u] and not wanted[u] and u in resident and distance(u) > n:
-                    release(u)  # read by nothing left: free at once
+                if (not pins[u] and not wanted[u] and u in self.resident
+                        and self.distance(u) > self.problem.n):
+                    self.release(u)  # read by nothing left: free at once
             if path:
                 pins[x] += 1  # secured for its caller
 
-    try:
-        for t in range(n):
-            frontier = t
-            if t not in resident:
-                materialize(t)
-            frontier = t + 1
-            for u in sorted(resident):
-                if distance(u) > n:
-                    release(u)
-    except _Stuck:
-        return None
-    return actions
+    def compute(self, x: int) -> None:
+        self.actions.append(compute(self.problem.node_ids[x]))
+        self.computed += 1
+        if self.computed > self.max_computations:  # thrashing: cascades without end
+            raise _Stuck("too many recomputations")
+        if self.computed % 64 == 0 and time.perf_counter() > self.deadline:
+            raise _Stuck("out of time")
+        self.resident.add(x)
+        self.live.compute(self.problem.node_ids[x])
 
 
 def best_dtr(problem: RematProblem, *, time_limit_s: float = 10.0) -> list[Action] | None:
