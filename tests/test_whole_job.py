@@ -25,6 +25,7 @@ from planner.sim.stage_policies import (
     policy_stage_costs,
     stage_facts,
 )
+from planner.sim.unit_times import copies_ms
 from planner.solvers.pipeline import stage_items, stage_menu
 from planner.solvers.pipeline.chains import chain_graph, transformer_layers
 from planner.solvers.pipeline.dp import dp_partition, least_memory_split
@@ -204,6 +205,7 @@ def test_copies_hold_the_stage_for_their_transfer(op_gpt: Graph) -> None:
     (figure,) = [it for it in stage_items.items(problem(op_gpt, None, PCIE_HOST, ranks=2), facts)
                  if it.name == "h.2"]
     assert figure.offload_ms == pytest.approx(out + back)
+    assert copies_ms(h2d, 0, 0) == 0.0  # nothing to reload: no latency either
 
 
 # -- the planner -------------------------------------------------------------------------------

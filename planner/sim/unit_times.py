@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 
 def copies_ms(link: Link, nbytes: int, copies: int) -> float:
-    """`copies` transfers of `nbytes` in all over `link`, one after another."""
+    """`copies` transfers of `nbytes` in all over `link`, one after another (none: 0)."""
+    if nbytes <= 0:
+        return 0.0
     return nbytes / link.bandwidth_bytes_per_s * 1e3 + max(1, copies) * link.latency_s * 1e3
 
 
