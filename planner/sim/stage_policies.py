@@ -298,12 +298,16 @@ def weight_reload_ms(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
     weight-gradient nodes reload their saved tensors again, in the stage's stream."""
     if first_stage or h2d is None:
         return 0.0
-    total = 0.0
-    for u in facts.units:
-        if chosen[u.name] == "offload":
-            read = u.weight_read & moved.get(u.name, u.saved)
-            total += copies_ms(h2d, u.host_bytes_of(read, size), u.copies_of(read))
-    return total
+    return sum(unit_weight_reload_ms(u, moved.get(u.name), size, h2d)
+               for u in facts.units if chosen[u.name] == "offload")
+
+
+def unit_weight_reload_ms(u: UnitFacts, moved: Set[int] | None, size: Mapping[int, int],
+                          h2d: Link) -> float:
+    """One offloaded unit's share of `weight_reload_ms` (`moved`: the roots it moves; None:
+    every saved one): the knapsack's figure too."""
+    read = u.weight_read & (u.saved if moved is None else moved)
+    return copies_ms(h2d, u.host_bytes_of(read, size), u.copies_of(read))
 
 
 def weight_reload_bytes(facts: StageFacts, chosen: Mapping[str, UnitPolicy],

@@ -10,7 +10,12 @@ from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
-from planner.sim.stage_policies import StageFacts, UnitFacts, weight_rerun_bytes
+from planner.sim.stage_policies import (
+    StageFacts,
+    UnitFacts,
+    unit_weight_reload_ms,
+    weight_rerun_bytes,
+)
 from planner.sim.stage_working import backward_working_bytes, forward_working_bytes
 from planner.sim.unit_times import copies_ms
 from planner.solvers.pipeline.op_options import (
@@ -69,8 +74,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
             nbytes, copies = u.host_bytes_of(moved, size), u.copies_of(moved)
             ms = copies_ms(res.d2h, nbytes, copies) + copies_ms(res.h2d, nbytes, copies)
             if weight_reruns:
-                read = u.weight_read & (u.saved if moved is None else moved)
-                ms += copies_ms(res.h2d, u.host_bytes_of(read, size), u.copies_of(read))
+                ms += unit_weight_reload_ms(u, moved, size, res.h2d)
             return ms
 
         m = module(facts, u, least, inputs)
