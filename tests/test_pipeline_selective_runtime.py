@@ -44,6 +44,9 @@ SPLIT = [["tok", "pos", *BLOCKS[:4]], [*BLOCKS[4:], "ln_f", "head"]]
 ALL_RECOMPUTE = dict.fromkeys(BLOCKS, "recompute")
 # per block: the qkv projection's and the MLP's first linear's outputs kept, the rest rerun
 SAVED = {b: ["aten.addmm#0", "aten.addmm#2"] for b in BLOCKS}
+# per block: calls whose outputs no backward node reads kept, with the layer norms'
+UNREAD = ["aten.add#1", "aten.ones#0", "aten.tril#0", "aten.bitwise_not#0", "aten.addmm#3",
+          "aten.bmm#1", "aten.native_layer_norm#0", "aten.native_layer_norm#1"]
 ALL_OFFLOAD = dict.fromkeys(BLOCKS, "offload")
 # per block: only the attention scores (bmm, softmax) and the MLP's first linear go to the host
 MOVED = {b: ["aten.bmm#0", "aten._softmax#0", "aten.addmm#2"] for b in BLOCKS}
@@ -221,6 +224,11 @@ CONFIGS: list[dict[str, Any]] = [
     {"schedule": "zb-h1", "policies": ALL_OFFLOAD, "saved": {}, "offload": MOVED},
     {"schedule": "zb-h1", "policies": ALL_RECOMPUTE, "saved": {}},  # whole blocks, split W
     {"schedule": "zb-h1", "policies": {}, "saved": {}, "recompute": {1: [0, 2]}},  # stage 1
+    # stage 0's last block keeps its output (the one it sends): nothing to rerun after its
+    # backward's first linear, whose input and weight gradients are then its peak
+    {"schedule": "1f1b", "policies": {"h.3": "recompute"}, "saved": {"h.3": ["aten.add#1"]}},
+    # and calls no backward reads (the mask, the output projections), as the planner keeps them
+    {"schedule": "1f1b", "policies": {"h.3": "recompute"}, "saved": {"h.3": UNREAD}},
 ]
 OFFLOAD, PARTIAL = 6, 7
 KEEP, RECOMPUTE, SELECTIVE = 0, 1, 2

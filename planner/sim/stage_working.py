@@ -84,14 +84,39 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
 
 def _backward_transients(graph: Graph,
                          backward: tuple[tuple[int, str | None], ...]) -> tuple[int, ...]:
-    """`node_transient_bytes` of each of a stage's backward nodes (memoised on the graph: the
-    knapsack asks for the same stage's many times)."""
+    """What each of a stage's backward nodes holds while it runs (memoised on the graph: the
+    knapsack asks for the same stage's many times): `node_transient_bytes`, plus
+    - the gradients earlier nodes made that a later node reads (alive, though this one does
+      not read them: a linear's input gradient while its weight gradient is computed);
+    - a weight gradient the graph adds to its parameter's .grad (no storage of its own there):
+      the runtime keeps .grad across micro-batches, so each one is a new tensor added in."""
     memo = graph.index.memo.setdefault("stage_backward_transients", {})
     got: tuple[int, ...] | None = memo.get(backward)
     if got is None:
         ledger = MemoryLedger.of(graph)
+        root, size, preds = ledger.storage_root, ledger.storage_bytes, ledger.predecessors
+        index = graph.index
         nodes = {v for v, _ in backward}
-        got = memo[backward] = tuple(node_transient_bytes(ledger, nodes, w) for w, _ in backward)
+        last: dict[int, int] = {}  # gradient root -> the position of its last reader here
+        for j, (w, _) in enumerate(backward):
+            for p in preds[w]:
+                if p in nodes:
+                    last[root[p]] = j
+        ends: dict[int, int] = {}  # position -> bytes of gradients freed after it
+        out, alive = [], 0
+        for j, (w, _) in enumerate(backward):
+            read = {root[p] for p in preds[w] if p in nodes}
+            alive_read = sum(size[r] for r in read if last.get(r, -1) >= j and r != root[w])
+            node = index.node(w)
+            accumulated = node.output_bytes if (size[w] == 0 and node.alias_of is None) else 0
+            out.append(node_transient_bytes(ledger, nodes, w) + accumulated
+                       + max(0, alive - alive_read))
+            r = root[w]
+            if r == w and size[r] and last.get(r, -1) > j:  # read later: alive until then
+                alive += size[r]
+                ends[last[r]] = ends.get(last[r], 0) + size[r]
+            alive -= ends.pop(j, 0)
+        got = memo[backward] = tuple(out)
     return got
 
 
