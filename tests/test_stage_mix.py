@@ -162,7 +162,7 @@ def test_a_host_tier_never_makes_a_stage_plan_slower(op_gpt: Graph, monkeypatch,
     monkeypatch.setattr(stage_menu, "FRONTIER_LIMITS", (limit, limit))
     monkeypatch.setattr(stage_menu, "HOST_FRONTIER_MOST", limit)
     compared = 0
-    for level, cut in itertools.product((0.9, 0.7, 0.5), (2, 3, 4)):
+    for level, cut in itertools.product((0.9, 0.8, 0.7, 0.5), (2, 3, 4)):
         with_host = problem(op_gpt, level, resources=HOST)
         without = problem(op_gpt, level)
         for s, (i, j) in enumerate(((0, cut), (cut, with_host.length))):
