@@ -63,7 +63,7 @@ def traced_gpt() -> Graph:
     import torch
 
     from planner.tracing import trace
-    from planner.zoo.models import GPT
+    from planner.zoo.token_models import GPT
 
     torch.manual_seed(0)
     model = GPT(vocab=8192, dim=128, layers=12, heads=4, context=256, dropout=0.0)

@@ -35,7 +35,8 @@ SNAPSHOT_S = 10.0  # the incumbent reported at this time goes into its own colum
 
 def _zoo(name: str) -> tuple[Any, tuple[Any, ...]]:
     from planner.zoo import gpt
-    from planner.zoo.models import llama_like, resnet50_like
+    from planner.zoo.models import resnet50_like
+    from planner.zoo.token_models import llama_like
 
     makers: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
         "gpt12": lambda: gpt(batch_size=2, context=32, dim=64, layers=12, vocab=256),

@@ -66,7 +66,7 @@ def traced_gpt(layers: int, cache: Path, batch: int = 4, dim: int = 256,
     import torch
 
     from planner.tracing import trace
-    from planner.zoo.models import GPT
+    from planner.zoo.token_models import GPT
 
     torch.manual_seed(0)
     model = GPT(vocab=8192, dim=dim, layers=layers, heads=4, context=context, dropout=0.0)

@@ -67,7 +67,7 @@ def unet(batch_size: int = 4, image: int = 64, base: int = 16, depth: int = 3) -
 def gpt(batch_size: int = 8, context: int = 64, dim: int = 128, layers: int = 4,
         vocab: int = 512, dropout: float = 0.1) -> Any:
     torch = _seed()
-    from planner.zoo.models import GPT
+    from planner.zoo.token_models import GPT
 
     model = GPT(vocab, dim, layers, heads=4, context=context, dropout=dropout)
     idx = torch.randint(0, vocab, (batch_size, context))
@@ -76,7 +76,7 @@ def gpt(batch_size: int = 8, context: int = 64, dim: int = 128, layers: int = 4,
 
 def vit(batch_size: int = 8, image: int = 32, dim: int = 128, layers: int = 4) -> Any:
     torch = _seed()
-    from planner.zoo.models import ViT
+    from planner.zoo.token_models import ViT
 
     model = ViT(image, 4, dim, layers)
     return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
@@ -86,7 +86,7 @@ def mixer(batch_size: int = 8, image: int = 32, patch: int = 4, dim: int = 128,
           blocks: int = 4, dropout: float = 0.1) -> Any:
     """MLP-Mixer with dropout (token- and channel-mixing MLPs, LayerNorm, GELU, residuals)."""
     torch = _seed()
-    from planner.zoo.models import Mixer
+    from planner.zoo.token_models import Mixer
 
     model = Mixer(image, patch, dim, blocks, dropout)
     return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
@@ -108,9 +108,9 @@ def llama_like(batch_size: int = 2, context: int = 32, dim: int = 64, layers: in
     """A Llama-like decoder (RMSNorm, rotary embeddings, SwiGLU), 32 layers at a small width;
     `config_overrides` sets any LlamaConfig field (transformers installed)."""
     _seed()
-    from planner.zoo import models
+    from planner.zoo import token_models
 
-    return models.llama_like(batch_size=batch_size, context=context, dim=dim, layers=layers,
+    return token_models.llama_like(batch_size=batch_size, context=context, dim=dim, layers=layers,
                              vocab=vocab, config_overrides=config_overrides)
 
 
