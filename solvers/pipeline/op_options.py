@@ -6,17 +6,17 @@ below a module (PipelineStage.unit_saved_ops and unit_offload_ops).
   call it does not keep, whether the backward reads its output or not, so every call is a
   candidate: keeping it saves its rerun time (the call and its getitems) for the bytes of its
   outputs not held anyway; the calls are ranked by time saved per byte kept (as the
-  single-device greedy planners rank what to keep). Keeping a GPT block's mask, layer norms and
-  output projections, which the backward does not read, lets the option drop the MLP's
-  activation for its own rerun alone (GPT-24 on 8 ranks, 1F1B, 1x: 11.6 % over the fastest
-  unconstrained split with only read calls kept, 7.9 % now).
+  single-device greedy planners rank what to keep). Keeping a GPT block's causal mask and its
+  attention and MLP output projections, which the backward does not read, saves their reruns
+  for few bytes (GPT-24 on 8 ranks, 1F1B, 1x: 11.6 % over the fastest unconstrained split
+  with only read calls as candidates, 7.9 % now).
 - Partial offload: an offloaded module copies only the saved tensors on some calls' outputs to
   the host; the rest stay on the device. The calls are ranked by the saved bytes they move,
   largest first (fewest copies for the bytes).
 
-For each, the prefixes worth a quarter, a half and three quarters of the module's saved bytes
-(a checkpoint) or of the candidates' bytes (an offload) are the module's options, between the
-whole-module policy and "keep". Each option carries additive
+For each, the calls taken in that order while they fit in a quarter, a half and three quarters
+of the module's saved bytes (a checkpoint) or of the candidates' bytes (an offload) are the
+module's options, between the whole-module policy and "keep". Each option carries additive
 figures that bound the simulator's rule, as stage_menu's `Item` does for whole-module
 policies: the saved bytes it frees at least (the module's exclusive saved roots it drops) and
 adds at most (a checkpoint's inputs and kept outputs outside its saved roots and what the stage
