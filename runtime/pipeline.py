@@ -248,12 +248,14 @@ class PipelineRun:
     def step(self, *inputs: Any, target: Any = None) -> float:
         """One training step (forward + backward of every micro-batch); the loss on all ranks."""
         args, kwargs = self._arguments(inputs)
-        if target is None and self.loss_fn is _model_loss:
-            batch = _batch_size(inputs) or self.microbatches
-            target = torch.zeros(batch, device=self.device)
         losses: list[torch.Tensor] = []
         last = self.partition.stage_count - 1
         holds_last = last in self.stage_indices
+        if target is None and self.loss_fn is _model_loss and holds_last:
+            # torch splits a target per micro-batch; this one holds no bytes (the plans do not
+            # count it: a float per sample on every rank was 61 B over an all-keep rank 0)
+            batch = _batch_size(inputs) or self.microbatches
+            target = torch.zeros(batch, 0, device=self.device)
         self.schedule.step(*args, target=target if holds_last else None,
                            losses=losses if holds_last else None, return_outputs=False, **kwargs)
         self.steps += 1
