@@ -34,16 +34,12 @@ unit runs under a plain checkpoint: the backward reads the forward's kept output
 keeps none again. A second backward through the unit (zero-bubble
 schedules split it into inputs' and weights' gradients) recomputes what the first consumed.
 
-Measuring on CPU, where device and host are one memory: host buffers are allocated outside any
-active TorchDispatchMode (as planner.runtime.offload_pool does), so a step's storage tracker
-counts them as what they are, host memory, and `HostMemory` counts them instead (in use and
-peak, released when autograd frees them).
+The host copies of an offloaded unit: planner.runtime.unit_offload.
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -52,15 +48,12 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.checkpoint import (
-    checkpoint,
-)
+from torch.utils.checkpoint import checkpoint
 
 from planner.core.errors import InputError
 from planner.core.pipeline_actions import PipelineStage, StageVariant, saved_op_parts
 from planner.runtime.pipeline_split import owner_of
+from planner.runtime.unit_offload import HostMemory, drop_saved, never_unpacked, offloaded
 from planner.runtime.unit_ops import (  # op_name: re-exported
     CallOutputs,
     SavedOpsPolicy,
@@ -71,24 +64,6 @@ from planner.runtime.unit_ops import (  # op_name: re-exported
 POLICIES = ("keep", "recompute", "offload")
 __all__ = ["HostMemory", "UnitCall", "UnitPlan", "UnitPolicies", "UnitSwitch",
            "apply_unit_policies", "check_unit_policies", "offloaded", "op_name"]
-
-
-class HostMemory:
-    """Host bytes held by one rank's offloaded saved tensors: now and the most at once."""
-
-    def __init__(self) -> None:
-        self.in_use_bytes = 0
-        self.peak_bytes = 0
-
-    def take(self, nbytes: int) -> None:
-        self.in_use_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
-
-    def release(self, nbytes: int) -> None:
-        self.in_use_bytes -= nbytes
-
-    def reset_peak(self) -> None:
-        self.peak_bytes = self.in_use_bytes
 
 
 class UnitSwitch:
@@ -120,68 +95,6 @@ class UnitSwitch:
             self.rerunning = before
 
 
-class _HostCopy:
-    """One saved tensor's host copy, shared by every save of the same tensor in a unit call;
-    its device copy is made once in the backward and shared while alive."""
-
-    def __init__(self, t: torch.Tensor, host: HostMemory) -> None:
-        self.device = t.device
-        pinned = t.device.type == "cuda"
-        with _disable_current_modes():  # host memory: invisible to the step's device tracker
-            self.buffer = torch.empty(t.size(), dtype=t.dtype, pin_memory=pinned)
-            self.buffer.copy_(t, non_blocking=pinned)
-        nbytes = self.buffer.numel() * self.buffer.element_size()
-        host.take(nbytes)
-        weakref.finalize(self.buffer, host.release, nbytes)  # counted until autograd frees it
-        self.unpacked: Callable[[], torch.Tensor | None] = lambda: None
-
-    def unpack(self) -> torch.Tensor:
-        out = self.unpacked()
-        if out is None:
-            if self.device.type == "cpu":  # a fresh "device" tensor, under the step's tracker
-                out = self.buffer.clone()
-            else:
-                out = self.buffer.to(self.device, non_blocking=True)
-            self.unpacked = weakref.ref(out)
-        return out
-
-
-def _unpack(packed: Any) -> torch.Tensor:
-    return packed.unpack() if isinstance(packed, _HostCopy) else packed
-
-
-@contextmanager
-def offloaded(host: HostMemory, unit: nn.Module,
-              only: CallOutputs | None = None) -> Iterator[None]:
-    """Saved tensors of what runs inside go to host memory, once per tensor (the unit's
-    parameters, meta and empty tensors stay: copying them frees nothing); with `only`, just
-    the saved tensors on the storages it records (its named calls' outputs)."""
-    kept = frozenset(p.untyped_storage().data_ptr()
-                     for p in (*unit.parameters(), *unit.buffers()))
-    # a saved tensor's identity -> (its storage, its copy); the address may be reused once the
-    # storage is freed, so a hit counts only while that storage lives
-    copies: dict[tuple[Any, ...], tuple[StorageWeakRef, _HostCopy]] = {}
-
-    def pack(t: torch.Tensor) -> Any:
-        if t.is_meta or t.layout != torch.strided or t.numel() == 0:
-            return t
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in kept or (only is not None and not only.holds(t)):
-            return t
-        key = (ptr, t.storage_offset(), tuple(t.size()), t.stride(), t.dtype, t._version)
-        known = copies.get(key)
-        if known is None or known[0].expired():
-            known = copies[key] = (StorageWeakRef(t.untyped_storage()), _HostCopy(t, host))
-        return known[1]
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-        if only is None:
-            yield
-        else:
-            with only:
-                yield
-
-
 @dataclass(frozen=True)
 class UnitPlan:
     """What one call of a unit does in a micro-batch: its policy, the calls a "recompute" unit
@@ -192,6 +105,7 @@ class UnitPlan:
     saved_ops: tuple[str, ...] = ()
     offload_ops: tuple[str, ...] = ()
     where: str = ""
+    inner: tuple[tuple[str, UnitPlan], ...] = ()  # (submodule path in the unit, its plan)
 
 
 class UnitCall(nn.Module):
@@ -203,7 +117,8 @@ class UnitCall(nn.Module):
     def __init__(self, unit: nn.Module, name: str, policy: str, switch: UnitSwitch,
                  host: HostMemory, saved_ops: Sequence[str] = (), where: str = "",
                  offload_ops: Sequence[str] = (),
-                 variants: Mapping[int, UnitPlan] | None = None) -> None:
+                 variants: Mapping[int, UnitPlan] | None = None,
+                 inner: tuple[tuple[str, UnitPlan], ...] = ()) -> None:
         super().__init__()
         self.units = [unit]  # a list: not registered, so parameters keep the model's names
         self.name = name
@@ -211,7 +126,7 @@ class UnitCall(nn.Module):
         self.host = host
         field = "unit_offload_ops" if offload_ops else "unit_saved_ops"
         self.own = UnitPlan(policy, tuple(saved_ops), tuple(offload_ops),
-                            where or f"{field}[{name!r}]")
+                            where or f"{field}[{name!r}]", inner)
         self.variants = dict(variants or {})
         self.observed: Counter[str] | None = None  # set by a selective forward
         self.checked: set[UnitPlan] = set()  # plans whose named calls were found
@@ -227,27 +142,54 @@ class UnitCall(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         unit = self.units[0]
         plan = self.plan_of(self.switch.microbatch)
-        if plan.policy == "keep" or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return unit(*args, **kwargs)
+        if not plan.inner:
+            return self._run(plan, unit, unit, *args, **kwargs)
+        with self._inner_plans(unit, plan.inner):
+            return self._run(plan, unit, unit, *args, **kwargs)
+
+    @contextmanager
+    def _inner_plans(self, unit: nn.Module,
+                     inner: tuple[tuple[str, UnitPlan], ...]) -> Iterator[None]:
+        """Each named submodule's forward runs under its own plan meanwhile (its instance's
+        `forward` rebound, then restored: the model is otherwise untouched)."""
+        subs = [(unit.get_submodule(path), plan) for path, plan in inner]
+        try:
+            for sub, plan in subs:
+                own = sub.forward
+                sub.forward = functools.partial(self._run, plan, own, sub)
+            yield
+        finally:
+            for sub, _ in subs:
+                sub.__dict__.pop("forward", None)
+
+    def _run(self, plan: UnitPlan, fn: Callable[..., Any], module: nn.Module, *args: Any,
+             **kwargs: Any) -> Any:
+        """`fn` (the unit, or a submodule's own forward) under `plan`; `module`: what it runs
+        (its parameters are never copied to the host)."""
+        if plan.policy == "keep":
+            return fn(*args, **kwargs)
         if plan.policy == "recompute" and plan.saved_ops and not self.switch.rerunning:
-            return self._selective(plan, unit, *args, **kwargs)
+            return self._selective(plan, fn, *args, **kwargs)
         if plan.policy == "recompute":
-            return checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+            return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
         if self.switch.rerunning:  # the forward's host copies serve the backward: none again
-            with torch.autograd.graph.saved_tensors_hooks(_drop, _never):
-                return unit(*args, **kwargs)
+            with torch.autograd.graph.saved_tensors_hooks(drop_saved, never_unpacked):
+                return fn(*args, **kwargs)
         if not plan.offload_ops:
-            with offloaded(self.host, unit):
-                return unit(*args, **kwargs)
+            with offloaded(self.host, module):
+                return fn(*args, **kwargs)
         calls = CallOutputs(plan.offload_ops)  # fresh per call: its counts start at 0
-        with offloaded(self.host, unit, calls):
-            out = unit(*args, **kwargs)
+        with offloaded(self.host, module, calls):
+            out = fn(*args, **kwargs)
         self._check(plan, calls.counts, calls.missing())
         return out
 
-    def _selective(self, plan: UnitPlan, unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def _selective(self, plan: UnitPlan, fn: Callable[..., Any], *args: Any,
+                   **kwargs: Any) -> Any:
         policy = SavedOpsPolicy(plan.saved_ops)  # fresh per call: its counts start at 0
-        out = checkpoint(unit, *args, use_reentrant=False, preserve_rng_state=True,
+        out = checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True,
                          context_fn=functools.partial(selective_contexts, policy), **kwargs)
         self._check(plan, policy.counts, policy.missing())
         return out
@@ -268,14 +210,6 @@ class UnitCall(nn.Module):
                     "'OP#K' with K below that"
                 )
             self.checked.add(plan)
-
-
-def _drop(t: torch.Tensor) -> None:
-    return None
-
-
-def _never(packed: Any) -> torch.Tensor:
-    raise RuntimeError("planner.runtime.pipeline_units: a dropped saved tensor was unpacked")
 
 
 class UnitPolicies(dict[str, str]):
@@ -308,10 +242,17 @@ def _check_plan(stage: PipelineStage, plan: PipelineStage | StageVariant,
     what = f"partition: stage {stage.stage_index}'s {label}"
     out: dict[str, str] = {}
     for name, policy in plan.unit_policies.items():
-        if name not in stage.modules:
+        if owner_of(name, stage.modules) is None:
             raise InputError(
                 f"{what}unit_policies name {name!r}, which is not one of its modules "
-                f"({', '.join(stage.modules)}); name one of those"
+                f"({', '.join(stage.modules)}) nor inside one; name one of those or a "
+                "submodule of one"
+            )
+        outer = owner_of(name.rpartition(".")[0], list(plan.unit_policies))
+        if outer is not None:
+            raise InputError(
+                f"{what}unit_policies name {name!r} inside {outer!r}, which has a policy too; "
+                "give a policy to one of them"
             )
         if policy not in POLICIES:
             raise InputError(
@@ -354,7 +295,12 @@ def check_unit_policies(stage: PipelineStage) -> UnitPolicies:
 
 
 def _unit_plan(policies: Mapping[str, str], unit: str) -> UnitPlan:
-    """`unit`'s plan in one of check_unit_policies' plans (or a plain mapping of policies)."""
+    """`unit`'s plan in one of check_unit_policies' plans (or a plain mapping of policies),
+    with its submodules' plans where policies name them."""
+    inner = tuple((name[len(unit) + 1:], _unit_plan(policies, name))
+                  for name in policies if name.startswith(unit + "."))
+    if inner:
+        return UnitPlan(inner=inner)
     policy = policies.get(unit, "keep")
     saved: Mapping[str, Sequence[str]] = getattr(policies, "saved_ops", {})
     moved: Mapping[str, Sequence[str]] = getattr(policies, "offload_ops", {})
@@ -364,6 +310,23 @@ def _unit_plan(policies: Mapping[str, str], unit: str) -> UnitPlan:
     return UnitPlan(policy, tuple(saved.get(unit, ())) if policy == "recompute" else (),
                     tuple(moved.get(unit, ())) if policy == "offload" else (),
                     where if stage is None else f"partition: stage {stage}'s {where}")
+
+
+def _check_inner(unit: nn.Module, name: str, plans: Sequence[UnitPlan],
+                 policies: Mapping[str, str]) -> None:
+    """One line for a policy naming a submodule the unit does not have."""
+    for plan in plans:
+        for path, _ in plan.inner:
+            try:
+                unit.get_submodule(path)
+            except AttributeError:
+                stage = getattr(policies, "stage_index", 0)
+                full = f"{name}.{path}"
+                raise InputError(
+                    f"partition: stage {stage}'s unit_policies name {full!r}, which the "
+                    f"model's {name!r} does not have; name one of its submodules "
+                    f"({', '.join(n for n, _ in unit.named_children())})"
+                ) from None
 
 
 def apply_unit_policies(
@@ -377,15 +340,23 @@ def apply_unit_policies(
     named = policies.units() if isinstance(policies, UnitPolicies) else list(policies)
     calls: list[UnitCall] = []
     for node in module.graph.nodes:
-        if node.op != "call_module" or (owner := owner_of(str(node.target), named)) is None:
+        if node.op != "call_module":
+            continue
+        target = str(node.target)
+        owner = owner_of(target, named)
+        if owner is None and any(n.startswith(target + ".") for n in named):
+            owner = target  # a call whose submodules have policies
+        if owner is None:
             continue
         own = _unit_plan(policies, owner)
         per_microbatch = {mb: _unit_plan(v, owner) for v in variants for mb in v.microbatches}
-        call = UnitCall(module.get_submodule(str(node.target)), str(node.target), own.policy,
-                        switch, host, own.saved_ops, own.where, own.offload_ops, per_microbatch)
-        target = f"_unit_call_{len(calls)}"
-        module.add_module(target, call)
-        node.target = target
+        _check_inner(module.get_submodule(target), target,
+                     [own, *per_microbatch.values()], policies)
+        call = UnitCall(module.get_submodule(target), target, own.policy, switch, host,
+                        own.saved_ops, own.where, own.offload_ops, per_microbatch, own.inner)
+        name = f"_unit_call_{len(calls)}"
+        module.add_module(name, call)
+        node.target = name
         calls.append(call)
     if calls:
         module.recompile()

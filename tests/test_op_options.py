@@ -60,7 +60,7 @@ def test_each_option_saves_the_most_rerun_time_its_bytes_allow(
         facts: tuple[Graph, StageFacts], name: str) -> None:
     graph, stage = facts
     m = _module(graph, stage, name)
-    calls = op_options._calls(graph, m, saved_only=False)
+    calls = op_options.calls_of(graph, m)
     by_name = {c.name: c for c in calls}
     forward = [(v, n) for v, n in stage.forward if n == name]
     whole_ms = sum(MemoryLedger.of(graph).compute_ms[v] for v, _ in forward)
@@ -85,10 +85,10 @@ def test_options_keep_calls_whose_outputs_the_backward_never_reads(
     saves more rerun time than any set of read calls alone with its bytes."""
     graph, stage = facts
     m = _module(graph, stage, "h.2")
-    read = {c.name for c in op_options._calls(graph, m, saved_only=True)}
+    read = {c.name for c in op_options.calls_of(graph, m, saved_only=True)}
     options = op_options.selective_options(graph, m, weight_reruns=False)
     assert {"aten.ones#0", "aten.tril#0"} <= set(options[0].ops) - read, options[0].ops
-    calls = {c.name: c for c in op_options._calls(graph, m, saved_only=False)}
+    calls = {c.name: c for c in op_options.calls_of(graph, m)}
     for o in options:
         kept = [calls[c] for c in o.ops]
         budget = sum(c.cost_bytes for c in kept)

@@ -149,8 +149,8 @@ def test_api_partitions_is_the_plans_route(server: ServerProcess) -> None:
 def test_a_whole_job_plan_shows_its_selective_checkpoints(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """`--method whole` on an op-level trace below the plain least memory: the table names the
-    modules recomputed selectively and the micro-batches of a second unit plan, and plan.json
-    carries both."""
+    modules (and submodules) recomputed, selectively or not, and the micro-batches of a second
+    unit plan, and plan.json carries them."""
     from planner import zoo
     from planner.engine.partition import make_problem
     from planner.solvers.pipeline.dp import least_memory_split
@@ -163,13 +163,16 @@ def test_a_whole_job_plan_shows_its_selective_checkpoints(
     least = least_memory_split(make_problem(graph, devices=2, memory_bytes=None,
                                             microbatches=4, schedule="1f1b"))[0]
     code, out, err = run(capsys, "partition", path, "--devices", "2", "--device-memory",
-                         str(int(0.75 * least)), "--microbatches", "4", "--method", "whole",
+                         str(int(0.8 * least)), "--microbatches", "4", "--method", "whole",
                          "--time-limit", "5", "-o", plan_path)
     assert code == 0, err
     assert "selective" in out, out
     plan = load_plan(plan_path)
     assert plan.partition is not None
     assert any(ops for s in plan.partition.stages for ops in s.unit_saved_ops.values())
+    # submodules recomputed alone ('h.1.mlp': the rest of h.1 keeps its activations)
+    inner = [u for s in plan.partition.stages for u in s.unit_policies if u not in s.modules]
+    assert inner and all(u in out for u in inner), (inner, out)
     # stage 0 holds 2 micro-batches at once: it recomputes more in every other one only
     mixed = [s for s in plan.partition.stages if s.variants]
     assert mixed and mixed[0].variants[0].microbatches == [0, 2]

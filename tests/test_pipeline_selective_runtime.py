@@ -48,8 +48,17 @@ SAVED = {b: ["aten.addmm#0", "aten.addmm#2"] for b in BLOCKS}
 UNREAD = ["aten.add#1", "aten.ones#0", "aten.tril#0", "aten.bitwise_not#0", "aten.addmm#3",
           "aten.bmm#1", "aten.native_layer_norm#0", "aten.native_layer_norm#1"]
 ALL_OFFLOAD = dict.fromkeys(BLOCKS, "offload")
+# submodule checkpoints (a policy on 'h.1.mlp' leaves the rest of 'h.1' kept)
+MLPS = {f"{b}.mlp": "recompute" for b in BLOCKS}
+ATTNS = {f"{b}.attn": "recompute" for b in BLOCKS}
+MLP_FIRST = {f"{b}.mlp": ["aten.addmm#0"] for b in BLOCKS}
 # per block: only the attention scores (bmm, softmax) and the MLP's first linear go to the host
 MOVED = {b: ["aten.bmm#0", "aten._softmax#0", "aten.addmm#2"] for b in BLOCKS}
+
+
+def _in(module: str, modules: list[str]) -> bool:
+    """`module` is one of `modules` or inside one ('h.1.mlp')."""
+    return any(module == m or module.startswith(m + ".") for m in modules)
 
 
 def make_plan(schedule: str, policies: dict[str, str], saved: dict[str, list[str]],
@@ -57,9 +66,10 @@ def make_plan(schedule: str, policies: dict[str, str], saved: dict[str, list[str
               offload: dict[str, list[str]] | None = None) -> Plan:
     part = Partition(stages=[
         StageSpec(stage_index=i, rank=i, modules=mods,
-                  unit_policies={m: p for m, p in policies.items() if m in mods},
-                  unit_saved_ops={m: ops for m, ops in saved.items() if m in mods},
-                  unit_offload_ops={m: ops for m, ops in (offload or {}).items() if m in mods},
+                  unit_policies={m: p for m, p in policies.items() if _in(m, mods)},
+                  unit_saved_ops={m: ops for m, ops in saved.items() if _in(m, mods)},
+                  unit_offload_ops={m: ops for m, ops in (offload or {}).items()
+                                    if _in(m, mods)},
                   recompute_microbatches=(recompute or {}).get(i, []))
         for i, mods in enumerate(SPLIT)])
     made = make_schedule(schedule, 2, MICROBATCHES)
@@ -229,6 +239,12 @@ CONFIGS: list[dict[str, Any]] = [
     {"schedule": "1f1b", "policies": {"h.3": "recompute"}, "saved": {"h.3": ["aten.add#1"]}},
     # and calls no backward reads (the mask, the output projections), as the planner keeps them
     {"schedule": "1f1b", "policies": {"h.3": "recompute"}, "saved": {"h.3": UNREAD}},
+    # submodules checkpointed on their own: every block's MLP (its input kept, only it rerun)
+    {"schedule": "1f1b", "policies": MLPS, "saved": {}},
+    # the attention and the MLP apart, the MLP keeping its first linear's output (GELU rerun)
+    {"schedule": "1f1b", "policies": {**ATTNS, **MLPS}, "saved": MLP_FIRST},
+    {"schedule": "zb-h1", "policies": MLPS, "saved": MLP_FIRST},
+    {"schedule": "1f1b", "policies": MLPS, "saved": {}, "recompute": {0: [1]}},
 ]
 OFFLOAD, PARTIAL = 6, 7
 KEEP, RECOMPUTE, SELECTIVE = 0, 1, 2

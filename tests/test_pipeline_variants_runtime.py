@@ -187,7 +187,7 @@ def _stage(variants: list[StageVariant], **fields: Any) -> StageSpec:
     (_stage([_variant(microbatches=[0], unit_policies={"h.4": "recompute"}),
              _variant(microbatches=[1], unit_policies={"h.9": "recompute"})]),
      "partition: stage 1's variants[1].unit_policies name 'h.9', which is not one of its "
-     "modules (h.4, h.5); name one of those"),
+     "modules (h.4, h.5) nor inside one; name one of those or a submodule of one"),
     (_stage([_variant(microbatches=[0], unit_policies={"h.4": "offload"},
                       unit_saved_ops={"h.4": SAVED})]),
      "partition: stage 1's variants[0].unit_saved_ops name 'h.4', which is not one of its "

@@ -178,10 +178,12 @@ class PipelineStage(BaseModel):
 
     unit_policies: dict[str, UnitPolicy] = Field(
         default_factory=dict,
-        description="Per module of the stage (a unit: 'h.3'), what its saved activations do in "
-        "every micro-batch: 'recompute' keeps only the unit's input and reruns its forward before "
-        "its backward; 'offload' copies them to host memory after its forward and back before "
-        "its backward. A module not named keeps them (the whole-job planner's per-stage plan).",
+        description="Per module of the stage (a unit: 'h.3') or submodule of one ('h.3.mlp'), "
+        "what its saved activations do in every micro-batch: 'recompute' keeps only its input "
+        "and reruns its forward before its backward; 'offload' copies them to host memory after "
+        "its forward and back before its backward. A module not named keeps them (the whole-job "
+        "planner's per-stage plan); a policy on a submodule leaves the rest of its unit as it "
+        "is, and no named module may be inside another named one.",
     )
     unit_saved_ops: dict[str, list[str]] = Field(
         default_factory=dict,
@@ -217,6 +219,11 @@ class PipelineStage(BaseModel):
         return self
 
 
+def inside_modules(path: str, modules: list[str]) -> bool:
+    """`path` is one of `modules` or a submodule of one ('h.3.mlp' inside 'h.3')."""
+    return any(path == m or path.startswith(m + ".") for m in modules)
+
+
 def _check_named_ops(stage: PipelineStage, where: str, plan: PipelineStage | StageVariant,
                      field: str, named: dict[str, list[str]], policy: str) -> None:
     for unit, ops in named.items():
@@ -240,11 +247,19 @@ def _check_stage_plans(s: PipelineStage) -> None:
     plans: list[tuple[str, PipelineStage | StageVariant]] = [("", s)]
     plans += [(f".variants[{k}]", v) for k, v in enumerate(s.variants)]
     for where, plan in plans:
-        stray = sorted(set(plan.unit_policies) - set(s.modules))
+        stray = sorted(m for m in plan.unit_policies if not inside_modules(m, s.modules))
         if stray:
             raise ValueError(
                 f"stages[{s.stage_index}]{where}.unit_policies: {stray[0]!r} is not one of the "
-                "stage's modules; name a module listed in its modules"
+                "stage's modules nor inside one; name a module listed in its modules or a "
+                "submodule of one ('h.3.mlp')"
+            )
+        nested = [(a, b) for a in plan.unit_policies for b in plan.unit_policies
+                  if b.startswith(a + ".")]
+        if nested:
+            raise ValueError(
+                f"stages[{s.stage_index}]{where}.unit_policies: {nested[0][1]!r} is inside "
+                f"{nested[0][0]!r}, which has a policy too; give a policy to one of them"
             )
         _check_named_ops(s, where, plan, "unit_saved_ops", plan.unit_saved_ops, "recompute")
         _check_named_ops(s, where, plan, "unit_offload_ops", plan.unit_offload_ops, "offload")

@@ -6,7 +6,8 @@ A unit is one of the stage's modules ('h.3'): the nodes whose module_path is it 
 Per unit, from the ledger's facts: `saved` (storage roots its backward nodes read from forward
 nodes: what autograd keeps for it), `inputs` (roots from outside the unit that its forward nodes
 read: what a non-reentrant checkpoint of the module keeps), its forward and backward ms. Nodes
-of the stage outside every unit (a loss, an `x + pos`) and units not named keep theirs.
+of the stage outside every unit (a loss, an `x + pos`) and units not named keep theirs. A
+policy on a submodule ('h.3.mlp') makes it a unit of its own (planner.sim.stage_facts).
 
 Policies, per micro-batch (as planner.runtime.pipeline_units runs them):
 - keep: nothing changes.
@@ -51,59 +52,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
-from planner.core.graph import Graph, Phase
+from planner.core.graph import Graph
 from planner.core.pipeline_actions import Partition, PipelineStage, StageVariant, UnitPolicy
 from planner.core.resources import Link, Resources
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
 from planner.sim.selective_units import rerun_ms, unit_cached, unit_moved
-from planner.sim.stage_costs import (
-    StageCosts,
-    gradient_nodes,
-    stage_of_nodes,
-)
+from planner.sim.stage_costs import StageCosts, stage_of_nodes
+from planner.sim.stage_facts import StageFacts, UnitFacts, region_facts, stage_facts
 from planner.sim.stage_working import backward_working_bytes, forward_working_bytes
 from planner.sim.unit_times import backward_with_reloads, copies_ms, forward_with_copies
 
+__all__ = ["PolicyCosts", "StageFacts", "UnitFacts", "apply_unit_policies", "policy_stage_costs",
+           "stage_facts", "unit_weight_reload_ms", "variant_unit_costs", "weight_rerun_bytes"]
+
 MEMO_ENTRIES = 4096  # stage plans whose effective costs the graph keeps (variant_unit_costs)
-
-
-@dataclass(frozen=True)
-class UnitFacts:
-    name: str
-    saved: frozenset[int]  # storage roots its backward nodes read from forward nodes
-    inputs: frozenset[int]  # roots produced outside the unit that its forward nodes read
-    forward_ms: float
-    backward_ms: float
-    host_bytes: int  # offloaded: one host copy per (backward node, forward root) it saves
-    weight_groups: int  # modules whose parameters' gradient nodes it holds (W's autograd calls)
-    input_read: frozenset[int]  # of saved, roots an input-gradient (not weight) node reads
-    saving: tuple[tuple[int, int], ...] = ()  # (saved root, its backward nodes saving it)
-    weight_read: frozenset[int] = frozenset()  # of saved, roots a weight-gradient node reads
-
-    def host_bytes_of(self, moved: Set[int] | None, size: Mapping[int, int]) -> int:
-        """Host bytes when only the `moved` roots go to the host (None: every saved one)."""
-        if moved is None:
-            return self.host_bytes
-        return sum(count * size[r] for r, count in self.saving if r in moved)
-
-    def copies_of(self, moved: Set[int] | None) -> int:
-        """How many host copies `host_bytes_of(moved)` is made of (one a saving)."""
-        return sum(count for r, count in self.saving if moved is None or r in moved)
-
-
-@dataclass(frozen=True)
-class StageFacts:
-    """One stage's units (module order), what its nodes outside them keep, and its nodes in
-    execution order with their unit (None: outside every unit)."""
-
-    units: tuple[UnitFacts, ...]
-    rest_saved: frozenset[int]  # saved by backward nodes outside units, plus received roots
-    held: frozenset[int]  # roots the stage sends on and its loss: kept whatever the policies
-    rest_forward_ms: float
-    rest_backward_ms: float
-    forward: tuple[tuple[int, str | None], ...] = ()  # forward and loss nodes
-    backward: tuple[tuple[int, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,78 +75,6 @@ class PolicyCosts:
 
     costs: StageCosts
     host_bytes: int
-
-
-def _unit_of(module_path: str, modules: frozenset[str]) -> str | None:
-    """The stage module containing `module_path` (itself or its nearest enclosing one)."""
-    path = module_path
-    while path:
-        if path in modules:
-            return path
-        path = path.rpartition(".")[0]
-    return None
-
-
-def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> StageFacts:
-    """The facts of the stage made of `nodes` whose units are `modules`."""
-    ledger = MemoryLedger.of(graph)
-    index = graph.index
-    root, preds, ms = ledger.storage_root, ledger.predecessors, ledger.compute_ms
-    inside = set(nodes)
-    names = frozenset(modules)
-    saved: dict[str | None, set[int]] = {m: set() for m in modules}
-    saved[None] = set()
-    inputs: dict[str, set[int]] = {m: set() for m in modules}
-    fwd: dict[str | None, float] = dict.fromkeys([*modules, None], 0.0)
-    bwd: dict[str | None, float] = dict.fromkeys([*modules, None], 0.0)
-    unit = {v: _unit_of(index.node(v).module_path, names) for v in inside}
-    backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
-    held: set[int] = set()
-    pairs: set[tuple[int, int]] = set()  # (backward node, forward root it saves)
-    grad_nodes = gradient_nodes(graph)
-    input_read: set[int] = set()  # forward roots an input-gradient backward node reads
-    weight_read: set[int] = set()  # forward roots a weight-gradient node reads
-    groups: dict[str | None, set[str]] = {m: set() for m in modules}  # unit -> weight groups
-    for param in graph.model_state.parameters if graph.model_state is not None else ():
-        g = param.gradient_node
-        if param.trainable and g is not None and g in inside:
-            groups.setdefault(unit[g], set()).add(param.module_path)
-    for v in inside:
-        u = unit[v]
-        back = v in backward
-        if index.node(v).phase == Phase.loss:
-            held.add(root[v])
-        elif not back:
-            for w in ledger.successors[v]:
-                if w not in inside and w not in backward:  # sent on to a later stage
-                    held.add(root[v])
-                    break
-        (bwd if back else fwd)[u] += ms[v]
-        for p in preds[v]:
-            p_back = p in backward
-            if back and not p_back:  # forward data this backward node keeps
-                saved[u].add(root[p])
-                pairs.add((v, root[p]))
-                (input_read if v not in grad_nodes else weight_read).add(root[p])
-            elif not back and not p_back:
-                if p not in inside:  # received from an earlier stage: kept per micro-batch
-                    saved[None].add(root[p])
-                if u is not None and (p not in inside or unit[p] != u):
-                    inputs[u].add(root[p])
-    size = ledger.storage_bytes
-    saving: dict[str | None, dict[int, int]] = {m: {} for m in modules}
-    for w, r in pairs:
-        if unit[w] is not None:
-            saving[unit[w]][r] = saving[unit[w]].get(r, 0) + 1
-    units = tuple(UnitFacts(m, frozenset(saved[m]), frozenset(inputs[m]), fwd[m], bwd[m],
-                            sum(size[r] for w, r in pairs if unit[w] == m), len(groups[m]),
-                            frozenset(saved[m] & input_read), tuple(sorted(saving[m].items())),
-                            frozenset(saved[m] & weight_read))
-                  for m in modules)
-    order = [n.id for n in graph.nodes if n.id in inside]  # the trace's order: execution order
-    return StageFacts(units, frozenset(saved[None]), frozenset(held), fwd[None], bwd[None],
-                      tuple((v, unit[v]) for v in order if v not in backward),
-                      tuple((v, unit[v]) for v in order if v in backward))
 
 
 def policy_stage_costs(
@@ -197,10 +88,12 @@ def policy_stage_costs(
 ) -> PolicyCosts:
     """`base` (the stage's costs with every unit kept) under `policies` (for recompute units
     `saved_ops`: selective checkpointing; for offload units `offload_ops`: only those calls'
-    outputs go to the host); unchanged when every unit keeps."""
-    chosen = {u.name: policies.get(u.name, "keep") for u in facts.units}
-    if all(p == "keep" for p in chosen.values()):
+    outputs go to the host); unchanged when every unit keeps. A policy may name a submodule
+    of a unit ('h.3.mlp'): a unit of its own here (stage_facts.region_facts)."""
+    if all(p == "keep" for p in policies.values()):
         return PolicyCosts(base, 0)
+    facts = region_facts(graph, facts, [*policies, *(saved_ops or {}), *(offload_ops or {})])
+    chosen = {u.name: policies.get(u.name, "keep") for u in facts.units}
     ledger = MemoryLedger.of(graph)
     size, root = ledger.storage_bytes, ledger.storage_root
     cached = unit_cached(graph, facts.forward, chosen, saved_ops)

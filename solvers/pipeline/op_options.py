@@ -51,6 +51,9 @@ class OpOption:
     transient_bytes: int  # its backward working bytes (upper bound)
     ms: float  # added time (a rerun, or the copies)
     weight_rerun_bytes: int = 0  # under a split W (zero-bubble, not the first stage)
+    # submodules recomputed instead of the module, each with the calls its checkpoint keeps
+    # (planner.solvers.pipeline.region_options; empty: `policy` and `ops` are the module's)
+    regions: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class _Call:
     gain_ms: float  # the call and its getitems
 
 
-def _calls(graph: Graph, m: Module, saved_only: bool) -> list[_Call]:
+def calls_of(graph: Graph, m: Module, saved_only: bool = False) -> list[_Call]:
     """The module's calls (`saved_only`: those with an output its backward reads)."""
     ledger = MemoryLedger.of(graph)
     root, size, ms = ledger.storage_root, ledger.storage_bytes, ledger.compute_ms
@@ -90,7 +93,13 @@ def _calls(graph: Graph, m: Module, saved_only: bool) -> list[_Call]:
     return out
 
 
-def _prefixes(calls: Sequence[_Call], total: int) -> list[list[_Call]]:
+def ranked_calls(graph: Graph, m: Module) -> list[_Call]:
+    """The module's calls worth keeping, the most rerun time saved per byte kept first."""
+    return sorted((c for c in calls_of(graph, m) if c.gain_ms > 0),
+                  key=lambda c: (-c.gain_ms / max(c.cost_bytes, 1), c.name))
+
+
+def prefixes(calls: Sequence[_Call], total: int) -> list[list[_Call]]:
     """Per fraction of `total` bytes, the calls taken in order while they fit within it."""
     out: list[list[_Call]] = []
     for fraction in FRACTIONS:
@@ -106,15 +115,14 @@ def _prefixes(calls: Sequence[_Call], total: int) -> list[list[_Call]]:
 
 def selective_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpOption, ...]:
     """Recompute the module keeping the best time-per-byte calls' outputs."""
-    calls = sorted((c for c in _calls(graph, m, saved_only=False) if c.gain_ms > 0),
-                   key=lambda c: (-c.gain_ms / max(c.cost_bytes, 1), c.name))
+    calls = ranked_calls(graph, m)
     size = MemoryLedger.of(graph).storage_bytes
     u = m.unit
     alone: dict[str, UnitPolicy] = {w.name: "keep" for w in m.facts.units}
     alone[u.name] = "recompute"
     out = []
     held = u.saved | u.inputs | m.least  # kept outputs there add nothing
-    for taken in _prefixes(calls, sum(size[r] for r in u.saved - u.inputs)):
+    for taken in prefixes(calls, sum(size[r] for r in u.saved - u.inputs)):
         nodes = frozenset().union(*(c.nodes for c in taken))
         roots = frozenset().union(*(c.roots for c in taken))
         cached = {u.name: nodes}
@@ -133,12 +141,12 @@ def offload_options(graph: Graph, m: Module,
     """Offload only the saved tensors on the largest calls' outputs (`copy_ms`: the copies'
     time, for the roots moved)."""
     u = m.unit
-    calls = sorted(_calls(graph, m, saved_only=True), key=lambda c: (-c.cost_bytes, c.name))
+    calls = sorted(calls_of(graph, m, saved_only=True), key=lambda c: (-c.cost_bytes, c.name))
     size = MemoryLedger.of(graph).storage_bytes
     alone: dict[str, UnitPolicy] = {w.name: "keep" for w in m.facts.units}
     alone[u.name] = "offload"
     out = []
-    for taken in _prefixes(calls, sum(c.cost_bytes for c in calls)):
+    for taken in prefixes(calls, sum(c.cost_bytes for c in calls)):
         moved = frozenset().union(*(c.roots for c in taken)) & u.saved
         host = u.host_bytes_of(moved, size)
         transient = backward_working_bytes(graph, m.facts, alone, m.least | (u.saved - moved),

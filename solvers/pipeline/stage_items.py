@@ -25,6 +25,7 @@ from planner.solvers.pipeline.op_options import (
     selective_options,
 )
 from planner.solvers.pipeline.problem import PipelineProblem
+from planner.solvers.pipeline.region_options import dominated, region_options
 
 
 class TimeUp(Exception):  # noqa: N818 - a signal, not an error
@@ -93,6 +94,9 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         again_ms = u.forward_ms if weight_reruns and u.weight_groups else 0.0  # W's rerun
         ops = tuple(replace(o, ms=o.ms + again_ms) if o.policy == "recompute" else o
                     for o in ops)
+        if op_level:  # submodule checkpoints (their W reruns counted per submodule)
+            regions = region_options(problem.graph, m, weight_reruns)
+            ops = tuple(o for o in ops if not dominated(o, regions)) + regions
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0],
                         transient[1] if host_tier else 0,

@@ -250,6 +250,12 @@ def _policies(figures: list[Item], choice: tuple[str, ...]) -> tuple[
         policy, o = _picked(it, p)
         if policy == "keep":
             continue
+        if o is not None and o.regions:  # submodules recomputed, the rest kept
+            for region, ops in o.regions:
+                policies.append((region, "recompute"))
+                if ops:
+                    saved.append((region, ops))
+            continue
         policies.append((it.name, policy))
         if o is not None:
             (saved if policy == "recompute" else moved).append((it.name, o.ops))
