@@ -23,8 +23,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from planner.core.errors import InputError
-from planner.core.graph import CostSource, Edge, Graph, GraphMetadata, Node, Phase
 from planner.tracing.memory import StorageTracker, _aliases_input
+from planner.tracing.unit_graph import unit_graph
 
 
 @dataclass
@@ -319,7 +319,7 @@ def trace_modules(
                 "grad_input_bytes": u.input_bytes,
             }
         )
-    graph = _unit_graph(
+    graph = unit_graph(
         model,
         inputs,
         units,
@@ -347,90 +347,4 @@ def trace_modules(
         graph=graph,
         level="module",
         details={"chain": chain, "skip_edges": non_chain, "is_chain": not non_chain},
-    )
-
-
-def _unit_graph(
-    model: Any,
-    inputs: Any,
-    units: list[Unit],
-    stages: list[dict[str, Any]],
-    optimizer: str,
-    costs: str,
-    model_name: str,
-    block_pattern: str | None,
-    profile_name: str,
-    batch: int | None,
-    dtype: str,
-    fixed_fn: Any,
-) -> Graph:
-    n = len(units)
-    source = CostSource.measured if costs == "measure" else CostSource.estimated
-    nodes = []
-    for i, (u, st) in enumerate(zip(units, stages, strict=True)):
-        nodes.append(
-            Node(
-                id=i,
-                name=f"F:{u.name}",
-                op="module.forward",
-                phase=Phase.forward,
-                compute_ms=st["forward_ms"],
-                cost_source=source,
-                output_bytes=st["saved_bytes"],
-                workspace_bytes=st["forward_tmp_bytes"],
-                module_path=u.name,
-            )
-        )
-    for i in reversed(range(n)):
-        u, st = units[i], stages[i]
-        nodes.append(
-            Node(
-                id=2 * n - 1 - i,
-                name=f"B:{u.name}",
-                op="module.backward",
-                phase=Phase.backward,
-                compute_ms=st["backward_ms"],
-                cost_source=source,
-                output_bytes=st["grad_input_bytes"],
-                workspace_bytes=st["backward_tmp_bytes"],
-                module_path=u.name,
-            )
-        )
-
-    def bwd(i: int) -> int:
-        return 2 * n - 1 - i
-
-    pairs: set[tuple[int, int]] = set()
-    for i, u in enumerate(units):
-        pairs.add((i, bwd(i)))
-        for j in u.reads_from:
-            if j < i:
-                pairs.add((j, i))
-                pairs.add((bwd(i), bwd(j)))
-    if n > 1:
-        pairs.add((n - 1, bwd(n - 1)))
-    from planner.tracing.step_state import model_state_of
-
-    # Per-parameter model state (module paths) so that pipeline partitioners place each layer's
-    # weights on its stage; no gradient nodes (a unit's backward outputs its input gradient, not
-    # the weights'), so gradients are charged from the start, the totals as before.
-    model_state = model_state_of(model, optimizer, {})
-    fixed, extra = fixed_fn(model, inputs, None, optimizer, model_state)
-    extra.update(
-        level="module", block_pattern=block_pattern or "", costs=costs, optimizer=optimizer, units=n
-    )
-    return Graph(
-        nodes=nodes,
-        edges=[Edge(source=a, target=b) for a, b in sorted(pairs)],
-        fixed=fixed,
-        model_state=model_state,
-        order=list(range(2 * n)),
-        metadata=GraphMetadata(
-            model_name=model_name,
-            batch_size=batch,
-            dtype=dtype,
-            device_profile=profile_name,
-            source="planner.tracing (modules)",
-            extra=extra,
-        ),
     )

@@ -12,8 +12,9 @@ the block's 198 us on the benchmark's GPT-12). Its options:
 - each submodule with saved bytes of its own, checkpointed whole; inside it, selective
   checkpoints as op_options makes them (its calls by rerun time saved per byte kept: the MLP
   keeping its first linear's output reruns the GELU alone);
-- each pair of disjoint submodules checkpointed whole (the attention and the MLP apart: the
-  layer norms and the residual adds between them keep theirs).
+- each pair of the module's own children, each whole or with those selective options (the
+  attention and the MLP apart: the layer norms and the residual adds between them keep
+  theirs).
 
 Each carries additive figures bounding the simulator's rule, as op_options' do: the module's
 other calls keep theirs, so its other saved roots stay and the figures are exact up to storages
@@ -112,8 +113,9 @@ def region_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpOpti
     and what of the stage they depend on (the search asks for the same module in many
     ranges); the backward's working bytes are the range's."""
     u = m.unit
-    near = u.saved | u.inputs
-    key = (u.name, weight_reruns, m.exclusive & near, m.least & near)
+    root = MemoryLedger.of(graph).storage_root
+    near = u.saved | u.inputs | {root[v] for v, n in m.facts.forward if n == u.name}
+    key = (u.name, weight_reruns, m.exclusive & near, m.least & near)  # all the figures read
     memo = graph.index.memo.setdefault("region_options", {})
     found: list[_Candidate] | None = memo.get(key)
     if found is None:
