@@ -34,6 +34,11 @@ unit runs under a plain checkpoint: the backward reads the forward's kept output
 keeps none again. A second backward through the unit (zero-bubble
 schedules split it into inputs' and weights' gradients) recomputes what the first consumed.
 
+A policy may name a submodule of a unit ('h.3.mlp'; its saved ops counted in its own
+forward): the unit's call then runs the module as it is, with the submodule's instance
+`forward` rebound for the call to one that runs it under its plan (`UnitPlan.inner`) and
+restored after, so a checkpoint of the MLP alone keeps its input and reruns only the MLP.
+
 The host copies of an offloaded unit: planner.runtime.unit_offload.
 """
 
