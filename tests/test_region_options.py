@@ -77,7 +77,7 @@ def test_the_mlp_alone_frees_more_per_rerun_ms_than_any_selective_checkpoint_of_
     as tests/test_op_options.py): freeing as many bytes costs a longer rerun."""
     graph, facts, _ = stage
     m = _module(graph, facts, "h.2")
-    mlp = region_options.region_option(graph, m, {"h.2.mlp": ()}, False)
+    mlp = region_options.region_option(graph, m, {"h.2.mlp": ()})
     assert mlp is not None
     size = MemoryLedger.of(graph).storage_bytes
     saved = sum(size[r] for r in m.unit.saved - m.unit.inputs)
@@ -115,7 +115,7 @@ def test_region_options_are_bounds_of_the_rule_and_their_times_exact(
     graph = stage[0]
     for mods, s in LAYOUTS:
         facts, base = _stage_of(graph, mods, s)
-        options = region_options.region_options(graph, _module(graph, facts, "h.1"), False)
+        options = region_options.region_options(graph, _module(graph, facts, "h.1"))
         assert options and all(o.regions for o in options)
         assert any(len(o.regions) == 2 for o in options)  # attention and MLP apart
         for o in options:

@@ -19,7 +19,8 @@ the block's 198 us on the benchmark's GPT-12). Its options:
 Each carries additive figures bounding the simulator's rule, as op_options' do: the module's
 other calls keep theirs, so its other saved roots stay and the figures are exact up to storages
 the submodules' inputs share with other modules (counted added) and the backward's working
-bytes (counted with nothing else kept)."""
+bytes (counted with nothing else kept). Not offered under a split W (zero-bubble, not the
+first stage: planner.solvers.pipeline.stage_items), whose rerun figures they would need."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
 from planner.sim.selective_units import cached_nodes, rerun_ms
 from planner.sim.stage_facts import region_facts, unit_regions
-from planner.sim.stage_policies import weight_rerun_bytes, weight_rerun_ms
 from planner.sim.stage_working import backward_working_bytes
 from planner.solvers.pipeline.op_options import Module, OpOption, prefixes, ranked_calls
 
@@ -65,20 +65,19 @@ class _Candidate:
     inputs: frozenset[int]
     cached: Mapping[str, frozenset[int]]
 
-    def option(self, graph: Graph, m: Module, weight_reruns: bool) -> OpOption:
+    def option(self, graph: Graph, m: Module) -> OpOption:
         """With the stage's backward working bytes (over its every backward node)."""
         facts = region_facts(graph, m.facts, [r for r, _ in self.regions])
         chosen: dict[str, UnitPolicy] = {u.name: "keep" for u in facts.units}
         chosen.update((r, "recompute") for r, _ in self.regions)
         transient = backward_working_bytes(graph, facts, chosen, m.least | self.kept,
                                            m.inputs | self.inputs, cached=self.cached)
-        rerun = weight_rerun_bytes(graph, facts, chosen, False) if weight_reruns else 0
-        return OpOption("recompute", (), self.delta_bytes, 0, transient, self.ms, rerun,
-                        self.regions)
+        return OpOption("recompute", (), self.delta_bytes, 0, transient, self.ms,
+                        regions=self.regions)
 
 
-def region_option(graph: Graph, m: Module, regions: Mapping[str, Sequence[str]],
-                  weight_reruns: bool) -> _Candidate | None:
+def region_option(graph: Graph, m: Module,
+                  regions: Mapping[str, Sequence[str]]) -> _Candidate | None:
     """Recomputing `regions` (submodule -> the calls its checkpoint keeps) and keeping the
     rest of the module; None where it frees nothing."""
     ledger = MemoryLedger.of(graph)
@@ -86,8 +85,6 @@ def region_option(graph: Graph, m: Module, regions: Mapping[str, Sequence[str]],
     facts = unit_regions(graph, m.facts, m.unit.name, list(regions))  # the module's own nodes
     units = {u.name: u for u in facts.units}
     rest = units[m.unit.name]
-    chosen: dict[str, UnitPolicy] = {u.name: "keep" for u in facts.units}
-    chosen.update(dict.fromkeys(regions, "recompute"))
     named = {r: list(ops) for r, ops in regions.items() if ops}
     cached = cached_nodes(graph, {r: [v for v, n in facts.forward if n == r] for r in named},
                           named)
@@ -101,13 +98,11 @@ def region_option(graph: Graph, m: Module, regions: Mapping[str, Sequence[str]],
     added = sum(size[r] for r in (inputs | kept_calls) - m.unit.saved - m.least)
     ms = sum(rerun_ms(graph, facts.forward,
                       {r: cached.get(r, frozenset()) for r in regions}).values())
-    if weight_reruns:  # a split W reruns each checkpoint with weights once more
-        ms += weight_rerun_ms(facts, chosen, False)
     return _Candidate(tuple(sorted((r, tuple(ops)) for r, ops in regions.items())),
                       added - freed_bytes, ms, inputs | kept_calls, inputs, cached)
 
 
-def region_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpOption, ...]:
+def region_options(graph: Graph, m: Module) -> tuple[OpOption, ...]:
     """The module's submodule checkpoints (module doc): those no other frees more bytes for
     less time, at most MOST_OPTIONS. Their cheap figures are memoised on the graph per module
     and what of the stage they depend on (the search asks for the same module in many
@@ -115,33 +110,33 @@ def region_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpOpti
     u = m.unit
     root = MemoryLedger.of(graph).storage_root
     near = u.saved | u.inputs | {root[v] for v, n in m.facts.forward if n == u.name}
-    key = (u.name, weight_reruns, m.exclusive & near, m.least & near)  # all the figures read
+    key = (u.name, m.exclusive & near, m.least & near)  # all the figures read
     memo = graph.index.memo.setdefault("region_options", {})
     found: list[_Candidate] | None = memo.get(key)
     if found is None:
-        found = memo[key] = _best(_candidates(graph, m, weight_reruns))
-    return tuple(c.option(graph, m, weight_reruns) for c in found)
+        found = memo[key] = _best(_candidates(graph, m))
+    return tuple(c.option(graph, m) for c in found)
 
 
-def _candidates(graph: Graph, m: Module, weight_reruns: bool) -> list[_Candidate]:
+def _candidates(graph: Graph, m: Module) -> list[_Candidate]:
     """Each submodule whole and selective, and each pair of disjoint ones."""
     out: list[_Candidate] = []
     per_region: dict[str, list[_Candidate]] = {}
     for r in submodules(graph, m):
-        one = region_option(graph, m, {r: ()}, weight_reruns)
+        one = region_option(graph, m, {r: ()})
         if one is None:
             continue
         mine = per_region[r] = [one]
         inner = _inner_module(graph, m, r)
         for taken in prefixes(ranked_calls(graph, inner), _saved_bytes(graph, inner)):
-            got = region_option(graph, m, {r: tuple(c.name for c in taken)}, weight_reruns)
+            got = region_option(graph, m, {r: tuple(c.name for c in taken)})
             if got is not None:
                 mine.append(got)
         out += mine
     children = [r for r in sorted(per_region) if "." not in r[len(m.unit.name) + 1:]]
     for a, b in combinations(children, 2):  # the module's own children, two at a time
         for x, y in product(per_region[a], per_region[b]):
-            got = region_option(graph, m, dict(x.regions + y.regions), weight_reruns)
+            got = region_option(graph, m, dict(x.regions + y.regions))
             if got is not None:
                 out.append(got)
     return out

@@ -98,7 +98,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
             # where their W-rerun figures grew the knapsack's frontier ~3x slower for no
             # faster plan (GPT-48 on 4 ranks, ZB-H1, 1x: 81.17 ms in 5 s, 66.16 in 20 s,
             # 65.50 without them in 5 s)
-            regions = region_options(problem.graph, m, weight_reruns)
+            regions = region_options(problem.graph, m)
             ops = tuple(o for o in ops if not dominated(o, regions)) + regions
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0],
