@@ -1,9 +1,10 @@
 """A module's selective-checkpoint options (planner.solvers.pipeline.op_options).
 
-A selective checkpoint reruns every call of the module it does not keep, whether the backward
-reads the call's output or not. So the options may keep calls nobody reads (a GPT block's
-mask, its attention and MLP output projections). Each option keeps the calls that save the most
-rerun time per byte kept while they fit: checked here against every subset of a block's calls.
+A selective checkpoint reruns every call of the module it does not keep up to the module's
+last saving (torch's early stop), whether the backward reads the call's output or not. So the
+options may keep calls nobody reads (a GPT block's mask, its attention's output projection).
+Each option keeps the calls that save the most rerun time per byte kept while they fit:
+checked here against every subset of a block's calls.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def test_each_option_saves_the_most_rerun_time_its_bytes_allow(
     calls = op_options.calls_of(graph, m)
     by_name = {c.name: c for c in calls}
     forward = [(v, n) for v, n in stage.forward if n == name]
-    whole_ms = sum(MemoryLedger.of(graph).compute_ms[v] for v, _ in forward)
+    unit = next(u for u in stage.units if u.name == name)
+    whole_ms = sum(MemoryLedger.of(graph).compute_ms[v] for v in unit.rerun)  # what it reruns
     options = op_options.selective_options(graph, m, weight_reruns=False)
     assert len(options) == len(op_options.FRACTIONS)
     for o in options:
@@ -72,7 +74,7 @@ def test_each_option_saves_the_most_rerun_time_its_bytes_allow(
         saved_ms = sum(c.gain_ms for c in kept)
         # its time is the simulator's rerun of everything it does not keep
         cached = cached_nodes(graph, {name: [v for v, _ in forward]}, {name: list(o.ops)})
-        assert o.ms == pytest.approx(rerun_ms(graph, forward, cached)[name])
+        assert o.ms == pytest.approx(rerun_ms(graph, stage, cached)[name])
         assert o.ms == pytest.approx(whole_ms - saved_ms)
         # the greedy fill is within 1 % of the best subset with its bytes (0.26 % here)
         assert _most_gain_ms(calls, budget) * 0.99 <= saved_ms

@@ -3,7 +3,8 @@
 A recompute unit with saved ops runs under non-reentrant `torch.utils.checkpoint` with a
 selective policy (planner.runtime.pipeline_units): the named calls' outputs are kept by the
 checkpoint (MUST_SAVE: torch caches every output of such a call), every other op of the unit
-reruns before its backward. An op is named 'OP#K', the K-th call (from 0) of operator OP in
+reruns before its backward, up to the unit's last saving (planner.sim.stage_facts
+`checkpoint_rerun`). An op is named 'OP#K', the K-th call (from 0) of operator OP in
 the unit's forward, OP as the graph names it ('aten.addmm'); the graph's `getitem` nodes are
 the outputs of the call before them, not calls, and an in-place call counts as its functional
 operator, as the runtime counts them.
@@ -23,6 +24,7 @@ from planner.core.graph import Graph
 from planner.core.pipeline_actions import UnitPolicy, saved_op, saved_op_parts
 from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
+from planner.sim.stage_facts import StageFacts
 
 GETITEM = "getitem"
 
@@ -96,10 +98,13 @@ def unit_cached(graph: Graph, forward: Order, chosen: Mapping[str, UnitPolicy],
     return cached_nodes(graph, nodes, named)
 
 
-def rerun_ms(graph: Graph, forward: Order, cached: Mapping[str, Set[int]]) -> dict[str, float]:
-    """A selective unit's rerun: its forward less the calls its checkpoint keeps."""
+def rerun_ms(graph: Graph, facts: StageFacts,
+             cached: Mapping[str, Set[int]]) -> dict[str, float]:
+    """A selective unit's rerun: what its checkpoint reruns (UnitFacts.rerun: torch stops
+    after the last saving) less the calls it keeps."""
     ms = MemoryLedger.of(graph).compute_ms
-    return {u: sum(ms[v] for v, n in forward if n == u and v not in nodes)
+    units = {u.name: u for u in facts.units}
+    return {u: sum(ms[v] for v in units[u].rerun if v not in nodes)
             for u, nodes in cached.items()}
 
 

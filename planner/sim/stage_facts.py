@@ -19,6 +19,14 @@ from planner.sim.ledger import MemoryLedger
 from planner.sim.result import PlanError
 from planner.sim.stage_costs import gradient_nodes
 
+# operators whose backward reads none of their inputs (autograd saves none for them)
+SAVES_NOTHING = frozenset({
+    "getitem", "aten.add", "aten.sub", "aten.neg", "aten.clone", "aten.cat", "aten.view",
+    "aten._unsafe_view", "aten.reshape", "aten.t", "aten.transpose", "aten.permute",
+    "aten.expand", "aten.unsqueeze", "aten.squeeze", "aten.slice", "aten.select",
+    "aten.split", "aten.split_with_sizes", "aten.alias", "aten.detach", "aten.contiguous",
+})
+
 
 @dataclass(frozen=True)
 class UnitFacts:
@@ -32,6 +40,8 @@ class UnitFacts:
     input_read: frozenset[int]  # of saved, roots an input-gradient (not weight) node reads
     saving: tuple[tuple[int, int], ...] = ()  # (saved root, its backward nodes saving it)
     weight_read: frozenset[int] = frozenset()  # of saved, roots a weight-gradient node reads
+    rerun: frozenset[int] = frozenset()  # forward nodes its checkpoint reruns (`checkpoint_rerun`)
+    rerun_ms: float = 0.0  # their time
 
     def host_bytes_of(self, moved: Set[int] | None, size: Mapping[int, int]) -> int:
         """Host bytes when only the `moved` roots go to the host (None: every saved one)."""
@@ -129,15 +139,44 @@ def stage_facts(graph: Graph, nodes: Iterable[int], modules: Sequence[str]) -> S
     for w, r in pairs:
         if unit[w] is not None:
             saving[unit[w]][r] = saving[unit[w]].get(r, 0) + 1
+    order = [n.id for n in graph.nodes if n.id in inside]  # the trace's order: execution order
+    rerun = {m: checkpoint_rerun(graph, [v for v in order if unit[v] == m and v not in backward],
+                                 saved[m]) for m in modules}
     units = tuple(UnitFacts(m, frozenset(saved[m]), frozenset(inputs[m]), fwd[m], bwd[m],
                             sum(size[r] for w, r in pairs if unit[w] == m), len(groups[m]),
                             frozenset(saved[m] & input_read), tuple(sorted(saving[m].items())),
-                            frozenset(saved[m] & weight_read))
+                            frozenset(saved[m] & weight_read), rerun[m],
+                            sum(ms[v] for v in rerun[m]))
                   for m in modules)
-    order = [n.id for n in graph.nodes if n.id in inside]  # the trace's order: execution order
     return StageFacts(units, frozenset(saved[None]), frozenset(held), fwd[None], bwd[None],
                       tuple((v, unit[v]) for v in order if v not in backward),
                       tuple((v, unit[v]) for v in order if v in backward))
+
+
+def checkpoint_rerun(graph: Graph, forward: Sequence[int], saved: Set[int]) -> frozenset[int]:
+    """The nodes of a unit's forward (`forward`, in execution order) that its checkpoint reruns
+    before its backward. Torch's non-reentrant checkpoint stops its rerun once every tensor the
+    forward saved is saved again (early stop, its default), and an op saves its inputs before it
+    computes (its outputs after). So the rerun ends at the last saving of a `saved` root: at its
+    producer (included) or before a node reading it (excluded). Which reader saves a root is not
+    known, so the last one that may is taken (not an op that saves nothing: SAVES_NOTHING):
+    never shorter than torch's rerun. Every node when a saved root is neither made nor read so
+    there (where it is saved is not known). On a GPT block the rerun ends before the MLP's second
+    linear, which saves only its input (the residual add after it saves nothing)."""
+    ledger = MemoryLedger.of(graph)
+    root, preds = ledger.storage_root, ledger.predecessors
+    index = graph.index
+    end: dict[int, int] = {}  # saved root -> the rerun's length that covers its saving
+    for i, v in enumerate(forward):
+        if index.node(v).op.rstrip("_") not in SAVES_NOTHING:
+            for p in preds[v]:
+                if root[p] in saved:
+                    end[root[p]] = max(end.get(root[p], 0), i)
+        if root[v] in saved:
+            end[root[v]] = max(end.get(root[v], 0), i + 1)
+    if len(end) < len(saved):
+        return frozenset(forward)
+    return frozenset(forward[:max(end.values(), default=0)])
 
 
 def unit_regions(graph: Graph, facts: StageFacts, unit: str,

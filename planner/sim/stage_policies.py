@@ -12,8 +12,9 @@ policy on a submodule ('h.3.mlp') makes it a unit of its own (planner.sim.stage_
 Policies, per micro-batch (as planner.runtime.pipeline_units runs them):
 - keep: nothing changes.
 - recompute (non-reentrant torch.utils.checkpoint of the module): the device keeps the unit's
-  inputs instead of its saved roots; the stage's B (or I) reruns the unit's forward first
-  (+forward_ms). With `unit_saved_ops` (selective checkpointing, planner.sim.selective_units)
+  inputs instead of its saved roots; the stage's B (or I) reruns the unit's forward first, up
+  to its last saving (torch's early stop: UnitFacts.rerun_ms, planner.sim.stage_facts
+  `checkpoint_rerun`). With `unit_saved_ops` (selective checkpointing, planner.sim.selective_units)
   the device also keeps the outputs of the named calls, and the rerun skips them.
 - offload (saved-tensor hooks around the module): each tensor the unit saves is copied to host
   memory as autograd saves it, one copy per saving (backward node, root) pair (`host_bytes`,
@@ -126,7 +127,7 @@ def policy_stage_costs(
                         "links); give resources with a host tier or use 'recompute'")
     forward_ms = forward_with_copies(facts, host, copies, d2h) if offloaded else base.forward_ms
     backward_ms = backward_with_reloads(facts, chosen, h2d if offloaded else None,
-                                         rerun_ms(graph, facts.forward, cached), host, copies)
+                                         rerun_ms(graph, facts, cached), host, copies)
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
     weight_transient = base.weight_transient_bytes + weight_rerun_bytes(
         graph, facts, chosen, base.first_stage) + weight_reload_bytes(

@@ -47,6 +47,6 @@ def backward_with_reloads(facts: StageFacts, chosen: Mapping[str, UnitPolicy],
         if policy == "offload" and h2d is not None:
             clock += copies_ms(h2d, host[u.name], copies.get(u.name, 1))
         if policy == "recompute":
-            clock += reruns.get(u.name, u.forward_ms)
+            clock += reruns.get(u.name, u.rerun_ms)
         clock += u.backward_ms
     return clock

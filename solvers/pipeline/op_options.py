@@ -3,13 +3,13 @@ below a module (PipelineStage.unit_saved_ops and unit_offload_ops).
 
 - Selective checkpointing: a recomputed module keeps the outputs of some of its calls and reruns
   the others before its backward (planner.sim.selective_units). The checkpoint reruns every
-  call it does not keep, whether the backward reads its output or not, so every call is a
-  candidate: keeping it saves its rerun time (the call and its getitems) for the bytes of its
-  outputs not held anyway; the calls are ranked by time saved per byte kept (as the
-  single-device greedy planners rank what to keep). Keeping a GPT block's causal mask and its
-  attention and MLP output projections, which the backward does not read, saves their reruns
-  for few bytes (GPT-24 on 8 ranks, 1F1B, 1x: 11.6 % over the fastest unconstrained split
-  with only read calls as candidates, 7.9 % now).
+  call it does not keep up to the module's last saving (torch's early stop), whether the
+  backward reads its output or not, so every call before it is a candidate: keeping it saves
+  its rerun time (the call and its getitems) for the bytes of its outputs not held anyway; the
+  calls are ranked by time saved per byte kept (as the single-device greedy planners rank what
+  to keep). Keeping a GPT block's causal mask and its attention's output projection, which the
+  backward does not read, saves their reruns for few bytes (GPT-24 on 8 ranks, 1F1B, 1x: 11.6 %
+  over the fastest unconstrained split with only read calls as candidates, 7.9 % with them).
 - Partial offload: an offloaded module copies only the saved tensors on some calls' outputs to
   the host; the rest stay on the device. The calls are ranked by the saved bytes they move,
   largest first (fewest copies for the bytes).
@@ -73,7 +73,7 @@ class _Call:
     nodes: frozenset[int]  # the call and its getitems
     roots: frozenset[int]
     cost_bytes: int  # its outputs' bytes not held anyway
-    gain_ms: float  # the call and its getitems
+    gain_ms: float  # the call and its getitems, where the checkpoint reruns them
 
 
 def calls_of(graph: Graph, m: Module, saved_only: bool = False) -> list[_Call]:
@@ -89,7 +89,7 @@ def calls_of(graph: Graph, m: Module, saved_only: bool = False) -> list[_Call]:
         roots = frozenset(root[w] for w in nodes)
         if roots & made_saved or not saved_only:
             out.append(_Call(name, nodes, roots, sum(size[r] for r in roots - held),
-                             sum(ms[w] for w in nodes)))
+                             sum(ms[w] for w in nodes & m.unit.rerun)))
     return out
 
 
@@ -132,7 +132,7 @@ def selective_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpO
                                            m.inputs, cached=cached)
         rerun = weight_rerun_bytes(graph, m.facts, alone, False) if weight_reruns else 0
         out.append(OpOption("recompute", tuple(c.name for c in taken), delta, 0, transient,
-                            rerun_ms(graph, m.facts.forward, cached)[u.name], rerun))
+                            rerun_ms(graph, m.facts, cached)[u.name], rerun))
     return tuple(out)
 
 

@@ -6,8 +6,8 @@ A selective checkpoint of the whole module (planner.solvers.pipeline.op_options)
 call it does not keep, and keeps every output of a call it keeps, read by a backward or not.
 Freeing a GPT block's MLP activations that way either reruns the attention before them too or
 keeps its unread outputs (the scores before the mask, 12.6 MB of a 20 MB block); a checkpoint
-of the MLP alone keeps its input and frees the same 8.4 MB for a rerun of the MLP only (41 us of
-the block's 198 us on the benchmark's GPT-12). Its options:
+of the MLP alone keeps its input and frees the same 8.4 MB for a rerun of the MLP only (24.6 us,
+its first linear and GELU, of the block's 175 us on the benchmark's GPT-12). Its options:
 
 - each submodule with saved bytes of its own, checkpointed whole; inside it, selective
   checkpoints as op_options makes them (its calls by rerun time saved per byte kept: the MLP
@@ -96,7 +96,7 @@ def region_option(graph: Graph, m: Module,
         return None
     # what the checkpoints keep that the all-keep stage does not (an upper bound)
     added = sum(size[r] for r in (inputs | kept_calls) - m.unit.saved - m.least)
-    ms = sum(rerun_ms(graph, facts.forward,
+    ms = sum(rerun_ms(graph, facts,
                       {r: cached.get(r, frozenset()) for r in regions}).values())
     return _Candidate(tuple(sorted((r, tuple(ops)) for r, ops in regions.items())),
                       added - freed_bytes, ms, inputs | kept_calls, inputs, cached)

@@ -103,7 +103,7 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
                         sum(size[r] for r in u.inputs), transient[0],
                         transient[1] if host_tier else 0,
-                        u.forward_ms + again_ms, copy_ms(None), rerun, ops))
+                        u.rerun_ms + again_ms, copy_ms(None), rerun, ops))
     return out
 
 
