@@ -44,8 +44,9 @@ def backward_working_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str,
     units = {u.name: u for u in facts.units}
     cached = cached or {}
     cached_roots = {u: {root[v] for v in nodes} for u, nodes in cached.items()}
-    # recompute unit -> its rerun's peak (new tensors, its saved ones kept to the rerun's end)
-    rerun = {u.name: _rerun_peak(graph, tuple(v for v, n in facts.forward if n == u.name
+    # recompute unit -> its rerun's peak (new tensors, its saved ones kept to the rerun's end;
+    # the rerun stops at the unit's last saving: UnitFacts.rerun)
+    rerun = {u.name: _rerun_peak(graph, tuple(v for v, n in facts.forward if v in u.rerun
                                               and v not in cached.get(u.name, ())), u.saved)
              for u in facts.units if chosen[u.name] == "recompute"}
     if unfreed is None:  # a checkpoint holds its inputs: never counted freed
