@@ -140,18 +140,22 @@ def choose(
     exact = True
     if figures is None:
         figures = items(problem, facts, split and not base.first_stage, op_level, host)
-    work, most = (HOST_FRONTIER_WORK, HOST_FRONTIER_MOST) if host else (
+    steps = [undominated([_grow(ZERO, it, p) for p in options + tuple(
+        f"{OP}{k}" for k, o in enumerate(it.ops) if host or o.policy != "offload")])
+        for it in figures]
+    # where every copy is dominated (recomputing frees as much for less), the knapsack is the
+    # one without a host tier: its limits too
+    copies = any(st.offload_bytes for mine in steps for st in mine)
+    work, most = (HOST_FRONTIER_WORK, HOST_FRONTIER_MOST) if copies else (
         FRONTIER_WORK, FRONTIER_LIMITS[1])
     limit = min(max(work // max(1, len(figures)), FRONTIER_LIMITS[0]), most)
     forward = forward_bytes(problem, facts)
     mixes = mixer is not None and inflight >= 2 and m >= 2  # as stage_mix.best_mix
     screen = _fit_screen(problem, base, forward, inflight, cap, host_cap, figures, host, mixes)
-    for n, it in enumerate(figures):
+    for n, mine in enumerate(steps):
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeUp
-        mine = options + tuple(f"{OP}{k}" for k, o in enumerate(it.ops)
-                               if host or o.policy != "offload")
-        frontier = pareto(_grown(frontier, [_grow(ZERO, it, p) for p in mine], screen, n + 1))
+        frontier = pareto(_grown(frontier, mine, screen, n + 1))
         if len(frontier) > limit:
             exact = False
             frontier = cut(frontier, inflight, limit)
@@ -286,6 +290,20 @@ def additive_state(modules: list[Item], choice: tuple[str, ...]) -> State:
     for it, policy in zip(modules, choice, strict=True):
         st = _grow(st, it, policy)
     return st
+
+
+def undominated(steps: list[State]) -> list[State]:
+    """A module's options (each grown from ZERO) less those another is at least as good as in
+    every figure the knapsack adds (bytes, host bytes, transient, ms, W-rerun bytes): the
+    other can replace it in any plan, no figure worse, so the knapsack's answer stays the
+    same. Of equal ones the first stays."""
+    def key(st: State) -> tuple[float, ...]:
+        return (st.delta_bytes, st.offload_bytes, st.largest_bytes, st.ms,
+                st.weight_rerun_bytes)
+    keys = [key(st) for st in steps]
+    return [st for n, (st, mine) in enumerate(zip(steps, keys, strict=True))
+            if not any(all(a <= b for a, b in zip(other, mine, strict=True))
+                       and (other != mine or m < n) for m, other in enumerate(keys) if m != n)]
 
 
 def _grown(frontier: list[State], steps: list[State], screen: FitScreen,

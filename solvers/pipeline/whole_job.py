@@ -150,30 +150,38 @@ class _Search:
         # once a plan exists, knapsacks stop in time for the split's two simulations
         job.deadline = self.deadline - 2 * self.sim_s if self.best is not None else None
         try:
-            self._with_policies(bounds, name, fused)
+            # with a host tier, plans that copy only where none without copies fits: the
+            # split's plans that copy come last (`try_with_copies`)
+            if not self._with_policies(bounds, name, fused, copies=False) and job.host_memory:
+                self._with_policies(bounds, name + ", host copies", fused, copies=True)
         except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
             self.timed_out = True
             return
         self.slowest_s = max(self.slowest_s, time.perf_counter() - began)
 
     def _with_policies(self, bounds: Bounds, name: str, fused: frozenset[int],
-                       host_tier: bool = True) -> None:
-        """The split with each stage's choice, and with the stages in `fused` running full
-        backwards where some stage recomputes or none fits (TimeUp past the job's deadline)."""
-        split = self.job.with_policies(bounds, host_tier=host_tier)
-        if split is not None and (host_tier or split.policies or split.rerun):
+                       copies: bool) -> bool:
+        """The split with each stage's choice (`copies`: plans may copy to the host), and
+        with the stages in `fused` running full backwards where some stage recomputes or none
+        fits (TimeUp past the job's deadline). Returns whether some plan of it fits."""
+        split = self.job.with_policies(bounds, host_tier=copies)
+        found = split is not None
+        if split is not None and (not copies or split.policies or split.rerun):
             self.offer_both(split, name)
         if fused and (split is None or split.policies):
-            split = self.job.with_policies(bounds, host_tier=host_tier, fused=fused)
+            split = self.job.with_policies(bounds, host_tier=copies, fused=fused)
             if split is not None:
+                found = True
                 self.offer_both(split, name + ", I and W fused for memory")
+        return found
 
-    def try_without_host(self, bounds: Bounds) -> bool:
-        """The split with plans that copy nothing; False: a knapsack ran past the limit."""
+    def try_with_copies(self, bounds: Bounds) -> bool:
+        """The split with plans that may copy to the host; False: a knapsack ran past the
+        limit."""
         self.job.deadline = self.deadline - 2 * self.sim_s
         try:
-            self._with_policies(bounds, "the split's plans without host copies",
-                                self.job.fused_for_memory(bounds), host_tier=False)
+            self._with_policies(bounds, "the split's plans with host copies",
+                                self.job.fused_for_memory(bounds), copies=True)
         except TimeUp:
             return False
         return True
@@ -225,7 +233,7 @@ class _Search:
 
     def every_split(self) -> tuple[bool, float | None]:
         """Every contiguous split where few enough, else proposals; then the splits waiting
-        for op-level knapsacks, and with a host tier the plans without one. Returns (every
+        for op-level knapsacks, and with a host tier the plans that may copy. Returns (every
         split judged, the least all-keep step over every split)."""
         p, job = self.p, self.job
         count = math.comb(p.length - 1, p.stage_count - 1)
@@ -249,7 +257,7 @@ class _Search:
             if self.best is None or job.keep_step_ms(bounds) < makespan_ms(self.best) - 1e-9:
                 self.try_bounds(bounds, "op-level options")
         if self.best is not None and job.host_memory and time.perf_counter() < self.closing():
-            _without_host(job, self.fitting, self.current, self.closing, self.try_without_host)
+            _with_copies(job, self.fitting, self.current, self.closing, self.try_with_copies)
         return complete and not self.timed_out, bound
 
     def outcome(self, complete: bool, bound: float | None) -> PartitionOutcome:
@@ -272,13 +280,15 @@ class _Search:
                                 wall_seconds=wall, notes=notes)
 
 
-def _without_host(job: WholeJob, fitting: dict[Bounds, float], current: Current,
-                  deadline: Deadline, judge: Callable[[Bounds], bool]) -> None:
-    """With a host tier, the time left judges the splits that fit again with plans that copy
-    nothing (`judge`; False: out of time), fastest first, while their all-keep bound is below
-    the best step: a host tier's knapsacks are cut sooner (a larger frontier) and may miss the
-    plan without one (GPT-24 on 2 ranks, 1F1B, 0.7x: 65.43 ms with a host tier, 65.29
-    without, on the same split)."""
+def _with_copies(job: WholeJob, fitting: dict[Bounds, float], current: Current,
+                 deadline: Deadline, judge: Callable[[Bounds], bool]) -> None:
+    """With a host tier, the time left judges the splits that fit without copies again with
+    plans that may copy (`judge`; False: out of time), fastest first, while their all-keep
+    bound is below the best step. Copies come last: on the stage's stream (as the runtime
+    issues them) they cost several times a rerun freeing as much (a GPT-12 block: 1.35 ms out
+    and back against a 175 us rerun), so they seldom make a faster plan, while a host tier's
+    knapsack, up to 15 options a module, judged fewer splits in the time (23 of 100
+    benchmark rows were slower with a host tier than without when copies came first)."""
     for bounds in sorted(fitting, key=fitting.__getitem__):
         best = current()
         if best is None or time.perf_counter() > deadline():
