@@ -2,9 +2,9 @@
 
 One dispatcher thread in the server process owns the child processes: it claims queued jobs
 from the store, fairly between tenants (Store.claim_next), starts a process per job
-(forkserver: a clean fork, planner preloaded), relays progress and results into the store,
-enforces each job's time limit and kills the process of a cancelled job. The event loop never
-waits on any of this.
+(planner.service.solver_process; forkserver: a clean fork, planner preloaded), relays progress
+and results into the store, enforces each job's time limit and kills the process of a
+cancelled job. The event loop never waits on any of this.
 
 Each server is an instance with a lease in the store, renewed by this thread's heartbeat; the
 jobs it runs carry its id. Jobs of an instance whose lease expired (it died, or lost the
@@ -23,23 +23,28 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import signal
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import wait
 from typing import Any
 
 from planner.service.errors import StorageHealth
+from planner.service.held_writes import HeldWrites
 from planner.service.metrics import Metrics
-from planner.service.models import CANCELLED, DONE, FAILED, INFEASIBLE, RUNNING, Job
+from planner.service.models import CANCELLED, FAILED, RUNNING, Job
 from planner.service.settings import Settings
+from planner.service.solver_process import (
+    RunningJob,
+    drain,
+    job_outcome,
+    kill,
+    kill_now,
+    proven_answer,
+    start_solver,
+)
 from planner.service.store import Store, new_id
-from planner.service.worker import run_job
 
 log = logging.getLogger("planner.api.jobs")
 
@@ -48,22 +53,6 @@ PROGRESS_WRITE_INTERVAL_S = 1.0
 # How often running jobs are checked against the store (a cancel through another instance).
 STATUS_CHECK_INTERVAL_S = 1.0
 IDLE_POLL_S = 0.5
-# plan.json status -> job status; a plan without a schedule within budget is not "done".
-PLAN_TO_JOB_STATUS = {"optimal": DONE, "feasible": DONE, "infeasible": INFEASIBLE}
-
-
-@dataclass
-class _Running:
-    job: Job
-    process: BaseProcess
-    results: Connection
-    lifeline: Connection
-    started: float  # time.monotonic()
-    deadline: float
-    reaped: threading.Event = field(default_factory=threading.Event)
-    last_progress_write: float = 0.0
-    pending_progress: tuple[float | None, float | None] | None = None
-    outcome: tuple[Any, ...] | None = field(default=None)
 
 
 class JobManager:
@@ -76,14 +65,13 @@ class JobManager:
     ) -> None:
         self.on_finished = on_finished  # called with a job id once its result is stored
         self.health = StorageHealth()
-        # Store writes that failed on a storage fault, retried in order once it takes writes.
-        self._unsaved: deque[Callable[[], object]] = deque()
+        self._held = HeldWrites(self.health)
         self.store = store
         self.settings = settings
         self.metrics = metrics
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, RunningJob] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # Self-pipe: a submission wakes the dispatcher out of its wait() at once.
@@ -122,7 +110,7 @@ class JobManager:
             running = list(self._running.values())
             self._running.clear()
         for r in running:
-            self._kill(r)
+            kill(r)
             r.reaped.set()
             try:
                 self.store.requeue(r.job.id, "the server shut down during this attempt; "
@@ -173,7 +161,7 @@ class JobManager:
                 lost = list(self._running.values())
                 self._running.clear()
             for r in lost:
-                self._kill(r)
+                kill(r)
                 r.reaped.set()
             self.instance_id = new_id()
             self._register()
@@ -205,12 +193,7 @@ class JobManager:
             r = self._running.get(job_id)
         if r is None:
             return False
-        pid = r.process.pid
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)  # solver libraries need not cooperate
-            except ProcessLookupError:
-                pass
+        kill_now(r)
         self.metrics.solves.labels(status=CANCELLED).inc()
         self.wake()
         return r.reaped.wait(wait_s)
@@ -220,36 +203,13 @@ class JobManager:
         while not self._stop.is_set():
             try:
                 self._keep_lease()
-                self._save_unsaved()
+                self._held.save_held()
                 self._dispatch()
                 self._poll()
             except Exception as e:  # keep dispatching; the store may be briefly unavailable
                 if self.health.failed(e) is None:  # not the storage: a bug, with its traceback
                     log.exception("job dispatcher error")
                 time.sleep(IDLE_POLL_S)
-
-    def _save_unsaved(self) -> None:
-        """Write what a storage fault held back, oldest first; stop at the first failure."""
-        while self._unsaved:
-            try:
-                self._unsaved[0]()
-            except Exception as e:
-                if self.health.failed(e) is not None:
-                    return  # the store still fails: next loop
-                log.exception("a held-back store write failed; dropped")
-            self._unsaved.popleft()
-
-    def _write_or_keep(self, write: Callable[[], object]) -> None:
-        """Run a store write; on a storage fault keep it for later (the job is not lost)."""
-        if self._unsaved:  # keep the order: an earlier write is still waiting
-            self._unsaved.append(write)
-            return
-        try:
-            write()
-        except Exception as e:
-            if self.health.failed(e) is None:
-                raise
-            self._unsaved.append(write)
 
     def _dispatch(self) -> None:
         free = self.settings.workers - len(self._running)
@@ -279,7 +239,7 @@ class JobManager:
     def _not_started(self, job: Job, reason: str) -> None:
         instance_id = self.instance_id
         if job.attempts < self.settings.max_attempts:
-            self._write_or_keep(lambda: self.store.requeue(
+            self._held.write_or_keep(lambda: self.store.requeue(
                 job.id, reason + "; re-queued", instance_id))
             self.wake()
         else:
@@ -290,41 +250,8 @@ class JobManager:
         if document is None:
             self._finish(job, FAILED, error=f"graph {job.graph_hash} is missing from the store")
             return
-        results_r, results_w = self._ctx.Pipe(duplex=False)
-        lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
-        spec = {
-            "budget_bytes": job.budget_bytes,
-            "method": job.method,
-            "time_limit_s": job.time_limit_s,
-            "threads": self.settings.solver_threads,
-            "nice": self.settings.solver_nice,
-            "options": job.options,
-            "resources": job.resources,
-            "started_monotonic": time.monotonic(),  # the limit counts from here
-        }
-        process = self._ctx.Process(
-            target=run_job,
-            args=(spec, document, results_w, lifeline_r, dict(self.settings.extra_methods)),
-            name=f"planner-job-{job.id}",
-            daemon=True,
-        )
-        try:
-            process.start()
-        except BaseException:
-            for conn in (results_r, results_w, lifeline_r, lifeline_w):
-                conn.close()
-            raise
-        results_w.close()  # the child holds the only writer: EOF once it exits
-        lifeline_r.close()
-        now = time.monotonic()
-        running = _Running(
-            job=job,
-            process=process,
-            results=results_r,
-            lifeline=lifeline_w,
-            started=now,
-            deadline=now + job.time_limit_s + self.settings.kill_grace_s,
-        )
+        running = start_solver(self._ctx, job, document, self.settings)
+        process = running.process
         with self._lock:
             self._running[job.id] = running
         try:
@@ -347,11 +274,8 @@ class JobManager:
             if status != RUNNING or owner != self.instance_id:
                 with self._lock:
                     r = self._running.get(job_id)
-                if r is not None and r.process.pid is not None:
-                    try:
-                        os.kill(r.process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                if r is not None:
+                    kill_now(r)
 
     def _poll(self) -> None:
         self._kill_cancelled_elsewhere()
@@ -365,12 +289,12 @@ class JobManager:
             os.read(self._wake_r, 4096)
         now = time.monotonic()
         for r in running:
-            self._drain(r)
+            drain(r)
             if r.outcome is not None or not r.process.is_alive():
                 self._complete(r)
             elif now > r.deadline:
                 self._forget(r)
-                self._kill(r)
+                kill(r)
                 r.reaped.set()
                 self._finish(
                     r.job,
@@ -383,44 +307,13 @@ class JobManager:
                 self.store.set_progress(r.job.id, *r.pending_progress)
                 r.last_progress_write, r.pending_progress = now, None
 
-    def _drain(self, r: _Running) -> None:
-        try:
-            while r.outcome is None and r.results.poll():
-                message = r.results.recv()
-                if message[0] == "progress":
-                    r.pending_progress = (message[1], message[2])
-                else:
-                    r.outcome = message
-        except (EOFError, OSError):
-            pass
-
-    def _complete(self, r: _Running) -> None:
+    def _complete(self, r: RunningJob) -> None:
         r.process.join(timeout=5)
-        self._drain(r)
+        drain(r)
         self._forget(r)
         seconds = time.monotonic() - r.started
-        outcome = r.outcome
-        if outcome is None:
-            self._finish(
-                r.job,
-                FAILED,
-                error=f"the solver process exited with code {r.process.exitcode} "
-                "without a result",
-                seconds=seconds,
-            )
-        elif outcome[0] == "error":
-            self._finish(r.job, FAILED, error=str(outcome[1]), seconds=seconds)
-        else:
-            plan_json, report = outcome[1], outcome[2]
-            plan_status = str(report.get("status"))
-            status = PLAN_TO_JOB_STATUS.get(plan_status, FAILED)
-            error = None
-            if status == FAILED:
-                notes = "; ".join(report.get("notes") or [])
-                error = f"no plan: solver status {plan_status}" + (f" ({notes})" if notes else "")
-            self._finish(
-                r.job, status, plan=plan_json, report=report, error=error, seconds=seconds
-            )
+        status, plan, report, error = job_outcome(r)
+        self._finish(r.job, status, plan=plan, report=report, error=error, seconds=seconds)
         r.results.close()
         r.lifeline.close()
         r.reaped.set()
@@ -454,28 +347,8 @@ class JobManager:
                 except Exception:  # a cache warm-up must never stop the dispatcher
                     log.exception("on_finished hook failed for job %s", job.id)
 
-        self._write_or_keep(write)
+        self._held.write_or_keep(write)
 
-    def _forget(self, r: _Running) -> None:
+    def _forget(self, r: RunningJob) -> None:
         with self._lock:
             self._running.pop(r.job.id, None)
-
-    @staticmethod
-    def _kill(r: _Running) -> None:
-        if r.process.is_alive():
-            r.process.kill()  # SIGKILL: solver libraries need not cooperate
-        r.process.join(timeout=5)
-        for conn in (r.results, r.lifeline):
-            try:
-                conn.close()
-            except OSError:
-                pass
-
-
-def proven_answer(status: str, report: dict[str, Any]) -> bool:
-    """True when more search cannot change the answer: an optimal plan, or infeasibility shown
-    by the engine's proof (some node alone needs more than the budget). Other infeasible
-    answers hold only for the methods and the time tried."""
-    if status == DONE:
-        return report.get("status") == "optimal"
-    return status == INFEASIBLE and report.get("backend") == "proof"

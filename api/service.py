@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-import threading
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import InputError
@@ -19,10 +15,10 @@ from planner.service.bounds import check_graph_bounds
 from planner.service.cache import KeyIndex, RenderedCache
 from planner.service.caps import check_graph_caps, check_resource_caps
 from planner.service.errors import ApiError
+from planner.service.job_views import draw_timeline, job_view
 from planner.service.jobs import JobManager
 from planner.service.metrics import Metrics
 from planner.service.models import CACHEABLE, CANCELLED, DEFAULT_TENANT, FINISHED, RUNNING, Job
-from planner.service.schemas import JobView, Progress
 from planner.service.settings import Settings
 from planner.service.store import Store
 
@@ -30,8 +26,6 @@ if TYPE_CHECKING:
     from planner.engine.request import RequestGraph, ResolvedRequest
     from planner.service.schemas import PlanRequest, SweepRequest
 
-# pyplot keeps global state: one timeline drawn at a time.
-_PLOT_LOCK = threading.Lock()
 ACTIVE_CAP_RETRY_S = 5  # Retry-After when a tenant is at its cap of active jobs
 
 
@@ -51,10 +45,6 @@ def request_key(
     if tenant != DEFAULT_TENANT:  # likewise: a tenant's questions and answers are its own
         body["tenant"] = tenant
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
 
 
 class PlanService:
@@ -302,27 +292,7 @@ class PlanService:
                 f"plan {job.id} is {job.status}: no schedule to draw",
                 details={"status": job.status},
             )
-        from planner.core.plan import Plan
-        from planner.engine.timeline_plot import plot_timeline
-        from planner.sim.simulator import simulate
-
-        graph = self.stored_graph(job.graph_hash)
-        plan = Plan.model_validate(job.plan)
-        sim = simulate(graph, plan.actions)
-        fd, path = tempfile.mkstemp(suffix=".png")
-        os.close(fd)
-        try:
-            with _PLOT_LOCK:
-                plot_timeline(
-                    sim,
-                    path,
-                    title=f"{plan.method}: {plan.status.value}",
-                    budget_bytes=job.budget_bytes,
-                )
-            with open(path, "rb") as f:
-                return f.read()
-        finally:
-            os.unlink(path)
+        return draw_timeline(self.stored_graph(job.graph_hash), job)
 
     # -- views --------------------------------------------------------------------------------
     def cached_answer(self, graph_id: str | None, budget: object, method: str,
@@ -356,7 +326,7 @@ class PlanService:
         key = (job.id, cached, job.tenant)
         if job.status in FINISHED and (body := self.rendered.get(key)) is not None:
             return body
-        body = self.view(job, cached=cached).model_dump_json().encode()
+        body = job_view(job, cached=cached).model_dump_json().encode()
         if job.status in FINISHED:
             self.rendered.put(key, body)
         return body
@@ -377,36 +347,3 @@ class PlanService:
         """A finished job of `tenant` from memory, or None (then ask the store; an admin's
         reads, tenant None, always do)."""
         return None if tenant is None else self.rendered.get((job_id, False, tenant))
-
-    @staticmethod
-    def view(job: Job, *, cached: bool = False) -> JobView:
-        url = f"/v1/plans/{job.id}"
-        progress = None
-        if job.status == RUNNING:
-            progress = Progress(
-                best_objective=job.progress_objective, best_bound=job.progress_bound
-            )
-        return JobView(
-            id=job.id,
-            status=job.status,
-            url=url,
-            graph_id=job.graph_hash,
-            budget_bytes=job.budget_bytes,
-            method=job.method,
-            options=job.options,
-            resources=job.resources,
-            time_limit_s=job.time_limit_s,
-            attempts=job.attempts,
-            cached=cached,
-            created_at=iso(job.created_at) or "",
-            started_at=iso(job.started_at),
-            finished_at=iso(job.finished_at),
-            solve_seconds=job.solve_seconds,
-            worker_pid=job.worker_pid if job.status == RUNNING else None,
-            instance=job.owner_instance if job.status == RUNNING else None,
-            progress=progress,
-            plan=job.plan,
-            report=job.report,
-            error=job.error,
-            timeline_url=f"{url}/timeline.png" if job.plan and job.plan.get("actions") else None,
-        )

@@ -23,6 +23,7 @@ from planner.service.deps import (
     ServiceParts,
     error_responses,
 )
+from planner.service.job_views import job_view
 from planner.service.models import FINISHED, JOB_STATUSES, Job
 from planner.service.schemas import JobAccepted, JobList, JobSummary, JobView, PlanRequest
 from planner.service.security import Caller
@@ -98,7 +99,7 @@ def list_plans(
     assert status is None or status in JOB_STATUSES
     items = []
     for job in service.store.list_jobs(limit, status, who.scope):
-        view = service.view(job)
+        view = job_view(job)
         items.append(JobSummary(**view.model_dump(include=set(JobSummary.model_fields))))
     return JobList(plans=items)
 
@@ -130,7 +131,7 @@ async def get_plan(service: Service, who: Identity, plan_id: str) -> Response:
     "finished plan cannot be deleted (409): it answers identical requests.",
 )
 def cancel_plan(service: Service, who: Identity, plan_id: str) -> JobView:
-    return service.view(service.cancel(plan_id, who.scope))
+    return job_view(service.cancel(plan_id, who.scope))
 
 
 @router.get(

@@ -53,7 +53,7 @@ def submit_sweep(body: SweepRequest, parts: Parts, who: Identity) -> SweepView:
 )
 def list_sweeps(store: StoreDep, who: Identity,
                 limit: int = Query(default=50, ge=1, le=200)) -> SweepList:
-    from planner.service.service import iso
+    from planner.service.job_views import iso
 
     return SweepList(sweeps=[
         SweepSummary(url=f"/v1/sweeps/{row['id']}", **{**row,

@@ -331,7 +331,7 @@ def keys_list(database_url: DatabaseUrlOpt = None, as_json: JsonFlag = False) ->
     """Every key: id, tenant, prefix, created, admin, revoked (never the key itself)."""
     from rich.table import Table
 
-    from planner.service.service import iso
+    from planner.service.job_views import iso
 
     store = _key_store(database_url)
     try:

@@ -1,14 +1,9 @@
 """Event simulation of a pipeline plan: every rank's action list runs concurrently.
 
 Each rank runs its list in order on one compute stream. F/B/I/W of (stage, micro-batch) take the
-stage's times (planner.sim.stage_costs). A SEND does not block its rank: the data arrives at the
-peer `resources.device_link.transfer_ms(boundary bytes)` after the producing compute ends (no
-link given: instantly; links are not shared, no contention). A RECV blocks its rank until the
-matching send's data arrives: RECV_F of stage s matches SEND_F of stage s-1, RECV_B of stage s
-matches SEND_B of stage s+1, same micro-batch. Lists without any SEND/RECV are torch's
-"compute_only" form: the communication is implied (a stage's F waits for the previous stage's F
-plus the transfer, its B for the next stage's B or I). Neighbouring stages on one rank need no
-communication. A rank that can never go on is a deadlock, reported with what it waits for.
+stage's times (planner.sim.stage_costs); an action starts once its rank is free and its inputs
+are there (planner.sim.pipeline_waits: sends, receives, or the communication compute_only lists
+imply). A rank that can never go on is a deadlock, reported with what it waits for.
 
 Per-rank memory over time (planner.sim.stage_costs' rules, as torch.distributed.pipelining
 allocates): the stages' model state and torch's receive buffers (per micro-batch, the whole
@@ -37,8 +32,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.core.graph import Graph
-from planner.core.pipeline_actions import Partition, PipelineAction, PipelineOp, check_rank_actions
+from planner.core.pipeline_actions import Partition, PipelineAction, check_rank_actions
 from planner.core.resources import Resources
+from planner.sim.pipeline_waits import (
+    I_,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    B,
+    Blocked,
+    F,
+    Key,
+    RankWaits,
+    W,
+)
 from planner.sim.rank_memory import compute_transient_bytes
 from planner.sim.result import PlanError, RankResult, SimulationResult
 from planner.sim.stage_costs import (
@@ -51,12 +59,6 @@ from planner.sim.stage_costs import (
 )
 from planner.sim.stage_policies import variant_unit_costs
 
-F, B, I_, W = (PipelineOp.forward, PipelineOp.backward, PipelineOp.backward_input,
-               PipelineOp.backward_weight)
-SEND_F, RECV_F, SEND_B, RECV_B = (PipelineOp.send_f, PipelineOp.recv_f, PipelineOp.send_b,
-                                  PipelineOp.recv_b)
-Key = tuple[int, PipelineOp, int]  # (stage, op, micro-batch)
-
 
 @dataclass(frozen=True)
 class ActionSpan:
@@ -68,14 +70,9 @@ class ActionSpan:
     end_ms: float
 
 
-class _Blocked(Exception):
-    """The action waits for another rank (`waits_for` names what)."""
+class _Ranks(RankWaits):
+    """Every rank's list run as events: clocks, busy time, memory events and compute spans."""
 
-    def __init__(self, waits_for: str) -> None:
-        self.waits_for = waits_for
-
-
-class _Ranks:
     def __init__(
         self,
         graph: Graph,
@@ -87,12 +84,15 @@ class _Ranks:
             check_rank_actions(partition, rank_actions)
         except ValueError as e:
             raise PlanError(str(e)) from None
-        self.partition = partition
         self.lists = rank_actions
         # each stage's costs under its unit_policies (remat/offload per module; unchanged
         # without), and the bytes its offloaded units hold in host memory per micro-batch
         policy = variant_unit_costs(graph, partition, stage_costs(graph, partition), resources)
-        self.costs: list[StageCosts] = [own.costs for own, _ in policy]
+        super().__init__(
+            partition, [own.costs for own, _ in policy],
+            resources.device_link if resources is not None else None,
+            implicit=not any(not a.is_compute for row in rank_actions for a in row),
+        )
         self.host_bytes = [own.host_bytes for own, _ in policy]
         # per stage, the micro-batches that run a variant's unit plan (PipelineStage.variants)
         self.variants = [by_microbatch for _, by_microbatch in policy]
@@ -100,11 +100,6 @@ class _Ranks:
         self.recomputed = [frozenset(partition.stage(s).recompute_microbatches)
                            for s in range(partition.stage_count)]
         self.spans: list[ActionSpan] = []
-        self.link = resources.device_link if resources is not None else None
-        self.last = partition.stage_count - 1
-        self.implicit = not any(not a.is_compute for row in rank_actions for a in row)
-        self.done: dict[Key, tuple[float, int]] = {}  # -> (end time, action index)
-        self.arrivals: dict[Key, float] = {}  # (receiving stage, RECV op, mb) -> arrival
         self.received: set[Key] = set()
         self.clock = [0.0] * len(rank_actions)
         self.busy = [0.0] * len(rank_actions)
@@ -132,85 +127,7 @@ class _Ranks:
         return (self.costs[s], self.host_bytes[s]) if got is None else (got.costs,
                                                                          got.host_bytes)
 
-    def transfer_ms(self, nbytes: int) -> float:
-        return 0.0 if self.link is None else self.link.transfer_ms(nbytes)
-
-    def fail(self, rank: int, i: int, a: PipelineAction, why: str) -> PlanError:
-        return PlanError(f"rank {rank}, action {i} ({a}): {why}", i, None, rank)
-
-    def need(self, rank: int, i: int, a: PipelineAction, key: Key, what: str) -> float:
-        """End time of `key`, which must have run earlier on this rank."""
-        if key not in self.done:
-            s, op, mb = key
-            raise self.fail(rank, i, a, f"needs {what} ({s}{op.value}{mb}) earlier on rank {rank}")
-        return self.done[key][0]
-
-    def remote(self, key: Key, extra_ms: float) -> float:
-        """Implied communication: end of `key` on its rank plus the transfer, or blocked."""
-        if key not in self.done:
-            s, op, mb = key
-            raise _Blocked(f"{s}{op.value}{mb} on rank {self.partition.rank_of(s)}")
-        return self.done[key][0] + extra_ms
-
-    def gradient_of(self, key_stage: int, mb: int) -> Key | None:
-        for op in (B, I_):
-            if (key_stage, op, mb) in self.done:
-                return (key_stage, op, mb)
-        return None
-
-    def implied_transfer_ms(self, rank: int, a: PipelineAction) -> float:
-        """compute_only lists: the transfer that brought this compute's input from a peer."""
-        s, op = a.stage_index, a.op
-        if op is F and s > 0 and self.partition.rank_of(s - 1) != rank:
-            return self.transfer_ms(self.costs[s - 1].send_forward_bytes)
-        if op in (B, I_) and s < self.last and self.partition.rank_of(s + 1) != rank:
-            return self.transfer_ms(self.costs[s + 1].send_backward_bytes)
-        return 0.0
-
     # -- one action --------------------------------------------------------------------------
-    def ready_time(self, rank: int, i: int, a: PipelineAction) -> float:
-        """When `a`'s inputs are there; raises _Blocked or PlanError."""
-        s, op, mb = a.stage_index, a.op, a.microbatch_index
-        c = self.costs
-        if op is F:
-            if s == 0:
-                return 0.0
-            if self.partition.rank_of(s - 1) == rank:
-                return self.need(rank, i, a, (s - 1, F, mb), "the previous stage's forward")
-            if self.implicit:
-                return self.remote((s - 1, F, mb), self.transfer_ms(c[s - 1].send_forward_bytes))
-            return self.need(rank, i, a, (s, RECV_F, mb), "its input")
-        if op in (B, I_):
-            t = self.need(rank, i, a, (s, F, mb), "the forward")
-            if s == self.last:
-                return t
-            if self.partition.rank_of(s + 1) == rank:
-                g = self.gradient_of(s + 1, mb)
-                if g is None:
-                    raise self.fail(rank, i, a, f"needs the backward of stage {s + 1} earlier")
-                return max(t, self.done[g][0])
-            if self.implicit:
-                g = self.gradient_of(s + 1, mb)
-                if g is None:
-                    raise _Blocked(f"{s + 1}B{mb} on rank {self.partition.rank_of(s + 1)}")
-                return max(t, self.done[g][0] + self.transfer_ms(c[s + 1].send_backward_bytes))
-            return max(t, self.need(rank, i, a, (s, RECV_B, mb), "its gradient"))
-        if op is W:
-            return self.need(rank, i, a, (s, I_, mb), "the input-gradient backward")
-        if op is SEND_F:
-            return self.need(rank, i, a, (s, F, mb), "the forward")
-        if op is SEND_B:
-            g = self.gradient_of(s, mb)
-            if g is None:
-                raise self.fail(rank, i, a, f"needs the backward ({s}B{mb} or {s}I{mb}) earlier")
-            return self.done[g][0]
-        key = (s, op, mb)  # RECV_F / RECV_B
-        if key not in self.arrivals:
-            peer = s - 1 if op is RECV_F else s + 1
-            send = SEND_F if op is RECV_F else SEND_B
-            raise _Blocked(f"{peer}{send.value}{mb} on rank {self.partition.rank_of(peer)}")
-        return self.arrivals[key]
-
     def execute(self, rank: int, i: int, a: PipelineAction) -> None:
         s, op, mb = a.stage_index, a.op, a.microbatch_index
         key = (s, op, mb)
@@ -221,7 +138,7 @@ class _Ranks:
                             if key in self.done else "receives a second time")
         if op in (I_, W) and (s, B, mb) in self.done or op is B and (s, I_, mb) in self.done:
             raise self.fail(rank, i, a, "mixes a full backward (B) with its split (I/W)")
-        ready = self.ready_time(rank, i, a)  # may raise _Blocked: nothing changes before this
+        ready = self.ready_time(rank, i, a)  # may raise Blocked: nothing changes before this
         start = max(self.clock[rank], ready)
         c = self.costs[s]
         if self.implicit:
@@ -280,7 +197,7 @@ class _Ranks:
                 while pos[rank] < len(row):
                     try:
                         self.execute(rank, pos[rank], row[pos[rank]])
-                    except _Blocked:
+                    except Blocked:
                         break
                     pos[rank] += 1
                     progress = True
@@ -297,7 +214,7 @@ class _Ranks:
                 try:
                     self.ready_time(rank, pos[rank], a)
                     waits = "?"  # pragma: no cover - it would have run
-                except _Blocked as b:
+                except Blocked as b:
                     waits = b.waits_for
                 stuck.append((rank, pos[rank], a, waits))
         rank, i, a, waits = stuck[0]
