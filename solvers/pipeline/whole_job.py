@@ -61,6 +61,8 @@ DP_SHARE = 0.3  # of the time limit given to today's DP (the first candidate)
 DP_SHARE_NO_ILP = 0.6  # with several stages a rank (no ILP candidate)
 MOVES_SHARE = 0.8  # the DP's moves continue to this share of the limit (several stages a rank)
 ROOM_SHARE = 0.2  # at most this share of the limit is kept clear for the last split judged
+MIN_ROOM_SHARE = 0.03  # and at least this (the last step's simulation; a GC pause): a GPT-48
+# row answered in 5.1 s at a 5 s limit with room for the slowest split alone
 OVERRUN = 0.8  # the DP and the ILP may run past the limit they are given (their last steps)
 
 
@@ -107,7 +109,8 @@ class _Search:
     def closing(self) -> float:
         """The limit less room for the last split judged (as slow as any): no split begins
         later."""
-        return self.deadline - min(self.slowest_s, ROOM_SHARE * self.limit_s)
+        return self.deadline - min(max(self.slowest_s, MIN_ROOM_SHARE * self.limit_s),
+                                   ROOM_SHARE * self.limit_s)
 
     def offer(self, cand: Candidate | None, name: str) -> None:
         if cand is None or not cand.fits or cand.simulation is None:
