@@ -20,7 +20,9 @@ per-stage policy choice), the balanced splits, and then, until the time limit:
   boundaries and sliding runs), from the best split and, past a local optimum, the next best.
 Anytime: while no plan exists, a split is first judged with whole-module policies only (several
 times quicker); one that none fits waits for its op-level knapsacks until every other split has
-been tried, so the first plan does not wait behind splits that cannot hold one.
+been tried, so the first plan does not wait behind splits that cannot hold one. With a host
+tier, a split's plans that copy come last: judged where none without copies fits, else with
+the time left (`_with_copies`).
 
 Bound and status: with fixed action lists (every schedule but zero-bubble's time-driven ones) a
 plan's step is at least its split's all-keep simulated step; the least of those over all splits
