@@ -103,6 +103,7 @@ class _Search:
         self.unfit: list[Bounds] = []  # splits no whole-module plan fits, not yet at op level
         self.late = False  # trying those now
         self.timed_out = False  # some split stayed unjudged (TimeUp)
+        self.copied: set[Bounds] = set()  # splits judged with plans that may copy
 
     # -- judging one split ----------------------------------------------------------------------
     def current(self) -> Candidate | None:
@@ -159,6 +160,7 @@ class _Search:
             # split's plans that copy come last (`try_with_copies`)
             if not self._with_policies(bounds, name, fused, copies=False) and job.host_memory:
                 self._with_policies(bounds, name + ", host copies", fused, copies=True)
+                self.copied.add(bounds)
         except TimeUp:  # a knapsack ran past the limit: this split stays unjudged
             self.timed_out = True
             return
@@ -183,12 +185,15 @@ class _Search:
     def try_with_copies(self, bounds: Bounds) -> bool:
         """The split with plans that may copy to the host; False: a knapsack ran past the
         limit."""
+        if bounds in self.copied:  # judged so already (no plan without copies fits it)
+            return True
         self.job.deadline = self.deadline - 2 * self.sim_s
         try:
             self._with_policies(bounds, "the split's plans with host copies",
                                 self.job.fused_for_memory(bounds), copies=True)
         except TimeUp:
             return False
+        self.copied.add(bounds)
         return True
 
     # -- the phases ------------------------------------------------------------------------------
