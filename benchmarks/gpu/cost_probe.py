@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -150,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch "
           f"{torch.__version__}\n| model | plan | meas ms | predicted ms (meas/pred) per cost "
           "model |", flush=True)
-    cases = [("resnet", zoo.resnet, res, None), ("gpt-bf16", zoo.gpt, gpt, "bf16"),
-             ("gpt", zoo.gpt, gpt, None)]
+    cases: list[tuple[str, Callable[..., Any], dict[str, Any], str | None]] = [
+        ("resnet", zoo.resnet, res, None), ("gpt-bf16", zoo.gpt, gpt, "bf16"),
+        ("gpt", zoo.gpt, gpt, None)]
     for name, make, kw, autocast in cases:
         model, inputs = make(**kw)
         model = model.to(device)

@@ -36,7 +36,7 @@ from planner.runtime.pipeline_units import (  # noqa: E402
 )
 
 
-def step(args: argparse.Namespace, policies: dict[str, str]) -> dict[str, Any]:
+def step(args: argparse.Namespace, policies: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     model, inputs = zoo.gpt(batch_size=args.batch, context=args.context, dim=args.dim,
                             layers=args.layers, vocab=args.vocab, dropout=0.0)
@@ -76,6 +76,28 @@ def step(args: argparse.Namespace, policies: dict[str, str]) -> dict[str, Any]:
             "ms": statistics.median(times[1:])}
 
 
+def rule_ms(args: argparse.Namespace, blocks: list[str]) -> dict[str, tuple[float, float]]:
+    """Per recompute mix, the rerun the simulator charges (torch's early stop:
+    planner.sim.stage_facts.checkpoint_rerun) and the units' whole forward (the old rule), in ms,
+    from the model traced on this device with measured op costs."""
+    from planner.sim.stage_facts import stage_facts
+    from planner.tracing.api import trace
+
+    torch.manual_seed(0)
+    model, inputs = zoo.gpt(batch_size=args.batch, context=args.context, dim=args.dim,
+                            layers=args.layers, vocab=args.vocab, dropout=0.0)
+    device = torch.device(args.device)
+    graph = trace(model.to(device), tuple(x.to(device) for x in inputs), costs="measure").graph
+    nodes = [n.id for n in graph.nodes]
+    out = {}
+    for label, units in (("recompute all", blocks), ("recompute mlp", [f"{b}.mlp" for b in blocks]),
+                         ("recompute attn", [f"{b}.attn" for b in blocks])):
+        facts = stage_facts(graph, nodes, units)
+        out[label] = (sum(u.rerun_ms for u in facts.units), sum(u.forward_ms for u in facts.units))
+    out["keep"] = (graph.total_compute_ms, 0.0)  # the traced step's op times
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -94,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         "recompute all": dict.fromkeys(blocks, "recompute"),
         "offload all": dict.fromkeys(blocks, "offload"),
         "mixed": {b: ("recompute", "offload", "keep")[i % 3] for i, b in enumerate(blocks)},
+        "recompute mlp": {f"{b}.mlp": "recompute" for b in blocks},
+        "recompute attn": {f"{b}.attn": "recompute" for b in blocks},
     }
+    rules = rule_ms(args, blocks)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"device {name}; GPT {args.layers} blocks, dim {args.dim}, context {args.context}, "
           f"batch {args.batch}")
     print("| policies | step peak B | host peak B | loss | max grad diff | peak / keep | step ms "
-          "| added ms | copies ms (rule) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| added ms | copies ms (rule) | rerun ms (rule, early stop) | whole forward ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     plain = step(args, {})
     for label, policies in mixes.items():
         r = plain if label == "keep" else step(args, policies)
@@ -108,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{r['peak'] / plain['peak']:.3f}" if plain["peak"] else "-"
         # every host byte goes out in the forward and back in the backward, in the stream
         copies_ms = 2 * r["host"] / (args.link_gb_s * 1e9) * 1e3
+        rerun, whole = rules.get(label, (0.0, 0.0))
+        rule = (f"{rerun:.2f} | {whole:.2f}" if label != "keep"
+                else f"(traced step {rerun:.2f}) | -") if label in rules else "- | -"
         print(f"| {label} | {r['peak']:,} | {r['host']:,} | {r['loss']:.6f} | {diff:.2e} | "
-              f"{ratio} | {r['ms']:.2f} | {r['ms'] - plain['ms']:+.2f} | {copies_ms:.2f} |")
+              f"{ratio} | {r['ms']:.2f} | {r['ms'] - plain['ms']:+.2f} | {copies_ms:.2f} | "
+              f"{rule} |")
     return 0
 
 

@@ -10,7 +10,7 @@
 # units.txt (benchmarks/gpu/pipeline_units.py: per-module keep/recompute/offload on CUDA),
 # ranks.txt and ranks.json (benchmarks/gpu/whole_job_ranks.py: whole-job plans, every rank on the
 # one GPU; planned into RANKS_PLANS, default .gpu_plans, from a CPU trace here, or by the rankplan
-# phase there from a CUDA trace: rankplan.txt).
+# phase there from a CUDA trace: rankplan.txt, and rank_plans.tgz with the plans and graphs).
 # FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt").
 set -u
 O=${OUT:-/tmp/out}
@@ -67,6 +67,7 @@ torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortoo
       PYTHONWARNINGS=ignore timeout "${RANKPLAN_S:-150}" python3 benchmarks/gpu/whole_job_ranks.py \
         plan "$RANKS_PLANS" --trace-device cuda >"$O/rankplan.txt" 2>&1
       code=$?
+      tar czf "$O/rank_plans.tgz" -C "$RANKS_PLANS" . 2>/dev/null  # plans and traced graphs
       tail -12 "$O/rankplan.txt"; echo "rankplan exit $code"; [ "$code" = 0 ] || rc=1 ;;
     ranks)
       python3 -c "import torch, torch.distributed.pipelining.schedules as s; \

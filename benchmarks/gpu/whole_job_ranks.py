@@ -92,6 +92,14 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
     from planner.engine.job_choice import choose_job
     from planner.engine.job_options import AUTO_SCHEDULES
     from planner.engine.partition import partition_plan
+    from planner.runtime.pipeline_checks import SPLIT_BACKWARD_TORCH
+    from planner.solvers.pipeline.schedules import SPLIT_BACKWARD
+
+    # Planned where they run (the rankplan phase): a torch whose split backward the runtime
+    # refuses (docs/whole_job.md, "On a GPU") gets no W schedule, so no row is planned in vain.
+    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    no_w = device != "cpu" and release < SPLIT_BACKWARD_TORCH
+    schedules = tuple(s for s in AUTO_SCHEDULES if not (no_w and s in SPLIT_BACKWARD))
 
     gpt = TINY if tiny else GPT
     batch = 8 if tiny else BATCH
@@ -99,6 +107,9 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
     cache: dict[int, Any] = {}
     manifest = []
     for name, ranks, schedule, host, share, method in [*ROWS, CHOICE]:
+        if schedule not in schedules and schedule != "auto":
+            print(f"{name}: not planned (torch {torch.__version__} runs no W actions)")
+            continue
         started = time.perf_counter()
         graph = _graph(gpt, batch // MICROBATCHES, cache, device)
         memory = int(share * _least_plain(graph, ranks, MICROBATCHES))
@@ -108,8 +119,9 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
             if schedule == "auto":
                 graphs = [(f"b{b}", _graph(gpt, b, cache, device)) for b in (1, 2, 4)
                           if batch % b == 0]
-                choice = choose_job(graphs, global_batch=batch, schedules=AUTO_SCHEDULES,
+                choice = choose_job(graphs, global_batch=batch, schedules=schedules,
                                     time_limit_s=6 * time_limit_s, **common)
+                assert choice.best.report is not None, "choose_job found no plan"
                 plan = choice.best.report.plan
             else:
                 plan = partition_plan(graph, microbatches=MICROBATCHES, schedule=schedule,
@@ -126,11 +138,26 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
                "policies": _policies(plan),
                "predicted": plan.predicted.per_rank_peak_bytes,
                "predicted_host": plan.predicted.host_peak_bytes,
+               "predicted_host_ranks": _host_per_rank(plan, _graph(gpt, micro_batch, cache,
+                                                                   device), _machine(host)),
                "plan_seconds": round(time.perf_counter() - started, 1)}
         manifest.append(row)
         print(f"{name}: {row['schedule']}, b {micro_batch}, memory {memory:,} B, predicted "
               f"{row['predicted']}, {row['policies']} ({row['plan_seconds']} s)")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    from planner.core.io import write_json
+
+    for b, graph in cache.items():  # the plans' graphs (on CUDA: with the op workspaces)
+        write_json(out / f"graph-b{b}-{device}.json", graph)
+
+
+def _host_per_rank(plan: Any, graph: Any, resources: Any) -> list[int]:
+    """Each rank's own host peak in the plan's simulation (the plan states the ranks' together,
+    which may peak when no single rank does)."""
+    from planner.sim.pipeline_ranks import simulate_pipeline
+
+    sim = simulate_pipeline(graph, plan.partition, plan.rank_actions, resources)
+    return [r.host_peak_bytes for r in sim.ranks]
 
 
 def _micro_batch(plan: Any, batch: int) -> int:
@@ -283,12 +310,12 @@ def _row_text(r: dict[str, Any]) -> str:
              "| rank | predicted B | tracker B | tracker / pred | allocator B | allocator / pred "
              "| process peak B | host measured / predicted B | step ms |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    host_pred = r["predicted_host"]
+    host_pred = r.get("predicted_host_ranks") or r["predicted_host"]
     for m, pred in zip(r["ranks_measured"], r["predicted"], strict=True):
         alloc = m["allocator"]
         a_text = (f"{alloc['peak']:,} | {alloc['peak'] / pred:.3f} | {alloc['process']:,}"
                   if alloc else "- | - | -")
-        host = alloc["host_peak"] if alloc else m["tracker"]["host_peak_bytes"]
+        host = _host_measured(m)
         lines.append(f"| {m['rank']} | {pred:,} | {m['tracker']['peak']:,} | "
                      f"{m['tracker']['peak'] / pred:.3f} | {a_text} | {host:,} / "
                      f"{_host_of(host_pred, m['rank'])} | {m['step_ms']:.1f} |")
@@ -356,8 +383,17 @@ def _summary(results: list[dict[str, Any]]) -> str:
               for kind in ("allocator", "tracker")}
     over = "; ".join(f"{k}: {sum(x > 1 for x in v)} of {len(v)} ranks over their prediction "
                      f"(max {max(v):.4f})" for k, v in ratios.items() if v)
+    host = [(_host_measured(m), p) for r in results
+            if r["ranks_measured"] and r.get("predicted_host_ranks")
+            for m, p in zip(r["ranks_measured"], r["predicted_host_ranks"], strict=True)]
+    host_text = (f"; host: {sum(b > p for b, p in host)} of {len(host)} ranks over their "
+                 "prediction") if host else ""
     return (f"rows run {len(results)}, failed {len(failed)} {failed}, wrong gradients "
-            f"{len(wrong)} {wrong}" + (f"; {over}" if over else ""))
+            f"{len(wrong)} {wrong}" + (f"; {over}" if over else "") + host_text)
+
+
+def _host_measured(m: dict[str, Any]) -> int:
+    return int(m["allocator"]["host_peak"] if m["allocator"] else m["tracker"]["host_peak_bytes"])
 
 
 if __name__ == "__main__":
