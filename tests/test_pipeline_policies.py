@@ -257,6 +257,12 @@ def test_measured_per_rank_peak_is_at_most_the_simulated_and_close(
     for m, p, r in zip(memory, predicted.per_rank_peak_bytes, predicted.ranks, strict=True):
         assert m.peak_bytes <= p <= DEVICE_SLACK * m.peak_bytes, (world, cfg, device, p)
         assert m.host_peak_bytes <= r.host_peak_bytes, (world, cfg, m, r)
+    host = [r.host_peak_bytes for r in predicted.ranks]
+    if any(host):  # the plan states each rank's host peak beside the one host's
+        figures = predicted.predicted()
+        assert figures.per_rank_host_peak_bytes == host
+        assert figures.host_peak_bytes is not None
+        assert max(host) <= figures.host_peak_bytes <= sum(host)
 
 
 # zero-bubble I/W (ZB-H1): what torch keeps from I to W and the checkpoint reruns of a split W

@@ -181,6 +181,9 @@ def test_new_plans_are_version_2_and_round_trip_every_field() -> None:
     summary = p.summary()
     assert "offload" in summary and "host peak 5" in summary and "makespan 2.500 ms" in summary
     assert "exposed 0.500 ms" in summary
+    ranks = p.model_copy(update={"predicted": p.predicted.model_copy(  # type: ignore[union-attr]
+        update={"per_rank_host_peak_bytes": [3, 4]})})
+    assert "host peak 5, per-rank host peaks 3/4" in ranks.summary()
 
 
 def test_plan_json_schema_describes_v2() -> None:

@@ -138,8 +138,7 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
                "policies": _policies(plan),
                "predicted": plan.predicted.per_rank_peak_bytes,
                "predicted_host": plan.predicted.host_peak_bytes,
-               "predicted_host_ranks": _host_per_rank(plan, _graph(gpt, micro_batch, cache,
-                                                                   device), _machine(host)),
+               "predicted_host_ranks": plan.predicted.per_rank_host_peak_bytes,
                "plan_seconds": round(time.perf_counter() - started, 1)}
         manifest.append(row)
         print(f"{name}: {row['schedule']}, b {micro_batch}, memory {memory:,} B, predicted "
@@ -149,15 +148,6 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
 
     for b, graph in cache.items():  # the plans' graphs (on CUDA: with the op workspaces)
         write_json(out / f"graph-b{b}-{device}.json", graph)
-
-
-def _host_per_rank(plan: Any, graph: Any, resources: Any) -> list[int]:
-    """Each rank's own host peak in the plan's simulation (the plan states the ranks' together,
-    which may peak when no single rank does)."""
-    from planner.sim.pipeline_ranks import simulate_pipeline
-
-    sim = simulate_pipeline(graph, plan.partition, plan.rank_actions, resources)
-    return [r.host_peak_bytes for r in sim.ranks]
 
 
 def _micro_batch(plan: Any, batch: int) -> int:

@@ -151,6 +151,11 @@ class Predicted(BaseModel):
     )
     per_rank_peak_bytes: list[int] | None = Field(default=None, description="Pipelines: per rank.")
     host_peak_bytes: int | None = Field(default=None, ge=0, description="Peak host memory.")
+    per_rank_host_peak_bytes: list[int] | None = Field(
+        default=None,
+        description="Pipelines with a host tier: each rank's own host peak (host_peak_bytes is "
+        "every rank's together, one host; the ranks may peak at different times).",
+    )
     compute_ms: float | None = Field(default=None, ge=0, description="Compute-stream busy time.")
     transfer_ms: float | None = Field(default=None, ge=0, description="Copy/link busy time.")
     exposed_transfer_ms: float | None = Field(
@@ -330,6 +335,8 @@ def _v2_figures(p: Predicted) -> list[str]:
         out.append("per-rank peaks " + "/".join(str(b) for b in p.per_rank_peak_bytes))
     if p.host_peak_bytes is not None:
         out.append(f"host peak {p.host_peak_bytes}")
+    if p.per_rank_host_peak_bytes is not None:
+        out.append("per-rank host peaks " + "/".join(str(b) for b in p.per_rank_host_peak_bytes))
     if p.makespan_ms is not None:
         out.append(f"makespan {p.makespan_ms:.3f} ms")
     if p.transfer_ms is not None:

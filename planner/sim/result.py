@@ -169,6 +169,8 @@ class SimulationResult:
             per_rank_peak_bytes=[r.peak_bytes for r in self.ranks] if self.ranks else None,
             host_peak_bytes=self.host_peak_bytes if not self.ranks or self.host_peak_bytes
             else None,
+            per_rank_host_peak_bytes=[r.host_peak_bytes for r in self.ranks]
+            if self.ranks and self.host_peak_bytes else None,
             compute_ms=self.compute_ms,
             transfer_ms=self.transfer_ms,
             exposed_transfer_ms=None if self.ranks else self.exposed_transfer_ms,
