@@ -11,7 +11,8 @@
 # ranks.txt and ranks.json (benchmarks/gpu/whole_job_ranks.py: whole-job plans, every rank on the
 # one GPU; planned into RANKS_PLANS, default .gpu_plans, from a CPU trace here, or by the rankplan
 # phase there from a CUDA trace: rankplan.txt, and rank_plans.tgz with the plans and graphs).
-# FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt").
+# FIDELITY_ARGS adds arguments to benchmarks/gpu_fidelity.py (e.g. "--models gpt"); UNITS_ARGS
+# replaces the units phase's (default: a GPT of 4 blocks, dim 1024, context 1024, batch 4).
 set -u
 O=${OUT:-/tmp/out}
 mkdir -p "$O"
@@ -59,7 +60,10 @@ torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortoo
       tail -25 "$O/compiled.txt"; cp docs/compiled_vs_torch_gpu.md "$O/" 2>/dev/null
       echo "compiled exit $code"; [ "$code" = 0 ] || rc=1 ;;
     units)
-      timeout "${UNITS_S:-120}" python3 benchmarks/gpu/pipeline_units.py >"$O/units.txt" 2>&1
+      # a size whose kernels bound the step (at the script's default, dim 256, Python does
+      # on an H100's host, and no per-op rule can hold: docs/whole_job.md)
+      timeout "${UNITS_S:-120}" python3 benchmarks/gpu/pipeline_units.py \
+        ${UNITS_ARGS:---layers 4 --dim 1024 --context 1024 --batch 4 --repeats 3} >"$O/units.txt" 2>&1
       code=$?
       tail -12 "$O/units.txt"; echo "units exit $code"; [ "$code" = 0 ] || rc=1 ;;
     rankplan)  # plan the ranks phase's rows here, from a CUDA trace (its op workspaces)
