@@ -19,9 +19,14 @@ def has_weight_actions(plan: Plan) -> bool:
     return any(a.op is PipelineOp.backward_weight for row in plan.rank_actions or [] for a in row)
 
 
-def check_split_backward(plan: Plan) -> None:
+def runs_split_backward() -> bool:
+    """Whether this torch runs W actions correctly (SPLIT_BACKWARD_TORCH or later)."""
     release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if release < SPLIT_BACKWARD_TORCH and has_weight_actions(plan):
+    return release >= SPLIT_BACKWARD_TORCH
+
+
+def check_split_backward(plan: Plan) -> None:
+    if not runs_split_backward() and has_weight_actions(plan):
         raise InputError(
             f"plan ({plan.details.get('schedule', plan.method)}): its W actions (split backward) "
             f"give correct gradients on torch {'.'.join(map(str, SPLIT_BACKWARD_TORCH))}, not on "

@@ -24,18 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from planner import zoo  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_units import rule_ms  # noqa: E402
-
-
-def _model(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
-    torch.manual_seed(0)
-    model, inputs = zoo.gpt(batch_size=args.batch, context=args.context, dim=args.dim,
-                            layers=args.layers, vocab=args.vocab, dropout=0.0)
-    device = torch.device(args.device)
-    return model.to(device), tuple(x.to(device) for x in inputs)
+from pipeline_units import gpt, gpt_arguments, rule_ms, unit_stage  # noqa: E402
 
 
 def _wrap(model: Any, paths: list[str], rng: bool) -> None:
@@ -43,26 +33,6 @@ def _wrap(model: Any, paths: list[str], rng: bool) -> None:
         sub = model.get_submodule(path)
         sub.forward = functools.partial(checkpoint, sub.forward, use_reentrant=False,
                                         preserve_rng_state=rng)
-
-
-def _runtime(model: Any, inputs: tuple[Any, ...], policies: dict[str, Any]) -> Any:
-    from planner.core.pipeline_actions import Partition
-    from planner.core.pipeline_actions import PipelineStage as StageSpec
-    from planner.runtime.pipeline_split import split_model
-    from planner.runtime.pipeline_stage import StageModule
-    from planner.runtime.pipeline_units import (
-        HostMemory,
-        UnitSwitch,
-        apply_unit_policies,
-        check_unit_policies,
-    )
-
-    mods = [n for n, _ in model.named_children()]
-    spec = StageSpec(stage_index=0, rank=0, modules=mods, unit_policies=policies)
-    split = split_model(model, Partition(stages=[spec]), inputs)
-    switch = UnitSwitch()
-    apply_unit_policies(split.stages[0].module, check_unit_policies(spec), switch, HostMemory())
-    return StageModule(split.stages[0], frozenset(), switch)
 
 
 def _time(fn: Any, model: Any, inputs: tuple[Any, ...], repeats: int) -> tuple[float, float]:
@@ -84,13 +54,7 @@ def _time(fn: Any, model: Any, inputs: tuple[Any, ...], repeats: int) -> tuple[f
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=10)
+    gpt_arguments(ap, repeats=10)
     args = ap.parse_args(argv)
     blocks = [f"h.{i}" for i in range(args.layers)]
     mlps = [f"{b}.mlp" for b in blocks]
@@ -99,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.context}, batch {args.batch}; traced step {rules['keep'][0]:.2f} ms")
     print("| step | step ms | host ms | added ms | rule rerun ms (early stop) | whole forward ms |")
     print("|---|---:|---:|---:|---:|---:|")
-    model, inputs = _model(args)
+    model, inputs = gpt(args)
     keep, keep_host = _time(model, model, inputs, args.repeats)
     print(f"| keep | {keep:.2f} | {keep_host:.2f} | +0.00 | - | - |")
     cases: list[tuple[str, list[str], bool | None, str]] = [
@@ -111,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         ("unit runtime, blocks", blocks, None, "recompute all"),
     ]
     for label, paths, rng, rule in cases:
-        model, inputs = _model(args)
+        model, inputs = gpt(args)
         if rng is None:
-            fn = _runtime(model, inputs, dict.fromkeys(paths, "recompute"))
+            fn = unit_stage(model, inputs, dict.fromkeys(paths, "recompute"))[0]
         else:
             _wrap(model, paths, rng)
             fn = model

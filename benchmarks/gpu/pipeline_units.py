@@ -36,19 +36,40 @@ from planner.runtime.pipeline_units import (  # noqa: E402
 )
 
 
-def step(args: argparse.Namespace, policies: dict[str, Any]) -> dict[str, Any]:
+def gpt(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
+    """The GPT of `args` (gpt_arguments) and its inputs on args.device, seeded."""
     torch.manual_seed(0)
     model, inputs = zoo.gpt(batch_size=args.batch, context=args.context, dim=args.dim,
                             layers=args.layers, vocab=args.vocab, dropout=0.0)
     device = torch.device(args.device)
-    model = model.to(device)
-    inputs = tuple(x.to(device) for x in inputs)
-    mods = ["tok", "pos", *[f"h.{i}" for i in range(args.layers)], "ln_f", "head"]
+    return model.to(device), tuple(x.to(device) for x in inputs)
+
+
+def gpt_arguments(ap: argparse.ArgumentParser, repeats: int) -> None:
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=repeats, help="timed steps after warm-up")
+
+
+def unit_stage(model: Any, inputs: tuple[Any, ...],
+               policies: dict[str, Any]) -> tuple[StageModule, HostMemory]:
+    """The whole model as one pipeline stage under the unit runtime's `policies`."""
+    mods = ["tok", "pos", *[f"h.{i}" for i in range(len(model.h))], "ln_f", "head"]
     spec = StageSpec(stage_index=0, rank=0, modules=mods, unit_policies=policies)
     split = split_model(model, Partition(stages=[spec]), inputs)
     host, switch = HostMemory(), UnitSwitch()
     apply_unit_policies(split.stages[0].module, check_unit_policies(spec), switch, host)
-    stage = StageModule(split.stages[0], frozenset(), switch)
+    return StageModule(split.stages[0], frozenset(), switch), host
+
+
+def step(args: argparse.Namespace, policies: dict[str, Any]) -> dict[str, Any]:
+    model, inputs = gpt(args)
+    device = torch.device(args.device)
+    stage, host = unit_stage(model, inputs, policies)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -83,11 +104,7 @@ def rule_ms(args: argparse.Namespace, blocks: list[str]) -> dict[str, tuple[floa
     from planner.sim.stage_facts import stage_facts
     from planner.tracing.api import trace
 
-    torch.manual_seed(0)
-    model, inputs = zoo.gpt(batch_size=args.batch, context=args.context, dim=args.dim,
-                            layers=args.layers, vocab=args.vocab, dropout=0.0)
-    device = torch.device(args.device)
-    graph = trace(model.to(device), tuple(x.to(device) for x in inputs), costs="measure").graph
+    graph = trace(*gpt(args), costs="measure").graph
     nodes = [n.id for n in graph.nodes]
     out = {}
     for label, units in (("recompute all", blocks), ("recompute mlp", [f"{b}.mlp" for b in blocks]),
@@ -100,13 +117,7 @@ def rule_ms(args: argparse.Namespace, blocks: list[str]) -> dict[str, tuple[floa
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5, help="timed steps after a warm-up")
+    gpt_arguments(ap, repeats=5)
     ap.add_argument("--link-gb-s", type=float, default=50.0,
                     help="host link bandwidth each way for the copies' time (PCIe Gen5: 50)")
     args = ap.parse_args(argv)

@@ -92,13 +92,12 @@ def plan_rows(out: Path, tiny: bool, time_limit_s: float, device: str) -> None:
     from planner.engine.job_choice import choose_job
     from planner.engine.job_options import AUTO_SCHEDULES
     from planner.engine.partition import partition_plan
-    from planner.runtime.pipeline_checks import SPLIT_BACKWARD_TORCH
+    from planner.runtime.pipeline_checks import runs_split_backward
     from planner.solvers.pipeline.schedules import SPLIT_BACKWARD
 
     # Planned where they run (the rankplan phase): a torch whose split backward the runtime
     # refuses (docs/whole_job.md, "On a GPU") gets no W schedule, so no row is planned in vain.
-    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    no_w = device != "cpu" and release < SPLIT_BACKWARD_TORCH
+    no_w = device != "cpu" and not runs_split_backward()
     schedules = tuple(s for s in AUTO_SCHEDULES if not (no_w and s in SPLIT_BACKWARD))
 
     gpt = TINY if tiny else GPT
