@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-ZOO = ("mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet", "llama_like", "resnet50_like")
+ZOO = ("mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet", "llama_like", "resnet50_like",
+       "llama")
 
 # Sizes small enough for tests (a trace in a second or two on one CPU core).
 TINY: dict[str, dict[str, Any]] = {
@@ -70,6 +71,20 @@ def gpt(batch_size: int = 8, context: int = 64, dim: int = 128, layers: int = 4,
     from planner.zoo.token_models import GPT
 
     model = GPT(vocab, dim, layers, heads=4, context=context, dropout=dropout)
+    idx = torch.randint(0, vocab, (batch_size, context))
+    return model, (idx, torch.roll(idx, -1, dims=1))
+
+
+def llama(batch_size: int = 2, context: int = 32, dim: int = 64, layers: int = 2,
+          heads: int = 4, kv_heads: int = 2, vocab: int = 32000, hidden: int | None = None,
+          tie_embeddings: bool = False) -> Any:
+    """Llama-style decoder written in the project (RMSNorm, rotary embeddings, grouped-query
+    attention, SwiGLU); `hidden` None is Llama's 2/3 * 4 * dim rounded up to a multiple of 32;
+    `tie_embeddings` shares the embedding's weight with the LM head."""
+    torch = _seed()
+    from planner.zoo.llama_model import Llama
+
+    model = Llama(vocab, dim, layers, heads, kv_heads, hidden, tie_embeddings)
     idx = torch.randint(0, vocab, (batch_size, context))
     return model, (idx, torch.roll(idx, -1, dims=1))
 
