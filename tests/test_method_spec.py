@@ -184,8 +184,6 @@ def test_partition_errors_name_fields_and_entry_points_rename_them() -> None:
         (dict(devices=2, microbatches=4, method="magic"), "method", "no partitioner 'magic'"),
         (dict(devices=2, microbatches=4, schedule="zz"), "schedule", "no schedule 'zz'"),
         (dict(devices=2, microbatches=4, split=["h.9"]), "split", "no such layer"),
-        (dict(devices=2, microbatches=4, device_memory_bytes=2**20), "device_memory",
-         "below the model state"),
     ]
     for kwargs, field, text in cases:
         with pytest.raises(InputError) as err:

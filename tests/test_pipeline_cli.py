@@ -63,7 +63,6 @@ def test_json_sweep_and_memory(capsys: pytest.CaptureFixture[str], graph_path: P
     (["--devices", "0"], "at least 1 device"),
     (["--devices", "20"], "more stages|layers"),
     (["--devices", "4", "--schedule", "interleaved-1f1b", "--microbatches", "6"], "multiple of 4"),
-    (["--devices", "2", "--device-memory", "1MiB"], "below the model state"),
     (["--devices", "2", "--split", "h.9"], "no such layer"),
     (["--devices", "2", "--method", "magic"], "--method"),
     (["--devices", "2", "--device-memory", "80%"], "not a fraction"),

@@ -211,18 +211,21 @@ def _write_and_print(graph: Graph, report: PartitionReport, output: Path | None,
 
 
 def _redo(row: StageRow) -> str:
-    """Micro-batches recomputed whole, and the modules a whole-job plan recomputes (whole, or
-    selectively: some calls' outputs kept) or offloads (all it saves, or some calls' outputs);
-    its variants' plans and micro-batches."""
-    parts = [f"{row.recomputed} mb"] if row.recomputed else []
-    kinds = {m: "selective" if p == "recompute" and row.saved_ops.get(m)
-             else "offload part" if p == "offload" and row.offload_ops.get(m) else p
-             for m, p in row.unit_policies.items()}
-    for policy in ("recompute", "selective", "offload", "offload part"):
-        mods = [m for m, p in kinds.items() if p == policy]
-        if mods:
-            more = " .." if len(mods) > 3 else ""
-            parts.append(f"{policy} {len(mods)}: {', '.join(mods[:3])}{more}")
+    """What the stage reruns and offloads: micro-batches rerunning the whole stage (of all m),
+    the modules its own unit plan recomputes (whole, or selectively: some calls' outputs
+    kept) or offloads (all it saves, or some calls' outputs) and in how many micro-batches;
+    its variants' plans and micro-batches; "-" only when it keeps everything."""
+    parts = []
+    of_m = f" of {row.microbatches}" if row.microbatches else ""
+    if row.whole_rerun:
+        parts.append(f"whole stage rerun in {len(row.whole_rerun)}{of_m} mb")
+    elif row.recomputed and not row.unit_policies and not row.variants:
+        parts.append(f"{row.recomputed}{of_m} mb")  # rows made without the stage's lists
+    own = _module_parts(row.unit_policies, row.saved_ops, row.offload_ops)
+    if own:
+        varied = sum(len(mbs) for mbs, _ in row.variants)
+        count = f"{row.microbatches - varied}{of_m}" if row.microbatches else "each"
+        parts.append("; ".join(own) + f" (in {count} mb)")
     if row.host_bytes:
         parts.append(f"host {format_bytes(row.host_bytes)} x {row.inflight}")
     if row.full_backward:
@@ -232,6 +235,21 @@ def _redo(row: StageRow) -> str:
         more = " .." if len(policies) > 3 else ""
         parts.append(f"in mb {','.join(map(str, microbatches))}: {named or 'keep'}{more}")
     return "; ".join(parts) or "-"
+
+
+def _module_parts(policies: dict[str, str], saved_ops: dict[str, list[str]],
+                  offload_ops: dict[str, list[str]]) -> list[str]:
+    """The modules a unit plan recomputes or offloads, by kind: 'recompute 2: a, b'."""
+    kinds = {m: "selective" if p == "recompute" and saved_ops.get(m)
+             else "offload part" if p == "offload" and offload_ops.get(m) else p
+             for m, p in policies.items()}
+    parts = []
+    for policy in ("recompute", "selective", "offload", "offload part"):
+        mods = [m for m, p in kinds.items() if p == policy]
+        if mods:
+            more = " .." if len(mods) > 3 else ""
+            parts.append(f"{policy} {len(mods)}: {', '.join(mods[:3])}{more}")
+    return parts
 
 
 def _print_report(report: PartitionReport) -> None:

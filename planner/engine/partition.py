@@ -2,15 +2,17 @@
 report.
 
 `partition_plan` checks the request (one line per mistake, naming its field: 0 devices, more
-stages than layers, micro-batches an interleaved schedule cannot divide, a device memory below
-one layer's model state, a split naming a module the model does not have), runs a pipeline
-method from the registry (planner.solvers.pipeline.methods: pipeline-dp, pipeline-ilp or a
-baseline; "dp", "ilp" and the baseline names say the same), builds the plan (kind pipeline:
-partition + per-rank action lists with SEND/RECV) and judges it with planner.sim.simulator.
-(`solve()` and the service run it through planner.engine.pipeline_solve.) A plan whose
-ranks do not fit is never reported as feasible: dp and ilp raise NoPlanFits naming the rank
-that overflows, by how much, and the least memory any contiguous split needs (proven with one
-stage a rank, by the memory DP); baselines come back with `fits` False so they can be compared.
+stages than layers, micro-batches an interleaved schedule cannot divide, a split naming a
+module the model does not have), runs a pipeline method from the registry
+(planner.solvers.pipeline.methods: pipeline-dp, pipeline-ilp or a baseline; "dp", "ilp" and
+the baseline names say the same), builds the plan (kind pipeline: partition + per-rank action
+lists with SEND/RECV) and judges it with planner.sim.simulator. (`solve()` and the service run
+it through planner.engine.pipeline_solve.) A plan whose ranks do not fit is never reported as
+feasible: dp and ilp raise NoPlanFits naming the rank that overflows, by how much, and the
+least memory any contiguous split needs (proven with one stage a rank, by the memory DP);
+baselines come back with `fits` False so they can be compared. A device memory below one
+layer's model state is a valid budget that nothing fits: NoPlanFits with the least memory
+that works too (`check_model_state`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from planner.core.budget import format_bytes, parse_budget_spec
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
-from planner.core.pipeline_actions import PipelineOp
+from planner.core.pipeline_actions import PipelineOp, PipelineStage
 from planner.core.plan import Plan, PlanKind, PlanStatus, graph_reference, relative_gap
 from planner.core.resources import Resources
 from planner.engine.registry import method_spec, method_specs
@@ -49,7 +51,7 @@ class StageRow:
     model_state_bytes: int
     saved_bytes: int  # activations per micro-batch
     inflight: int
-    recomputed: int  # micro-batches recomputed (of all m)
+    recomputed: int  # micro-batches whose backward reruns forward work (whole stage or modules)
     compute_ms: float  # forward + backward per micro-batch
     rank_peak_bytes: int
     unit_policies: dict[str, str] = field(default_factory=dict)  # module -> recompute/offload
@@ -60,6 +62,9 @@ class StageRow:
     # -> recompute/offload)
     variants: list[tuple[list[int], dict[str, str]]] = field(default_factory=list)
     full_backward: bool = False  # zero-bubble: one B a micro-batch, not I and W
+    microbatches: int = 0  # of the step (the denominators the table states)
+    whole_rerun: list[int] = field(default_factory=list)  # micro-batches rerunning the whole
+    # stage (PipelineStage.recompute_microbatches: only its input kept)
 
 
 @dataclass(frozen=True)
@@ -154,18 +159,26 @@ def make_problem(
             f"{', ...' if chain.length > 4 else ''}): use at most {chain.length // v} devices",
             field="devices",
         )
-    if memory_bytes is not None:
-        heavy = max(chain.units, key=lambda u: u.model_state_bytes)
-        if memory_bytes < heavy.model_state_bytes:
-            raise InputError(
-                f"{format_bytes(memory_bytes)} is below the model state of layer "
-                f"{heavy.name!r} alone ({format_bytes(heavy.model_state_bytes)}: weights, "
-                "gradients, optimizer state): no split can fit; use larger devices or ZeRO "
-                "sharding (zero, dp)",
-                field="device_memory",
-            )
     return PipelineProblem(graph, chain, devices, microbatches, schedule, memory_bytes,
                            chunks=chunks, resources=resources)
+
+
+def check_model_state(problem: PipelineProblem, method: str) -> None:
+    """NoPlanFits when the device memory is below one layer's model state (a valid budget, too
+    small: no split fits), with the least device memory that works for `method`, as every
+    other no-fit case states it: every micro-batch recomputed (ilp, whole) or none (the rest)."""
+    memory = problem.memory_bytes
+    heavy = max(problem.chain.units, key=lambda u: u.model_state_bytes)
+    if memory is None or memory >= heavy.model_state_bytes:
+        return
+    recomputes = partitioner_name(method) in ("ilp", "whole")
+    least, _ = least_memory_split(problem, recompute=recomputes)
+    how = "every micro-batch recomputed" if recomputes else "no recomputation"
+    raise NoPlanFits(
+        f"{format_bytes(memory)} is below the model state of layer {heavy.name!r} alone "
+        f"({format_bytes(heavy.model_state_bytes)}: weights, gradients, optimizer state), so "
+        f"no split fits; the least device memory that works is {format_bytes(least)} "
+        f"({least} B; {how}), or shard the model state with ZeRO (zero, dp)", least)
 
 
 def given_split(problem: PipelineProblem, starts: list[str]) -> Split:
@@ -278,6 +291,7 @@ def partition_plan(
         if problems is not None:
             problems[key] = problem
     graph = problem.graph
+    check_model_state(problem, method)
     outcome = run_method(problem, method, time_limit_s, split, threads)
     cand = outcome.best
     if cand is None or (not cand.fits and outcome.method in ("dp", "ilp", "given")):
@@ -336,9 +350,11 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
     full = {a.stage_index for row in cand.rank_actions for a in row
             if a.op is PipelineOp.backward} if problem.plan_schedule.split_backward else set()
     rows = []
+    m = problem.microbatches
     for s, (i, j) in enumerate(cand.split.bounds):
         c, e = plain[s], effective[s]
         rank = cand.partition.rank_of(s)
+        stage = cand.partition.stage(s)
         rows.append(StageRow(
             stage_index=s,
             rank=rank,
@@ -347,17 +363,31 @@ def stage_rows(problem: PipelineProblem, cand: Candidate) -> list[StageRow]:
             model_state_bytes=c.model_state_bytes,
             saved_bytes=e.costs.saved_bytes,
             inflight=problem.inflight[s],
-            recomputed=len(problem.recomputed(s, cand.split.stored_of(s))),
+            recomputed=len(_rerunning(stage, m)),
             compute_ms=e.costs.compute_ms,
             rank_peak_bytes=cand.peaks[rank],
-            unit_policies={k: v for k, v in cand.partition.stage(s).unit_policies.items()
-                           if v != "keep"},
+            unit_policies={k: v for k, v in stage.unit_policies.items() if v != "keep"},
             host_bytes=e.host_bytes,
-            saved_ops=dict(cand.partition.stage(s).unit_saved_ops),
-            offload_ops=dict(cand.partition.stage(s).unit_offload_ops),
+            saved_ops=dict(stage.unit_saved_ops),
+            offload_ops=dict(stage.unit_offload_ops),
             variants=[(list(v.microbatches), {k: p for k, p in v.unit_policies.items()
                                               if p != "keep"})
-                      for v in cand.partition.stage(s).variants],
+                      for v in stage.variants],
             full_backward=s in full,
+            microbatches=m,
+            whole_rerun=sorted(stage.recompute_microbatches),
         ))
     return rows
+
+
+def _rerunning(stage: PipelineStage, microbatches: int) -> set[int]:
+    """The micro-batches whose backward reruns some forward work: the whole stage (its
+    recompute_microbatches), or modules its own unit plan or a variant's recomputes."""
+    out = set(stage.recompute_microbatches)
+    varied = {mb for v in stage.variants for mb in v.microbatches}
+    if "recompute" in stage.unit_policies.values():
+        out |= set(range(microbatches)) - varied
+    for v in stage.variants:
+        if "recompute" in v.unit_policies.values():
+            out |= set(v.microbatches)
+    return out

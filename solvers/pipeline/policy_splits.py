@@ -37,6 +37,8 @@ class PolicySplit(Split):
     rerun: frozenset[int] = frozenset()  # stages recomputed whole in every micro-batch
     mixed: bool = False  # stages whose choice has a two-plan mix run it (StageChoice.mix)
     fused: frozenset[int] = frozenset()  # zero-bubble stages planned to run one B a micro-batch
+    cap: float | None = None  # each stage's device bytes when below its share (the search's
+    # walk down a split's memory staircase, whole_job); None: the share
 
 
 class WholeJob:
@@ -54,8 +56,9 @@ class WholeJob:
         self.exact = True  # every knapsack solved on an uncut frontier
         self.deadline: float | None = None  # once a plan exists: knapsacks stop (TimeUp) past it
         self.keep_time: dict[Bounds, float] = {}
-        self.choices: dict[tuple[int, int, int, int, bool, bool], StageChoice | None] = {}
-        # (i, j, stage, host cap, op level, I and W fused) -> the stage's choice
+        self.choices: dict[tuple[int, int, int, int, bool, bool, float],
+                           StageChoice | None] = {}
+        # (i, j, stage, host cap, op level, I and W fused, device cap) -> the stage's choice
         self.range_facts: dict[tuple[int, int], StageFacts] = {}
         # (i, j, W reruns, op level, host tier) -> the knapsack's module figures
         self.figures: dict[tuple[int, int, bool, bool, bool], list[Item]] = {}
@@ -82,18 +85,21 @@ class WholeJob:
 
     # -- one stage -------------------------------------------------------------------------------
     def choice(self, i: int, j: int, s: int, host_cap: int | None = None,
-               op_level: bool = True, fused: bool = False) -> StageChoice | None:
+               op_level: bool = True, fused: bool = False,
+               cap: float | None = None) -> StageChoice | None:
         """Stage s = units [i, j): its fastest policies within its share of device memory and
         `host_cap` host bytes (None: the whole pool); None: none fit. Without `op_level`: only
         whole-module policies (the DP proposals' stage costs: at least the op-level ones).
-        `fused`: the stage runs one B a micro-batch under a zero-bubble schedule."""
+        `fused`: the stage runs one B a micro-batch under a zero-bubble schedule. `cap`: the
+        stage's device bytes when below its share (None: the share)."""
         host_cap = self.host_caps[0] if host_cap is None else host_cap
-        key = (i, j, s, host_cap, op_level, fused)
+        cap = self.cap if cap is None else min(cap, self.cap)
+        key = (i, j, s, host_cap, op_level, fused, cap)
         if key not in self.choices:
             rules = self.fused_rules if fused else self.p
             base = self.p.costs(i, j, s)
             inflight = self.p.inflight[s]
-            cheap = choose(rules, None, base, inflight, self.cap, host_cap)
+            cheap = choose(rules, None, base, inflight, cap, host_cap)
             if cheap is None:  # the all-keep stage does not fit: its module facts
                 facts = self.facts(i, j)
                 res = self.p.resources
@@ -103,10 +109,10 @@ class WholeJob:
                 if figures_key not in self.figures:  # the same for every stage index
                     self.figures[figures_key] = items(self.p, facts, reruns, op_level, host,
                                                       self.deadline)
-                cheap = choose(rules, facts, base, inflight, self.cap, host_cap,
+                cheap = choose(rules, facts, base, inflight, cap, host_cap,
                                op_level, self.deadline, best_mix if op_level else None,
                                self.figures[figures_key])  # quick: one plan
-                rerun = whole_stage(rules, base, inflight, self.cap)
+                rerun = whole_stage(rules, base, inflight, cap)
                 if rerun is not None and (cheap is None or (rerun.added_ms, rerun.peak_bytes)
                                           < (cheap.mean_added_ms, cheap.peak_bytes)):
                     cheap = rerun
@@ -125,15 +131,17 @@ class WholeJob:
 
     # -- one split -------------------------------------------------------------------------------
     def with_policies(self, bounds: Bounds, op_level: bool = True, host_tier: bool = True,
-                      fused: frozenset[int] = frozenset()) -> PolicySplit | None:
+                      fused: frozenset[int] = frozenset(),
+                      cap: float | None = None) -> PolicySplit | None:
         """The split with each stage's choice (None: some stage fits none); without
         `host_tier`: choices that copy nothing to the host; `fused`: zero-bubble stages
-        planned to run one B a micro-batch (`fused_for_memory`)."""
-        if self.p.candidate(Split(bounds), simulate=False).fits:
+        planned to run one B a micro-batch (`fused_for_memory`); `cap`: each stage's device
+        bytes when below its share (the plan the search finds at a smaller device memory)."""
+        if cap is None and self.p.candidate(Split(bounds), simulate=False).fits:
             return PolicySplit(bounds)  # all-keep fits its ranks' exact peaks: nothing is faster
         caps = self.host_caps if host_tier else (0,)
         for host_cap in dict.fromkeys(caps):  # the pool first, then even shares
-            picks = [self.choice(i, j, s, host_cap, op_level, s in fused)
+            picks = [self.choice(i, j, s, host_cap, op_level, s in fused, cap)
                      for s, (i, j) in enumerate(bounds)]
             if any(c is None for c in picks):
                 return None  # an even share is smaller: nothing more fits
@@ -147,7 +155,7 @@ class WholeJob:
                 return PolicySplit(bounds, (), tuple(c.policies for c in picks if c is not None),
                                    host_cap, op_level, frozenset(
                                        s for s, c in enumerate(picks) if c and c.whole_stage),
-                                   mixed, fused)
+                                   mixed, fused, cap)
         return None
 
     def candidate(self, split: PolicySplit) -> Candidate:
@@ -160,8 +168,8 @@ class WholeJob:
         costs: list[StageCosts] = []
         variant_costs: list[dict[int, StageCosts]] = []
         for s, (i, j) in enumerate(split.bounds):
-            picked = self.choice(i, j, s, split.host_cap, split.op_level, s in split.fused) \
-                if split.policies and split.policies[s] else None
+            picked = self.choice(i, j, s, split.host_cap, split.op_level, s in split.fused,
+                                 split.cap) if split.policies and split.policies[s] else None
             mix = picked.mix if picked is not None and split.mixed else None
             own = mix.light if mix is not None else picked
             variants = []
