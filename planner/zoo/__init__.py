@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 ZOO = ("mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet", "llama_like", "resnet50_like",
-       "llama")
+       "llama", "resnet50", "densenet121")
 
 # Sizes small enough for tests (a trace in a second or two on one CPU core).
 TINY: dict[str, dict[str, Any]] = {
@@ -116,6 +116,27 @@ def densenet(batch_size: int = 8, image: int = 32, growth: int = 12,
 
     model = DenseNet(growth, tuple(blocks), stem, dropout)
     return model, (torch.randn(batch_size, 3, image, image), torch.randint(0, 10, (batch_size,)))
+
+
+def resnet50(batch_size: int = 2, image: int = 64, width: int = 64, classes: int = 10) -> Any:
+    """torchvision's ResNet-50 re-implemented (same modules and names; no torchvision needed);
+    `width` scales every stage (64 is torchvision's)."""
+    torch = _seed()
+    from planner.zoo.vision_models import resnet50 as build
+
+    model = build(num_classes=classes, width=width)
+    return model, (torch.randn(batch_size, 3, image, image),
+                   torch.randint(0, classes, (batch_size,)))
+
+
+def densenet121(batch_size: int = 2, image: int = 64, classes: int = 10) -> Any:
+    """torchvision's DenseNet-121 re-implemented (same modules and names; no torchvision)."""
+    torch = _seed()
+    from planner.zoo.vision_models import densenet121 as build
+
+    model = build(num_classes=classes)
+    return model, (torch.randn(batch_size, 3, image, image),
+                   torch.randint(0, classes, (batch_size,)))
 
 
 def llama_like(batch_size: int = 2, context: int = 32, dim: int = 64, layers: int = 32,
