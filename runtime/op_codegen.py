@@ -113,13 +113,20 @@ class _Emitter:
         call = f"{self.const(_runnable(node.target))}({', '.join(args)})"
         if node.name in self.program.identity_fx:  # the tracer counted it as a view: no copy
             call = f"{self.const(torch.ops.aten.alias.default)}({args[0]})"
-        if node.name in self.program.random:  # replays its RNG state when recomputed
+        if node.name in self.program.random and self._recomputed(node.name):
+            # replays its RNG state when recomputed; one computed once records none (a CPU
+            # generator's state is 5,056 B, which the simulator does not charge)
             call = f"R({node.name!r}, lambda: {call})"
         self.lines.append(f"V[{node.name!r}] = {call}")
         if node.name in self.program.grad_of:
             self.lines.append(f"V[{node.name!r}] = L(V[{node.name!r}], "
                               f"{self.program.grad_of[node.name]})")
         self.available.add(node.name)
+
+    def _recomputed(self, fx_name: str) -> bool:
+        """Whether the plan computes the node holding `fx_name` more than once."""
+        group = self.program.group_of.get(fx_name)
+        return group is None or len(self.computes.get(group, ())) > 1
 
     def compute(self, group: int, index: int) -> None:
         where = f"action {index} (C{group})"

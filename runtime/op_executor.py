@@ -88,6 +88,11 @@ class JointProgram:
         self.grad_fx, self.mutations = _outputs(output, len(self.primals))
         self.output_fx: set[str] = {self.loss_fx, *self.grad_fx.values(), *self.mutations}
         self.grad_of: dict[str, int] = {name: k for k, name in self.grad_fx.items()}
+        # primals whose gradient nothing but the step's output reads: added into an existing
+        # .grad as soon as it is made (PlanRun._in_parameter_layout)
+        self.sole_grads: frozenset[int] = frozenset(
+            k for k, name in self.grad_fx.items()
+            if all(u.op == "output" for u in self.fx_nodes[name].users))
         self.derivable: set[str] = self._derivable(gm)
         self.random: set[str] = {
             n.name
@@ -183,6 +188,7 @@ class PlanRun:
     def __init__(self, program: JointProgram, primals: Sequence[torch.Tensor]) -> None:
         self.program = program
         self.values: dict[str, Any] = dict(zip(program.primals, primals, strict=True))
+        self.primal_tensors = tuple(primals)  # the parameters themselves (their .grad)
         self.kept_outputs: dict[str, Any] = {}  # loss/gradients/mutations of freed groups
         device = next(
             (p.device for p in primals if isinstance(p, torch.Tensor)), torch.device("cpu")
@@ -230,10 +236,20 @@ class PlanRun:
 
         A gradient that is a transposed view (Linear weights) would otherwise be copied by
         gradient accumulation at the end of the backward, while the plan counted it once.
+        Where the parameter holds a .grad already (gradient accumulation: the second and later
+        micro-batches) the gradient is added into it here and dies, as eager's AccumulateGrad
+        does when the gradient is made (None goes to autograd then): returned to autograd, every
+        new gradient would be alive at once at the end of the backward, on top of .grad (the
+        simulator charges each only while its node runs: MemoryLedger.accumulated_bytes).
         """
         param = self.values.get(self.program.primals[primal_index])
         if not isinstance(grad, torch.Tensor) or not isinstance(param, torch.Tensor):
             return grad
+        owner = self.primal_tensors[primal_index]
+        if (primal_index in self.program.sole_grads and owner.grad is not None
+                and owner.grad.shape == grad.shape and not owner.grad.is_sparse):
+            owner.grad.add_(grad)
+            return None
         if grad.stride() == param.stride() and grad.storage_offset() == 0:
             return grad
         out = torch.empty_strided(param.shape, param.stride(), dtype=grad.dtype, device=grad.device)

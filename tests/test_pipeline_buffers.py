@@ -153,7 +153,10 @@ def test_zero_bubble_one_stage_peak_is_the_rank_peak_with_what_i_keeps_for_w(
     c = costs[1]
     assert c.weight_transient_bytes < c.weight_rerun_bytes < c.weight_transient_bytes + 2 * (
         c.saved_bytes)
-    assert costs[0].weight_rerun_bytes == costs[0].transient_bytes
+    # the first stage's W is its whole backward: a recomputed one reruns it and holds its
+    # saved bytes again to the end (no credit for what the backward frees as it runs)
+    assert costs[0].weight_rerun_bytes == costs[0].recompute_transient_bytes
+    assert costs[0].transient_bytes <= costs[0].recompute_transient_bytes
 
 
 @pytest.mark.parametrize("level", ["op", "block"])

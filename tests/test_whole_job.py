@@ -346,7 +346,9 @@ def test_selective_checkpoints_are_chosen_where_they_beat_whole_modules(
     import planner.solvers.pipeline.op_options as op_options
     import planner.solvers.pipeline.stage_items as stage_items
 
-    memory = int(plain_least(op_gpt) * 0.8)
+    # 0.85: the plain least counts what a stage's backward frees as it runs (below it, at
+    # 0.8, only whole-module plans fit)
+    memory = int(plain_least(op_gpt) * 0.85)
 
     def planned() -> tuple[float, list[str], list[list[str]]]:
         p = problem(op_gpt, memory, None, ranks=2, m=4)

@@ -45,6 +45,10 @@ class StageSizes(Protocol):
     def weight_transient_bytes(self) -> int: ...
     @property
     def weight_rerun_bytes(self) -> int: ...
+    @property
+    def input_transient_bytes(self) -> int: ...
+    @property
+    def recompute_transient_bytes(self) -> int: ...
 
 
 # -- the memory rules of a pipeline rank (planner.sim.pipeline_ranks replays them in time) ------
@@ -62,9 +66,15 @@ def released_bytes(sizes: StageSizes) -> int:
 
 def compute_transient_bytes(sizes: StageSizes, op: PipelineOp, recomputed: bool) -> int:
     """What a compute holds on top of the rank's live bytes while it runs: a W its own
-    (`weight_rerun_bytes` on a micro-batch the stage recomputes), any other the stage's."""
+    (`weight_rerun_bytes` on a micro-batch the stage recomputes), an I its own (it keeps what
+    W reads), a recomputed B or I the largest node's without what the backward frees (its
+    saved bytes are made again: planner.sim.backward_release), any other the stage's."""
     if op is PipelineOp.backward_weight:
         return sizes.weight_rerun_bytes if recomputed else sizes.weight_transient_bytes
+    if recomputed and op in _GRADIENT_OPS:
+        return sizes.recompute_transient_bytes
+    if op is PipelineOp.backward_input:
+        return sizes.input_transient_bytes
     return sizes.transient_bytes
 
 
@@ -115,10 +125,11 @@ def one_stage_peak_bytes(
     q = k if stored is None else min(stored, k)
     extra = released_bytes(sizes) if q < k else 0
     done = sizes.held_bytes + sizes.send_backward_bytes  # a finished micro-batch
-    transient = sizes.transient_bytes
+    transient = sizes.recompute_transient_bytes if q < k else sizes.transient_bytes
     if split_backward:  # an I's gradients kept for its W, and the larger of the I's or W's
         weight = sizes.weight_rerun_bytes if q < k else sizes.weight_transient_bytes
-        transient = sizes.weight_pending_bytes + max(transient, weight)
+        own = sizes.recompute_transient_bytes if q < k else sizes.input_transient_bytes
+        transient = sizes.weight_pending_bytes + max(own, weight)
     filled = (m - k) * done + q * kept_bytes(sizes, False) + (k - q) * kept_bytes(sizes, True)
     last = (m - 1) * done + sizes.saved_bytes  # recomputed: its held bytes and the rerun's
     return (sizes.model_state_bytes + m * sizes.buffer_bytes + max(filled + extra, last)
@@ -145,7 +156,7 @@ def mixed_stage_peak_bytes(
     def transient(sizes: StageSizes) -> int:
         if not split_backward:
             return sizes.transient_bytes
-        return sizes.weight_pending_bytes + max(sizes.transient_bytes,
+        return sizes.weight_pending_bytes + max(sizes.input_transient_bytes,
                                                 sizes.weight_transient_bytes)
 
     done = max(own.held_bytes + own.send_backward_bytes,

@@ -29,7 +29,9 @@ it (torch 2.13, stage.py / schedules.py; measured on CPU in tests/test_pipeline_
 - the input gradient a B (or I) sends (`send_backward_bytes`) from its start to the step's end;
 - transient while an F/B/I/W runs: the largest of one node's working bytes (`node_transient_bytes`:
   a forward node its workspace and, unless a backward node keeps it, its output; a backward node
-  its output, workspace and the gradients it reads).
+  its output, workspace and the gradients it reads, and a weight gradient added into .grad its
+  new tensor: a pipeline runs several micro-batches, so every stage's peak is at one where
+  .grad exists already; `MemoryLedger.accumulated_bytes`).
 - zero-bubble I/W: what torch keeps from I to W, a split W's reruns (planner.sim.rank_memory).
 Boundary bytes: a send from stage s to s+1 carries the forward storages made at stages <= s that
 a later stage's forward reads; a gradient send from s to s-1 the backward storages made at >= s
@@ -41,12 +43,13 @@ gradient crossing it back (the module's input gradient has its input's shape).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 from planner.core.graph import Graph, Phase
 from planner.core.pipeline_actions import Partition
+from planner.sim.backward_release import backward_transients
 from planner.sim.ledger import MemoryLedger
 from planner.sim.rank_memory import StageSizes as StageSizes
 from planner.sim.rank_memory import kept_bytes as kept_bytes
@@ -72,7 +75,7 @@ class StageCosts:
     backward_weight_ms: float
     saved_bytes: int  # kept from F: what its backward reads, and held_bytes
     input_bytes: int  # received from stage - 1 (in torch's receive buffer)
-    transient_bytes: int
+    transient_bytes: int  # while F or B runs (B: less what it freed, planner.sim.backward_release)
     model_state_bytes: int
     send_forward_bytes: int  # to stage + 1
     send_backward_bytes: int  # to stage - 1 (kept from B/I to the step's end)
@@ -82,6 +85,8 @@ class StageCosts:
     weight_transient_bytes: int  # transient while W runs (reruns of recomputed units included)
     weight_rerun_bytes: int  # the same for a micro-batch the whole stage recomputes
     first_stage: bool  # torch's I does nothing there; its W runs the whole backward
+    input_transient_bytes: int  # while a split I runs (it frees only what W will not read)
+    recompute_transient_bytes: int  # while a recomputed micro-batch's B (or I) runs
 
     @property
     def compute_ms(self) -> float:
@@ -201,6 +206,7 @@ class StageSums:
     weight_reads: list[tuple[int, int, int]]  # another backward node (torch's I keeps it)
     weight_groups: list[set[str]]  # module paths of the parameters whose gradient node it has
     input_reads: list[tuple[int, int, int]]  # and a forward root an input-gradient node reads
+    forward_transient_bytes: list[int] = field(default_factory=list)  # of its forward nodes
 
 
 def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
@@ -209,7 +215,7 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
     ledger = MemoryLedger.of(graph)
     ms, root, succs = ledger.compute_ms, ledger.storage_root, ledger.successors
     out = StageSums([0.0] * count, [0.0] * count, [0.0] * count, [False] * count, [0] * count,
-                    [0] * count, [], [], [set() for _ in range(count)], [])
+                    [0] * count, [], [], [set() for _ in range(count)], [], [0] * count)
     flows = out.flows
     backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
     grad_nodes = gradient_nodes(graph)
@@ -223,6 +229,8 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
         back = v in backward
         t = node_transient_bytes(ledger, backward, v)
         out.transient_bytes[s] = max(out.transient_bytes[s], t)
+        if not back:
+            out.forward_transient_bytes[s] = max(out.forward_transient_bytes[s], t)
         if back:
             out.backward_ms[s] += ms[v]
             if v in grad_nodes:
@@ -250,13 +258,14 @@ def node_transient_bytes(ledger: MemoryLedger, backward: set[int], v: int) -> in
     """What node v adds while its stage's F or B runs, on top of the micro-batch's kept bytes:
     a forward node its workspace and its output unless a backward node reads it (then it is
     kept already); a backward node its output, its workspace and the gradients it reads
-    (backward storages, each once), which live while the gradient flows through the stage."""
+    (backward storages, each once), which live while the gradient flows through the stage, and
+    the gradient it adds into an existing .grad (`MemoryLedger.accumulating_transient_bytes`)."""
     root, own = ledger.storage_root, ledger.storage_bytes
     if v not in backward:
         kept = any(w in backward for w in ledger.successors[v])
         return ledger.workspace_bytes[v] + (0 if kept else own[v])
     grads = {root[u] for u in ledger.predecessors[v] if u in backward} - {root[v]}
-    return ledger.transient_bytes(v) + sum(own[r] for r in grads)
+    return ledger.accumulating_transient_bytes(v) + sum(own[r] for r in grads)
 
 
 def is_module_level(graph: Graph) -> bool:
@@ -325,7 +334,18 @@ def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
             for cut in range(t + 1, s + 1):
                 cut_b[cut].add(root)
     states = stage_model_state_bytes(graph, stage, count)
-    size = MemoryLedger.of(graph).storages_bytes
+    ledger = MemoryLedger.of(graph)
+    size = ledger.storages_bytes
+    backward = {n.id for n in graph.nodes if n.phase == Phase.backward}
+    backward_order: list[list[int]] = [[] for _ in range(count)]  # execution order
+    for v in graph.index.topological_order:
+        if v in backward:
+            backward_order[stage[v]].append(v)
+
+    weight_nodes = gradient_nodes(graph)
+
+    def transient_of(v: int) -> int:
+        return node_transient_bytes(ledger, backward, v)
     losses = loss_roots(graph)
     module_level = is_module_level(graph)
     pending: list[set[int]] = [set() for _ in range(count)]  # stage -> gradients I keeps for W
@@ -346,7 +366,10 @@ def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
             gradient_in=size(cut_b[s]), gradient_out=size(cut_b[s + 1]),
         )
         kept, held, received, buffers, sent_bytes = boundary_sizes(boundary, module_level)
-        transient = sums.transient_bytes[s]
+        released = backward_transients(ledger, backward_order[s], saved[s] - sent - loss,
+                                       weight_nodes, transient_of)
+        forward = sums.forward_transient_bytes[s]
+        transient = max(forward, released.joint_bytes)
         read = rerun_read[s] & saved[s]
         out.append(
             StageCosts(
@@ -364,9 +387,12 @@ def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
                 buffer_bytes=buffers,
                 weight_pending_bytes=0 if s == 0 else size(pending[s]),
                 weight_transient_bytes=transient,
-                weight_rerun_bytes=transient + (0 if s == 0 else weight_rerun_residue_bytes(
-                    len(sums.weight_groups[s]), size(read), size(saved[s] - read))),
+                weight_rerun_bytes=sums.transient_bytes[s] + (
+                    0 if s == 0 else weight_rerun_residue_bytes(
+                        len(sums.weight_groups[s]), size(read), size(saved[s] - read))),
                 first_stage=s == 0,
+                input_transient_bytes=max(forward, released.input_bytes),
+                recompute_transient_bytes=sums.transient_bytes[s],
             )
         )
     return out

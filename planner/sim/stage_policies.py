@@ -117,6 +117,9 @@ def policy_stage_costs(
     host = {u.name: u.host_bytes_of(moved.get(u.name), size) for u in offloaded}
     copies = {u.name: u.copies_of(moved.get(u.name)) for u in offloaded}
     saved_bytes = base.saved_bytes - nbytes(every_saved - kept) + nbytes(kept - every_saved)
+    # the all-keep stage's transient credits as freed saved roots a policy may not keep; the
+    # working bytes below count every node's transient less only the kept roots it freed
+    unreduced = base.recompute_transient_bytes
     transient = max(base.transient_bytes, forward_working_bytes(graph, facts, kept),
                     backward_working_bytes(graph, facts, chosen, kept, cached=cached,
                                            moved=moved))
@@ -129,7 +132,7 @@ def policy_stage_costs(
     backward_ms = backward_with_reloads(facts, chosen, h2d if offloaded else None,
                                          rerun_ms(graph, facts, cached), host, copies)
     extra_ms = backward_ms - (facts.rest_backward_ms + sum(u.backward_ms for u in facts.units))
-    weight_transient = base.weight_transient_bytes + weight_rerun_bytes(
+    weight_transient = unreduced + weight_rerun_bytes(
         graph, facts, chosen, base.first_stage) + weight_reload_bytes(
         facts, chosen, moved, size, base.first_stage)
     costs = replace(
@@ -142,6 +145,8 @@ def policy_stage_costs(
         + weight_reload_ms(facts, chosen, moved, size, base.first_stage, h2d),
         saved_bytes=saved_bytes,
         transient_bytes=transient,
+        input_transient_bytes=transient,
+        recompute_transient_bytes=transient,
         weight_transient_bytes=weight_transient,
         weight_rerun_bytes=max(base.weight_rerun_bytes, weight_transient),
     )

@@ -89,14 +89,13 @@ def _backward_transients(graph: Graph,
     knapsack asks for the same stage's many times): `node_transient_bytes`, plus
     - the gradients earlier nodes made that a later node reads (alive, though this one does
       not read them: a linear's input gradient while its weight gradient is computed);
-    - a weight gradient the graph adds to its parameter's .grad (no storage of its own there):
-      the runtime keeps .grad across micro-batches, so each one is a new tensor added in."""
+    - (in `node_transient_bytes`) a weight gradient added into .grad: the runtime keeps .grad
+      across micro-batches, so each one is a new tensor added in."""
     memo = graph.index.memo.setdefault("stage_backward_transients", {})
     got: tuple[int, ...] | None = memo.get(backward)
     if got is None:
         ledger = MemoryLedger.of(graph)
         root, size, preds = ledger.storage_root, ledger.storage_bytes, ledger.predecessors
-        index = graph.index
         nodes = {v for v, _ in backward}
         last: dict[int, int] = {}  # gradient root -> the position of its last reader here
         for j, (w, _) in enumerate(backward):
@@ -108,10 +107,7 @@ def _backward_transients(graph: Graph,
         for j, (w, _) in enumerate(backward):
             read = {root[p] for p in preds[w] if p in nodes}
             alive_read = sum(size[r] for r in read if last.get(r, -1) >= j and r != root[w])
-            node = index.node(w)
-            accumulated = node.output_bytes if (size[w] == 0 and node.alias_of is None) else 0
-            out.append(node_transient_bytes(ledger, nodes, w) + accumulated
-                       + max(0, alive - alive_read))
+            out.append(node_transient_bytes(ledger, nodes, w) + max(0, alive - alive_read))
             r = root[w]
             if r == w and size[r] and last.get(r, -1) > j:  # read later: alive until then
                 alive += size[r]

@@ -277,10 +277,15 @@ def _picked(it: Item, p: str) -> tuple[UnitPolicy, OpOption | None]:
 def bound_costs(base: StageCosts, forward: int, st: State) -> StageCosts:
     """The stage's costs by the additive figures: saved and transient bytes at least the
     simulator's under the state's policies (`forward`: `forward_bytes`)."""
-    weight = base.weight_transient_bytes + st.weight_rerun_bytes
+    if st == ZERO:  # the all-keep stage: its backward frees as it runs (sim.backward_release)
+        return base
+    # the simulator's policy stage (sim.stage_policies): the all-keep transient, the working
+    # bytes of F and of each non-keep module; W's on every node's transient
+    weight = base.recompute_transient_bytes + st.weight_rerun_bytes
+    transient = max(base.transient_bytes, forward, st.largest_bytes)
     return replace(base, saved_bytes=base.saved_bytes + st.delta_bytes,
-                   transient_bytes=max(base.transient_bytes, forward, st.largest_bytes),
-                   weight_transient_bytes=weight,
+                   transient_bytes=transient, input_transient_bytes=transient,
+                   recompute_transient_bytes=transient, weight_transient_bytes=weight,
                    weight_rerun_bytes=max(base.weight_rerun_bytes, weight))
 
 

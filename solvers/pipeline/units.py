@@ -17,12 +17,14 @@ bytes sent at each cut (planner.sim.stage_costs.boundary_sizes: the same rule).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph, Phase
+from planner.sim.backward_release import BackwardTransients, backward_transients
 from planner.sim.ledger import MemoryLedger
 from planner.sim.rank_memory import weight_rerun_residue_bytes
 from planner.sim.stage_costs import (
@@ -31,8 +33,10 @@ from planner.sim.stage_costs import (
     StageCosts,
     backward_weight_ms,
     boundary_sizes,
+    gradient_nodes,
     is_module_level,
     loss_roots,
+    node_transient_bytes,
     place_the_rest,
     stage_sums,
 )
@@ -158,6 +162,16 @@ class UnitChain:
         self.weight_ms = sums.weight_ms
         self.has_weight = sums.has_weight
         self.transient = sums.transient_bytes
+        self.forward_transient = sums.forward_transient_bytes
+        backward = {n.id for n in self.graph.nodes if n.phase == Phase.backward}
+        # unit -> its backward nodes as (execution position, node), in execution order
+        self.backward_nodes: list[list[tuple[int, int]]] = [[] for _ in range(count)]
+        for pos, v in enumerate(self.graph.index.topological_order):
+            if v in backward:
+                self.backward_nodes[self.node_unit[v]].append((pos, v))
+        self.node_transient = {v: node_transient_bytes(ledger, backward, v) for v in backward}
+        self.weight_nodes = gradient_nodes(self.graph)
+        self._released_memo: dict[tuple[int, int], BackwardTransients] = {}
         self.size = ledger.storage_bytes  # of storage roots: the saved-bytes table's sizes
         self.cut_forward = cut_f  # cut c: forward roots made before unit c, read from c on
         self.cut_forward_bytes = [ledger.storages_bytes(c) for c in cut_f]
@@ -279,7 +293,10 @@ class UnitChain:
             gradient_in=self.cut_backward_bytes[first], gradient_out=self.cut_backward_bytes[end],
         )
         saved, held, received, buffers, sent = boundary_sizes(boundary, self.module_level)
-        transient = max(self.transient[first:end])
+        unreduced = max(self.transient[first:end])
+        released = self._released(first, end)
+        forward = max(self.forward_transient[first:end])
+        transient = max(forward, released.joint_bytes)
         groups = len(set().union(*self.weight_groups[first:end]))
         read = self.input_read_bytes[(first, end)]
         first_stage = stage_index == 0
@@ -301,10 +318,28 @@ class UnitChain:
             buffer_bytes=buffers,
             weight_pending_bytes=0 if first_stage else self.pending_bytes[(first, end)],
             weight_transient_bytes=transient,
-            weight_rerun_bytes=transient + (0 if first_stage else weight_rerun_residue_bytes(
+            weight_rerun_bytes=unreduced + (0 if first_stage else weight_rerun_residue_bytes(
                 groups, read, self.rerun_bytes[(first, end)] - read)),
             first_stage=first_stage,
+            input_transient_bytes=max(forward, released.input_bytes),
+            recompute_transient_bytes=unreduced,
         )
+
+    def _released(self, first: int, end: int) -> BackwardTransients:
+        """The range's backward transients less what its backward frees as it runs
+        (planner.sim.backward_release, as stage_costs applies it to a stage), memoised."""
+        got = self._released_memo.get((first, end))
+        if got is None:
+            unit = self.node_unit
+            saved = {r for t in range(first, end) for r in self.read_back[t]
+                     if first <= unit[r] < end}
+            sent = {r for r in self.cut_forward[end] if unit[r] >= first}
+            loss = {r for r in self.loss_roots if first <= unit[r] < end}
+            order = [v for _, v in heapq.merge(*self.backward_nodes[first:end])]
+            got = backward_transients(MemoryLedger.of(self.graph), order, saved - sent - loss,
+                                      self.weight_nodes, self.node_transient.__getitem__)
+            self._released_memo[(first, end)] = got
+        return got
 
 
 def _resolve_ancestors(keys: set[str]) -> dict[str, str]:
