@@ -65,6 +65,7 @@ from planner.runtime.compiled import compile as compile_plan  # noqa: E402
 from planner.runtime.measure import time_steps, training_step  # noqa: E402
 from planner.sim.step_memory import step_memory  # noqa: E402
 from planner.solvers.handwritten import is_matmul  # noqa: E402
+from planner.tracing.allocator_events import measure_allocator_peak  # noqa: E402
 from planner.tracing.api import trace  # noqa: E402
 
 MIB = 2**20
@@ -113,24 +114,7 @@ class Bench:
     def peak_bytes(self, step: Callable[[], Any]) -> int:
         """Bytes allocated by one step at its most, above what resided before it."""
         self.model.zero_grad(set_to_none=True)
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            step()
-            torch.cuda.synchronize(self.device)
-            return torch.cuda.max_memory_allocated(self.device) - base
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            step()
-        # The raw allocation records: FunctionEvents fold those inside an op into the op.
-        records = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-        live = peak = 0
-        for e in sorted(records, key=lambda e: e.start_ns()):
-            live += e.nbytes()
-            peak = max(peak, live)
-        return peak
+        return measure_allocator_peak(step, self.device).peak_bytes
 
     def grads(self, step: Callable[[], Any]) -> dict[str, torch.Tensor]:
         self.model.zero_grad(set_to_none=True)

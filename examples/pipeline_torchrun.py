@@ -8,7 +8,8 @@ splits
 it by the plan's module names and runs the plan's per-rank action lists. Without `--plan` a plan
 is made here: the GPT's blocks split evenly (embeddings on the first stage, final norm and head
 on the last) and the GPipe or 1F1B action lists with their SEND/RECV. Rank 0 prints, per rank,
-the measured peak (model state, torch's receive buffers, what the step allocated) next to the
+the measured peak (model state, torch's receive buffers, what the step allocated by the
+live-storage tracker and by the allocator's records; the larger counts) next to the
 simulator's prediction for the plan, the measured step time next to the simulated makespan
 and, with `--check`, the largest difference from the single-process step's loss and gradients.
 """

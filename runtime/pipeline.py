@@ -83,6 +83,7 @@ from planner.runtime.pipeline_units import (
     check_unit_policies,
 )
 from planner.solvers.pipeline.schedules import SCHEDULE_CLASSES
+from planner.tracing.allocator_events import allocator_events
 from planner.tracing.cuda_allocator import use_exact_allocator
 from planner.tracing.memory import StorageTracker
 
@@ -289,7 +290,9 @@ class PipelineRun:
 
     def measure_step(self, *inputs: Any, target: Any = None) -> RankMemory:
         """One step with this rank's memory measured (a first, unmeasured step runs before it
-        if none has: torch builds its buffers there). Gradients are zeroed first."""
+        if none has: torch builds its buffers there). Gradients are zeroed first. The step's
+        peak is counted twice, by the live-storage tracker and by the allocator's records
+        (planner.runtime.pipeline_memory says why they differ); `peak_bytes` takes the larger."""
         if self.steps == 0:
             self.step(*inputs, target=target)
         self.zero_grad()
@@ -297,7 +300,7 @@ class PipelineRun:
         self.host.reset_peak()
         tracker = StorageTracker(keep_timeline=False)
         started = time.perf_counter()
-        with tracker:
+        with allocator_events(self.device) as allocator, tracker:
             loss = self.step(*inputs, target=target)
         duration_ms = (time.perf_counter() - started) * 1e3
         params = self.parameters().values()
@@ -307,6 +310,7 @@ class PipelineRun:
             gradients_bytes=_storage_bytes(p.grad for p in params if p.grad is not None),
             pipeline_buffers_bytes=_storage_bytes(self._recv_buffers()),
             step_peak_bytes=tracker.peak_bytes,
+            allocator_step_peak_bytes=allocator.peak_bytes,
             duration_ms=duration_ms,
             loss=loss,
             host_peak_bytes=self.host.peak_bytes,

@@ -22,6 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.runtime.unit_ops import CallOutputs
+from planner.tracing.allocator_events import host_memory
 
 
 class HostMemory:
@@ -49,7 +50,8 @@ class _HostCopy:
     def __init__(self, t: torch.Tensor, host: HostMemory) -> None:
         self.device = t.device
         pinned = t.device.type == "cuda"
-        with _disable_current_modes():  # host memory: invisible to the step's device tracker
+        # host memory: invisible to the step's device tracker and allocator count
+        with _disable_current_modes(), host_memory():
             self.buffer = torch.empty(t.size(), dtype=t.dtype, pin_memory=pinned)
             self.buffer.copy_(t, non_blocking=pinned)
         nbytes = self.buffer.numel() * self.buffer.element_size()

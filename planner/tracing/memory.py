@@ -6,6 +6,12 @@ storage is recorded by data pointer with a weak reference; before each op, stora
 last tensor died are dropped. Live bytes are sampled right after each op's outputs exist (as
 the simulator counts a node's output while it runs). Storages that existed before `fn` ran
 (parameters, inputs) are not counted: the result is what the step itself allocates.
+
+Not seen (planner.tracing.allocator_events counts them; measured on CPU, issue 47): an op's
+internal workspace (convolution_backward's columns: 278,528 B on zoo.resnet), tensors made
+outside dispatch, such as the 0-dim tensor autograd saves for `x / float` (8 B; a dispatch
+mode gets the Python number) and torch.utils.checkpoint's saved RNG state (5,056 B per call,
+held until its backward).
 """
 
 from __future__ import annotations
