@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from planner.tracing.allocator_events import host_memory
+
 
 @dataclass(frozen=True)
 class HostPoolStats:
@@ -49,7 +51,8 @@ class HostPool:
         if bucket:
             buf, after = bucket.pop()
         else:
-            with _disable_current_modes():  # host memory: invisible to device trackers
+            # host memory: invisible to device trackers and to the allocator-event count
+            with _disable_current_modes(), host_memory():
                 buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
             after = ()
             self.allocated_bytes += nbytes

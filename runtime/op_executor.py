@@ -34,6 +34,7 @@ from planner.runtime.op_codegen import (
 )
 from planner.runtime.rng import RngStates
 from planner.sim.simulator import PlanError, loss_rule_error, simulate
+from planner.tracing.records import draws_random
 
 __all__ = ["JointProgram", "PlanExecutionError", "PlanRun", "Segment"]
 
@@ -94,12 +95,7 @@ class JointProgram:
             k for k, name in self.grad_fx.items()
             if all(u.op == "output" for u in self.fx_nodes[name].users))
         self.derivable: set[str] = self._derivable(gm)
-        self.random: set[str] = {
-            n.name
-            for n in gm.graph.nodes
-            if isinstance(n.target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in n.target.tags
-        }
+        self.random: set[str] = {n.name for n in gm.graph.nodes if draws_random(n)}
         # What may run is the simulator's to say (one rule, one message): it also refuses a
         # backward op before the loss, which this split into forward and backward relies on.
         self.graph = trace.graph

@@ -346,8 +346,8 @@ def test_selective_checkpoints_are_chosen_where_they_beat_whole_modules(
     import planner.solvers.pipeline.op_options as op_options
     import planner.solvers.pipeline.stage_items as stage_items
 
-    # 0.85: the plain least counts what a stage's backward frees as it runs (below it, at
-    # 0.8, only whole-module plans fit)
+    # 0.85: the plain least credits what a stage's backward frees as it runs (at 0.8 of it
+    # the fastest fitting plans recompute whole modules only)
     memory = int(plain_least(op_gpt) * 0.85)
 
     def planned() -> tuple[float, list[str], list[list[str]]]:

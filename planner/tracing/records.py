@@ -99,6 +99,23 @@ def _flops(target: Any, node: torch.fx.Node) -> float:
         return 0.0
 
 
+def draws_random(node: torch.fx.Node) -> bool:
+    """Whether the op draws from the RNG: tagged nondeterministic_seeded, unless its dropout
+    probability is 0 (CPU attention takes a `dropout_p` and draws nothing then). A random op
+    is replayed from its recorded generator state when a plan recomputes it (on CPU that
+    state is a 5,056 B tensor the simulator does not charge), so fewer is better."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or \
+            torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    for k, arg in enumerate(target._schema.arguments):
+        if arg.name == "dropout_p":
+            value = node.args[k] if k < len(node.args) else node.kwargs.get(
+                "dropout_p", arg.default_value)
+            return not (isinstance(value, (int, float)) and value == 0)
+    return True
+
+
 def is_identity_dropout(node: torch.fx.Node) -> bool:
     """A forward `clone` that AOT's dropout decomposition emits for p = 0 or eval mode."""
     if node.target is not torch.ops.aten.clone.default:
@@ -172,9 +189,7 @@ def build_records(cap: JointCapture, cpu_eager_dropout: bool = False) -> list[Op
                 t = tensors[0]
                 own = int(t.numel() * dropped.meta["val"].element_size())  # type: ignore[union-attr]
                 eager_sized = True
-        is_random = isinstance(target, torch._ops.OpOverload) and (
-            torch.Tag.nondeterministic_seeded in target.tags
-        )
+        is_random = draws_random(node)
         in_bytes = sum(
             dense_bytes(a.meta.get("val")) for a in node.all_input_nodes
         )
