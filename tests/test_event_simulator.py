@@ -304,12 +304,12 @@ def test_gpipe_by_hand() -> None:
     assert sim.throughput_per_s == pytest.approx(2 / 9e-3)
     assert [(r.busy_ms, r.end_ms) for r in sim.ranks] == [(6.0, 9.0), (6.0, 7.0)]
     # torch's receive buffers, one per micro-batch and stage: rank 0 the gradient of a (10 B),
-    # rank 1 its input a (10 B). Rank 0 keeps a (10 B) per in-flight micro-batch, +15 transient
-    # (ga's 5 B and the 10 B gradient it reads); rank 1 keeps b and the loss (21 B) per
-    # micro-batch and the input gradient a B sends (10 B) from that B's start, +10 transient
-    # (gb's output). GPipe: both micro-batches in flight at B0.
-    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 2 * 10 + 15, 2 * 10 + 2 * 21 + 10 + 10]
-    assert sim.predicted().per_rank_peak_bytes == [55, 82]
+    # rank 1 its input a (10 B). Rank 0 keeps a (10 B) per in-flight micro-batch, +5 transient
+    # (ga's 5 B; the 10 B gradient it reads is in its receive buffer); rank 1 keeps b and the
+    # loss (21 B) per micro-batch and the input gradient a B sends (10 B) from that B's start,
+    # +10 transient (gb's output). GPipe: both micro-batches in flight at B0.
+    assert [r.peak_bytes for r in sim.ranks] == [2 * 10 + 2 * 10 + 5, 2 * 10 + 2 * 21 + 10 + 10]
+    assert sim.predicted().per_rank_peak_bytes == [45, 82]
 
 
 def test_1f1b_by_hand() -> None:
@@ -319,8 +319,9 @@ def test_1f1b_by_hand() -> None:
     assert sim.makespan_ms == 15.0
     assert sim.bubble_fraction == pytest.approx(1 - 24 / 30)  # (P-1)/(m+P-1) = 1/5
     # 1F1B keeps at most P - s micro-batches' activations in flight (2 on rank 0, 1 on rank 1);
-    # the receive buffers (4 micro-batches) and what a stage sends or its loss stay to the end
-    assert [r.peak_bytes for r in sim.ranks] == [95, 114]
+    # the receive buffers (4 micro-batches) and what a stage sends or its loss stay to the end;
+    # rank 0's B reads the gradient in its receive buffer (no transient of its own for it)
+    assert [r.peak_bytes for r in sim.ranks] == [85, 114]
 
 
 def test_implied_transfers_over_the_device_link() -> None:

@@ -42,10 +42,9 @@ gradient crossing it back (the module's input gradient has its input's shape).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
 
 from planner.core.graph import Graph, Phase
 from planner.core.pipeline_actions import Partition
@@ -61,6 +60,10 @@ from planner.sim.rank_memory import rank_start_bytes as rank_start_bytes
 from planner.sim.rank_memory import released_bytes as released_bytes
 from planner.sim.rank_memory import weight_rerun_residue_bytes
 from planner.sim.result import PlanError
+from planner.sim.stage_placement import COSTS_KEPT, _forget_oldest, _layout
+from planner.sim.stage_placement import MAPS_KEPT as MAPS_KEPT
+from planner.sim.stage_placement import place_the_rest as place_the_rest
+from planner.sim.stage_placement import stage_of_nodes as stage_of_nodes
 from planner.sim.stage_state import stage_model_state_bytes
 
 
@@ -91,93 +94,6 @@ class StageCosts:
     @property
     def compute_ms(self) -> float:
         return self.forward_ms + self.backward_ms
-
-
-def _prefixes(path: str) -> tuple[str, ...]:
-    """`path` and its dotted prefixes, longest last ('h.3.attn' -> 'h', 'h.3', 'h.3.attn')."""
-    parts = path.split(".")
-    return tuple(".".join(parts[:n]) for n in range(1, len(parts) + 1))
-
-
-def stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
-    """Node id -> stage index: the stage naming it (by id or module; two: PlanError naming the
-    node), else where its inputs are (`place_the_rest`). Memoised on the graph per stage
-    layout (a search simulates the same stages many times)."""
-    memo = graph.index.memo.setdefault("stage_of_nodes", {})
-    key = _layout(partition)
-    if key not in memo:
-        _forget_oldest(memo, MAPS_KEPT)
-        memo[key] = _stage_of_nodes(graph, partition)
-    return dict(memo[key])
-
-
-MAPS_KEPT = 64  # stage layouts whose node map the graph keeps (one entry per node each)
-COSTS_KEPT = 4096  # stage layouts whose stage costs the graph keeps
-
-
-def _layout(partition: Partition) -> tuple[object, ...]:
-    """What places a partition's nodes: each stage's index, modules and named nodes."""
-    return (partition.stage_count,
-            tuple((s.stage_index, tuple(s.modules), tuple(s.nodes)) for s in partition.stages))
-
-
-def _forget_oldest(memo: dict[Any, Any], most: int) -> None:
-    if len(memo) >= most:
-        memo.pop(next(iter(memo)))
-
-
-def _stage_of_nodes(graph: Graph, partition: Partition) -> dict[int, int]:
-    owners: dict[str, list[int]] = {}  # module path -> the stages naming it
-    for s in partition.stages:
-        for m in dict.fromkeys(s.modules):
-            owners.setdefault(m, []).append(s.stage_index)
-    owned: dict[int, list[int]] = {}  # stage -> the nodes inside its modules, in node order
-    if owners:
-        prefixes = graph.index.memo.setdefault("module_prefixes", {})
-        for n in graph.nodes:
-            path = n.module_path
-            if path not in prefixes:
-                prefixes[path] = _prefixes(path) if path else ("",)
-            for t in {t for m in prefixes[path] for t in owners.get(m, ())}:
-                owned.setdefault(t, []).append(n.id)
-    out: dict[int, int] = {}
-    for s in partition.stages:  # in stage order, as the messages name the stages
-        for v in s.nodes:
-            if v not in graph.index.position:
-                raise PlanError(
-                    f"partition: stage {s.stage_index} names node {v}, not in the graph", node=v
-                )
-            _assign(graph, out, v, s.stage_index)
-        for v in owned.get(s.stage_index, ()):
-            if out.get(v) != s.stage_index:
-                _assign(graph, out, v, s.stage_index)
-    place_the_rest(graph, out, partition.stage_count - 1)
-    return out
-
-
-def place_the_rest(graph: Graph, out: dict[int, int], last: int) -> None:
-    """Nodes no stage names (e.g. a loss outside every module) follow their inputs: a forward
-    node goes to the latest stage among its inputs (0 without inputs), a backward node to the
-    earliest stage among its backward inputs (else the latest among its inputs; the last stage
-    without inputs)."""
-    index = graph.index
-    for v in index.topological_order:
-        if v in out:
-            continue
-        preds = index.predecessors[v]
-        if index.node(v).phase != Phase.backward:
-            out[v] = max((out[u] for u in preds), default=0)
-            continue
-        grads = [out[u] for u in preds if index.node(u).phase == Phase.backward]
-        out[v] = min(grads) if grads else max((out[u] for u in preds), default=last)
-
-
-def _assign(graph: Graph, out: dict[int, int], v: int, stage: int) -> None:
-    if v in out and out[v] != stage:
-        raise PlanError(
-            f"partition: {graph.describe(v)} is in stages {out[v]} and {stage}", node=v
-        )
-    out[v] = stage
 
 
 class Flow(IntEnum):
@@ -254,18 +170,44 @@ def stage_sums(graph: Graph, group: Mapping[int, int], count: int) -> StageSums:
     return out
 
 
-def node_transient_bytes(ledger: MemoryLedger, backward: set[int], v: int) -> int:
+def node_transient_bytes(ledger: MemoryLedger, backward: set[int], v: int,
+                         received: Callable[[int], bool] | None = None) -> int:
     """What node v adds while its stage's F or B runs, on top of the micro-batch's kept bytes:
     a forward node its workspace and its output unless a backward node reads it (then it is
     kept already); a backward node its output, its workspace and the gradients it reads
     (backward storages, each once), which live while the gradient flows through the stage, and
-    the gradient it adds into an existing .grad (`MemoryLedger.accumulating_transient_bytes`)."""
+    the gradient it adds into an existing .grad (`MemoryLedger.accumulating_transient_bytes`).
+    A gradient root for which `received(root)` holds came from another stage: it is in torch's
+    receive buffer (`buffer_bytes`), charged there (a cut right after an embedding: its
+    backward reads nothing else)."""
     root, own = ledger.storage_root, ledger.storage_bytes
     if v not in backward:
         kept = any(w in backward for w in ledger.successors[v])
         return ledger.workspace_bytes[v] + (0 if kept else own[v])
     grads = {root[u] for u in ledger.predecessors[v] if u in backward} - {root[v]}
+    if received is not None:
+        grads = {r for r in grads if not received(r)}
     return ledger.accumulating_transient_bytes(v) + sum(own[r] for r in grads)
+
+
+def buffered_gradients(ledger: MemoryLedger, backward: set[int], weight_nodes: set[int],
+                       group: Mapping[int, int]) -> set[tuple[int, int]]:
+    """(gradient root, group reading it) where the group received it from another group and
+    only weight-gradient nodes (or nodes passing no gradient on: a module-level trace's first
+    unit) read it there: they read torch's receive buffer, nothing new
+    (a cut right after an embedding: measured on 2 gloo ranks, its gradient was charged twice).
+    One that an input-gradient node reads stays charged: where autograd passes it on (a
+    residual add, an accumulation), torch allocates again (measured at a GPT's block cut)."""
+    root = ledger.storage_root
+    readers: dict[tuple[int, int], bool] = {}  # (root, reading group) -> only weight nodes
+    for v in backward:
+        for u in ledger.predecessors[v]:
+            r = root[u]
+            if u in backward and group[r] != group[v]:
+                key = (r, group[v])
+                ends = v in weight_nodes or not any(w in backward for w in ledger.successors[v])
+                readers[key] = readers.get(key, True) and ends
+    return {k for k, only in readers.items() if only}
 
 
 def is_module_level(graph: Graph) -> bool:
@@ -344,8 +286,10 @@ def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
 
     weight_nodes = gradient_nodes(graph)
 
-    def transient_of(v: int) -> int:
-        return node_transient_bytes(ledger, backward, v)
+    in_buffer = buffered_gradients(ledger, backward, weight_nodes, stage)
+
+    def transient_of(v: int) -> int:  # a gradient only weight nodes read is in its buffer
+        return node_transient_bytes(ledger, backward, v, lambda r: (r, stage[v]) in in_buffer)
     losses = loss_roots(graph)
     module_level = is_module_level(graph)
     pending: list[set[int]] = [set() for _ in range(count)]  # stage -> gradients I keeps for W

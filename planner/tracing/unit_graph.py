@@ -18,6 +18,7 @@ def unit_graph(
     inputs: Any,
     units: list[Unit],
     stages: list[dict[str, Any]],
+    forward_sizes: list[tuple[int, int]],
     optimizer: str,
     costs: str,
     model_name: str,
@@ -30,17 +31,17 @@ def unit_graph(
     n = len(units)
     source = CostSource.measured if costs == "measure" else CostSource.estimated
     nodes = []
-    for i, (u, st) in enumerate(zip(units, stages, strict=True)):
+    for i, (u, (kept, tmp)) in enumerate(zip(units, forward_sizes, strict=True)):
         nodes.append(
             Node(
                 id=i,
                 name=f"F:{u.name}",
                 op="module.forward",
                 phase=Phase.forward,
-                compute_ms=st["forward_ms"],
+                compute_ms=stages[i]["forward_ms"],
                 cost_source=source,
-                output_bytes=st["saved_bytes"],
-                workspace_bytes=st["forward_tmp_bytes"],
+                output_bytes=kept,
+                workspace_bytes=tmp,
                 module_path=u.name,
             )
         )

@@ -169,7 +169,24 @@ class UnitChain:
         for pos, v in enumerate(self.graph.index.topological_order):
             if v in backward:
                 self.backward_nodes[self.node_unit[v]].append((pos, v))
-        self.node_transient = {v: node_transient_bytes(ledger, backward, v) for v in backward}
+        # backward node -> its transient without the gradients it reads, and those gradients
+        # (root, its unit, bytes): one made at or after a range's end is received
+        self.node_transient = {v: node_transient_bytes(ledger, backward, v, lambda r: True)
+                               for v in backward}
+        roots = ledger.storage_root
+        self.gradient_reads = {
+            v: [(r, self.node_unit[r], ledger.storage_bytes[r]) for r in
+                {roots[u] for u in ledger.predecessors[v] if u in backward} - {roots[v]}]
+            for v in backward}
+        # gradient root -> the units of its readers that pass it on (stage_costs'
+        # buffered_gradients: received, it is in a buffer only where none of these reads it)
+        self.passed_on: dict[int, list[int]] = {}
+        weight = gradient_nodes(self.graph)
+        for v in backward:
+            if v in weight or not any(w in backward for w in ledger.successors[v]):
+                continue
+            for r, _, _ in self.gradient_reads[v]:
+                self.passed_on.setdefault(r, []).append(self.node_unit[v])
         self.weight_nodes = gradient_nodes(self.graph)
         self._released_memo: dict[tuple[int, int], BackwardTransients] = {}
         self.size = ledger.storage_bytes  # of storage roots: the saved-bytes table's sizes
@@ -336,8 +353,13 @@ class UnitChain:
             sent = {r for r in self.cut_forward[end] if unit[r] >= first}
             loss = {r for r in self.loss_roots if first <= unit[r] < end}
             order = [v for _, v in heapq.merge(*self.backward_nodes[first:end])]
+            def transient(v: int) -> int:  # stage_costs.buffered_gradients
+                return self.node_transient[v] + sum(
+                    b for r, u, b in self.gradient_reads[v]
+                    if u < end or any(first <= t < end for t in self.passed_on.get(r, ())))
+
             got = backward_transients(MemoryLedger.of(self.graph), order, saved - sent - loss,
-                                      self.weight_nodes, self.node_transient.__getitem__)
+                                      self.weight_nodes, transient)
             self._released_memo[(first, end)] = got
         return got
 
