@@ -314,6 +314,7 @@ def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
                                        weight_nodes, transient_of)
         forward = sums.forward_transient_bytes[s]
         transient = max(forward, released.joint_bytes)
+        unreduced = max(sums.transient_bytes[s], released.unreduced_bytes)
         read = rerun_read[s] & saved[s]
         out.append(
             StageCosts(
@@ -331,12 +332,12 @@ def _stage_costs(graph: Graph, partition: Partition) -> list[StageCosts]:
                 buffer_bytes=buffers,
                 weight_pending_bytes=0 if s == 0 else size(pending[s]),
                 weight_transient_bytes=transient,
-                weight_rerun_bytes=sums.transient_bytes[s] + (
+                weight_rerun_bytes=unreduced + (
                     0 if s == 0 else weight_rerun_residue_bytes(
                         len(sums.weight_groups[s]), size(read), size(saved[s] - read))),
                 first_stage=s == 0,
                 input_transient_bytes=max(forward, released.input_bytes),
-                recompute_transient_bytes=sums.transient_bytes[s],
+                recompute_transient_bytes=unreduced,
             )
         )
     return out

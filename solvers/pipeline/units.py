@@ -314,6 +314,7 @@ class UnitChain:
         released = self._released(first, end)
         forward = max(self.forward_transient[first:end])
         transient = max(forward, released.joint_bytes)
+        unreduced = max(unreduced, released.unreduced_bytes)
         groups = len(set().union(*self.weight_groups[first:end]))
         read = self.input_read_bytes[(first, end)]
         first_stage = stage_index == 0
