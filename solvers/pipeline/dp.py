@@ -19,6 +19,11 @@ boundaries one unit (one boundary, or a run of them together) while the simulate
 and the split fits: status "feasible" (no proof). The objective is always the simulated step
 time. O(L^2 S) per DP pass.
 
+The time limit is a deterministic work budget (planner.solvers.pipeline.enumerate.Work): the
+enumeration's bounds and peak checks, the DP passes, the simulations and the boundary moves are
+charged at fixed estimated costs, never with measured time, so the same request gets the same
+answer on a loaded machine (later); the wall clock is only a safety net.
+
 `least_memory_split` runs the same DP on memory: the least device memory any contiguous split
 needs under the schedule, exact with one stage a rank (the proof when nothing fits).
 """
@@ -31,11 +36,14 @@ import time
 from planner.solvers.pipeline.chain_dp import Cost, minmax_dp, minsum_dp
 from planner.solvers.pipeline.enumerate import (
     MAX_SPLITS,
+    PEAKS_S_PER_ACTION,
     Enumeration,
+    Work,
     enumerate_splits,
     faster,
+    known_ranges,
     makespan_ms,
-    simulated,
+    simulate_counted,
 )
 from planner.solvers.pipeline.problem import Candidate, PartitionOutcome, PipelineProblem, Split
 
@@ -43,6 +51,7 @@ THRESHOLDS = 8
 INTERLEAVED_SHARES = 6
 DEFAULT_TIME_LIMIT_S = 10.0  # when the caller gives none
 ENUMERATION_SHARE = 0.7  # of the time limit; the DP and the local moves get the rest
+DP_S_PER_CELL = 5e-7  # estimated seconds of one DP pass, per (first, end, stage) cell
 
 
 def memory_caps(problem: PipelineProblem) -> list[float]:
@@ -103,13 +112,28 @@ def dp_partition(
     problem: PipelineProblem, time_limit_s: float | None = None, max_splits: int = MAX_SPLITS
 ) -> PartitionOutcome:
     """The fastest simulated split found (module doc): proven by enumeration when the count of
-    contiguous splits is at most `max_splits` and it finishes in time, else the DP's."""
+    contiguous splits is at most `max_splits` and it finishes in time, else the DP's.
+    Deterministic for a given request: the time limit is a budget of counted work
+    (planner.solvers.pipeline.enumerate.Work), the wall clock only its safety net."""
+    return dp_search(problem, Work.within(
+        DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s), max_splits)
+
+
+def dp_search(problem: PipelineProblem, work: Work, max_splits: int = MAX_SPLITS
+              ) -> PartitionOutcome:
+    """`dp_partition` within `work` (its budget and safety net), charging what it does."""
     start = time.perf_counter()
-    limit_s = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    found = enumerate_splits(problem, max_splits, limit_s * ENUMERATION_SHARE)
+    listing = work.sub(ENUMERATION_SHARE * work.budget_s)
+    found = enumerate_splits(problem, max_splits, work=listing)
+    work.charge(listing.spent_s)
+    work.wall_out |= listing.wall_out
     if found.finished:
         return _enumerated(found, start)
+    known = known_ranges(problem)
     splits, bottleneck = proposals(problem, memory_caps(problem))
+    work.charge_ranges(problem, known)
+    work.charge(DP_S_PER_CELL * problem.length**2 * problem.stage_count
+                * len(memory_caps(problem)) * (1 + THRESHOLDS))
     proposed, own = len(set(splits)), len(splits)  # distinct DP splits; the list's length
     from planner.solvers.pipeline.baselines import BASELINES, baseline_split
 
@@ -122,7 +146,12 @@ def dp_partition(
         return PartitionOutcome("dp", None, "infeasible", wall_seconds=time.perf_counter() - start,
                                 notes=notes + ["no contiguous split keeps every stage within "
                                                "memory"])
+    before = len(problem._simulations)
     best = problem.best_simulated(splits)
+    work.charge(PEAKS_S_PER_ACTION * 2 * problem.stage_count * problem.microbatches
+                * len(set(splits)))
+    for _ in range(len(problem._simulations) - before):
+        work.charge_simulation(problem)
     notes.append(f"{proposed} DP splits and {len(BASELINES)} balanced ones simulated")
     if bottleneck is not None:
         notes.insert(0, f"bottleneck stage time {bottleneck:.4g} ms (the DP's proxy)")
@@ -133,9 +162,12 @@ def dp_partition(
     if best is None:  # a share above 1/v did not hold for the exact per-rank peak
         return PartitionOutcome("dp", None, "infeasible", wall_seconds=time.perf_counter() - start,
                                 notes=notes + ["no split proposed fits its ranks' exact peaks"])
-    best, moves = improve_by_moves(problem, best, start + limit_s)
+    best, moves = improve_by_moves(problem, best, math.inf, work)
     if moves:
         notes.append(f"{moves} boundary move(s) made the simulated step faster")
+    if work.wall_out:
+        notes.append("the wall-clock safety net (a multiple of the time limit) stopped the "
+                     "search: the answer may differ from an unloaded run's")
     return PartitionOutcome("dp", best, "feasible", objective=makespan_ms(best),
                             wall_seconds=time.perf_counter() - start, notes=notes)
 
@@ -171,21 +203,29 @@ def neighbours(split: Split) -> list[Split]:
 
 
 def improve_by_moves(
-    problem: PipelineProblem, cand: Candidate, deadline: float
+    problem: PipelineProblem, cand: Candidate, deadline: float, work: Work | None = None
 ) -> tuple[Candidate, int]:
     """Steepest descent over single-boundary moves: the fastest fitting neighbour replaces
-    `cand` while it simulates faster, until none does or `deadline` (perf_counter) passes."""
+    `cand` while it simulates faster, until none does, `deadline` (perf_counter) passes or
+    `work`'s budget is spent (each neighbour's peaks and new simulation charged; its safety
+    net passed). With `work` the moves made do not depend on the machine's speed."""
     moves = 0
     seen = {cand.split}
-    while time.perf_counter() < deadline:
+
+    def going() -> bool:
+        return time.perf_counter() < deadline and (work is None or work.left())
+
+    while going():
         better: Candidate | None = None
         for split in neighbours(cand.split):
-            if split in seen or time.perf_counter() >= deadline:
+            if split in seen or not going():
                 continue
             seen.add(split)
             trial = problem.candidate(split, simulate=False)
+            if work is not None:
+                work.charge_peaks(trial)
             if trial.fits:
-                trial = simulated(problem, trial)
+                trial = simulate_counted(problem, trial, work)
                 if faster(trial, better if better is not None else cand):
                     better = trial
         if better is None:

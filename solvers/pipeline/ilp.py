@@ -23,23 +23,30 @@ split at M, and (3) CP-SAT's split at each level below M of a memory ladder that
 on M: base x LADDER_RATIO^k for k < LADDER_LEVELS, base the least memory with every micro-batch
 recomputed (least_memory_split). The rule this gives: the answer at M is never slower than the
 answer at any ladder level below M, nor than the exact no-recomputation answer at any M' <= M,
-provided the DP enumerated and CP-SAT solved each level to optimality (deterministic: hinted by
-the level below, one seed, one thread) with time for every level (MIN_LEVEL_S each; else only
-the top levels are solved). Between two ladder levels g <= M' < M < g x LADDER_RATIO, CP-SAT's
-split at M' is not among M's candidates, so a proxy/simulator disagreement can still make M
-slower than M' there; the boundary moves on the simulated best close such cases (none left in 72
-random 9-10-layer sweeps of 12 memories each, where CP-SAT's split at M alone was non-monotone
-in 7).
+provided the DP enumerated and CP-SAT solved each level to optimality (hinted by the level
+below) with time for every level (MIN_LEVEL_S each; else only the top levels are solved).
+Between two ladder levels g <= M' < M < g x LADDER_RATIO, CP-SAT's split at M' is not among M's
+candidates, so a proxy/simulator disagreement can still make M slower than M' there; the
+boundary moves on the simulated best close such cases (none left in 72 random 9-10-layer sweeps
+of 12 memories each, where CP-SAT's split at M alone was non-monotone in 7).
+
+Deterministic for a given request (issue 47): the DP and the boundary moves
+run on counted work (planner.solvers.pipeline.enumerate.Work), CP-SAT on deterministic time
+(`max_deterministic_time`, a fixed seed, one worker: `configure`), and the ladder's levels
+and shares follow from those counts, never from measured time. The wall clock (WALL_SAFETY x
+the limit) is only a safety net; a note says when it cut the search.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.solvers.pipeline.dp import dp_partition, improve_by_moves, least_memory_split
+from planner.solvers.pipeline.dp import dp_search, improve_by_moves, least_memory_split
+from planner.solvers.pipeline.enumerate import WALL_SAFETY, Work, known_ranges
 from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem, Split
 from planner.solvers.pipeline.units import RangeCosts
 
@@ -50,6 +57,10 @@ AT_M_SHARE = 0.7  # of the time left after the DP, for CP-SAT at the device memo
 MIN_LEVEL_S = 0.1  # CP-SAT's least time at one level; fewer (top) levels when time is short
 MOVES_SHARE = 0.1  # of the time limit, kept for boundary moves on the simulated best
 DP_SHARE = 0.2  # of the time limit, for the DP (its enumeration); the ladder shares the rest
+SEED = 0  # CP-SAT's random seed
+INTERLEAVE_THREADS = False  # CP-SAT on `threads` interleaved workers (else one; `configure`)
+CPSAT_SLACK_S = 1.0  # wall seconds on top of WALL_SAFETY x a level's share (loading, presolve)
+BUILD_S_PER_OPTION = 3.5e-5  # estimated seconds to build the model, per range/recompute option
 
 Key = tuple[int, int, int, int]  # (first unit, end unit, stage, micro-batches stored in full)
 
@@ -82,30 +93,51 @@ def memory_ladder(problem: PipelineProblem) -> tuple[list[int], Split]:
 def ilp_partition(
     problem: PipelineProblem, time_limit_s: float = 10.0, threads: int = 2
 ) -> PartitionOutcome:
+    """The fastest simulated candidate (module doc). Deterministic for a given request: the DP
+    and the boundary moves run on counted work (planner.solvers.pipeline.enumerate.Work),
+    CP-SAT on deterministic time with a fixed seed (`configure`), each level's share fixed by
+    counts, never by the clock; the wall clock (WALL_SAFETY x the limit) is only a safety
+    net."""
     start = time.perf_counter()
-    hint = dp_partition(problem, time_limit_s=time_limit_s * DP_SHARE)
+    work = Work.within(time_limit_s, start)
+    dp_work = work.sub(time_limit_s * DP_SHARE)
+    hint = dp_search(problem, dp_work)
+    work.charge(dp_work.spent_s)
+    work.wall_out |= dp_work.wall_out
+    known = known_ranges(problem)
     ladder, previous = memory_ladder(problem)
-    left_s = time_limit_s * (1 - MOVES_SHARE) - (time.perf_counter() - start)
+    work.charge_ranges(problem, known)
+    left_s = max(0.0, time_limit_s * (1 - MOVES_SHARE) - work.spent_s)
     at_m_s = max(MIN_LEVEL_S, left_s * (AT_M_SHARE if ladder else 1.0))
     top = _solve(problem, problem.memory_bytes, at_m_s, threads,
-                 hint.best.split if hint.best is not None else previous)
+                 hint.best.split if hint.best is not None else previous, work)
     solves = [top]
-    left_s = time_limit_s * (1 - MOVES_SHARE) - (time.perf_counter() - start)
+    left_s = max(0.0, time_limit_s * (1 - MOVES_SHARE) - work.spent_s)
     # the ladder's top levels that get MIN_LEVEL_S each on top of building the model (all of
     # them on small problems), solved upwards, each hinted with the one below
-    per_level_s = MIN_LEVEL_S + top.build_s
+    build_s = BUILD_S_PER_OPTION * top.options
+    per_level_s = MIN_LEVEL_S + build_s
     ladder = ladder[len(ladder) - min(len(ladder), max(0, int(left_s / per_level_s))):]
     for level in ladder:
-        solve = _solve(problem, level, max(MIN_LEVEL_S, left_s / len(ladder) - top.build_s),
-                       threads, previous)
+        if work.deadline is not None and time.perf_counter() >= work.deadline:
+            work.wall_out = True  # the safety net: no more levels
+            break
+        solve = _solve(problem, level, max(MIN_LEVEL_S, left_s / len(ladder) - build_s),
+                       threads, previous, work)
         solves.append(solve)
         previous = solve.split or previous
     found = [s.split for s in solves if s.split is not None]
     cands = found + ([hint.best.split] if hint.best is not None else [])
+    before = len(problem._simulations)
     best = problem.best_simulated(cands)
+    for _ in range(len(problem._simulations) - before):
+        work.charge_simulation(problem)
     moves, picked = 0, best.split if best is not None else None
     if best is not None:  # the simulator, not the proxy, has the last word on boundaries
-        best, moves = improve_by_moves(problem, best, start + time_limit_s)
+        # the moves get what is left of the limit (at least MOVES_SHARE of it)
+        moves_work = Work(max(MOVES_SHARE * time_limit_s, work.left_s), work.deadline)
+        best, moves = improve_by_moves(problem, best, math.inf, moves_work)
+        work.wall_out |= moves_work.wall_out
     wall = time.perf_counter() - start
     if best is None:
         status = "timeout" if any(s.status == "timeout" for s in solves) else "infeasible"
@@ -120,6 +152,9 @@ def ilp_partition(
         notes.append(f"the DP's split{proven} simulates fastest: kept")
     if moves:
         notes.append(f"{moves} boundary move(s) made the simulated step faster")
+    if work.wall_out:
+        notes.append(f"the wall-clock safety net ({WALL_SAFETY:g} x the time limit) stopped "
+                     "the search: the answer may differ from an unloaded run's")
     recomputing = sum(1 for q in best.split.stored if q is not None)
     if recomputing:
         notes.append(f"{recomputing} stage(s) recompute some micro-batches")
@@ -162,15 +197,44 @@ def _options(problem: PipelineProblem, cap: int | None, scale: float) -> dict[Ke
     return options
 
 
+def configure(solver: cp_model.CpSolver, time_limit_s: float, threads: int,
+              deadline: float | None = None) -> None:
+    """CP-SAT searching the same way every run: `time_limit_s` of deterministic time (its
+    own work count, roughly seconds on an idle core), a fixed seed, and the wall clock at
+    WALL_SAFETY x the limit plus CPSAT_SLACK_S (within `deadline`, a perf_counter time) as
+    the safety net. One worker whatever `threads`: CP-SAT's parallel portfolio is
+    deterministic only interleaved (INTERLEAVE_THREADS), and interleaved it shares the
+    deterministic time among its subsolvers: on GPT-48 over 4 ranks it proved its proxy
+    optimal at 0.34 and 1.13 deterministic seconds on one worker, at 0.84 and not within 1.9
+    interleaved on two (a 24 % slower plan at 190,798,578 B)."""
+    params = solver.parameters
+    params.max_deterministic_time = max(MIN_LEVEL_S, time_limit_s)
+    wall_s = WALL_SAFETY * max(MIN_LEVEL_S, time_limit_s) + CPSAT_SLACK_S
+    if deadline is not None:
+        wall_s = max(MIN_LEVEL_S, min(wall_s, deadline - time.perf_counter()))
+    params.max_time_in_seconds = wall_s
+    params.random_seed = SEED
+    workers = max(1, threads) if INTERLEAVE_THREADS else 1
+    params.num_workers = workers
+    if workers > 1:
+        params.interleave_search = True  # deterministic with several workers
+
+
 def _solve(problem: PipelineProblem, cap: int | None, time_limit_s: float, threads: int,
-           hint: Split | None) -> ProxySolve:
-    """CP-SAT on the proxy with device memory `cap`, hinted with `hint`."""
+           hint: Split | None, work: Work | None = None) -> ProxySolve:
+    """CP-SAT on the proxy with device memory `cap`, hinted with `hint`, `time_limit_s` of
+    deterministic time (`configure`); charges `work` its model and CP-SAT's deterministic
+    time."""
+    work = work if work is not None else Work.within(time_limit_s)
     built = time.perf_counter()
+    known = known_ranges(problem)
     L, S, m = problem.length, problem.stage_count, problem.microbatches
     v = S // problem.ranks
     total_ms = sum(u.forward_ms * 2 + u.backward_ms for u in problem.chain.units) + 1e-9
     scale = TIME_SCALE_TARGET / (total_ms * m)
     options = _options(problem, cap, scale)
+    work.charge(BUILD_S_PER_OPTION * len(options))  # the model below included
+    work.charge_ranges(problem, known)
     model = cp_model.CpModel()
     # x[i, j, s, q] = 1: stage s is units [i, j) with q micro-batches stored in full
     x = {key: model.new_bool_var(f"x{key}") for key in options}
@@ -205,10 +269,16 @@ def _solve(problem: PipelineProblem, cap: int | None, time_limit_s: float, threa
     _add_hint(problem, model, x, hint)
     build_s = time.perf_counter() - built
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = 0
+    configure(solver, time_limit_s, threads, work.deadline)
     status = solver.solve(model)
+    # CP-SAT's deterministic time where it proved its answer (the same every run); its limit
+    # where it stopped on it (it overshoots by a varying amount with several workers)
+    proven = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
+    limit_s = solver.parameters.max_deterministic_time
+    work.charge(min(solver.response_proto.deterministic_time, limit_s) if proven else limit_s)
+    if (status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
+            and solver.wall_time >= 0.99 * solver.parameters.max_time_in_seconds):
+        work.wall_out = True  # CP-SAT stopped on the wall clock, not on deterministic time
     if status == cp_model.INFEASIBLE:
         return ProxySolve(cap, None, "infeasible", options=len(options), build_s=build_s,
                           why="CP-SAT proved no split and recomputation fits (memory bounded "
