@@ -178,6 +178,7 @@ def _trace_ops(
         measure_fx_ms,
         measure_fx_workspace_bytes,
     )
+    from planner.tracing.cpu_workspace import measure_cpu_workspace_bytes
     from planner.tracing.cuda_allocator import use_exact_allocator
     from planner.tracing.fusion import group_records
     from planner.tracing.profiles import load_profile
@@ -207,9 +208,9 @@ def _trace_ops(
         fx_ms = {r.name: estimate_record_ms(r, profile) for r in records}
         source = CostSource.estimated
         profile_name = profile.name
-    # What each op allocates and frees while it runs is memory, not time: measured on CUDA
-    # whichever way the costs are found ({} on CPU, where nothing allocates beside outputs).
-    workspace = {} if on_cpu else measure_fx_workspace_bytes(
+    # What each op allocates and frees while it runs is memory, not time: measured whichever
+    # way the costs are found (on CPU convolutions' and batch norms', one profiler session).
+    workspace = measure_cpu_workspace_bytes(cap.gm) if on_cpu else measure_fx_workspace_bytes(
         cap, joint_arguments(cap, model, inputs))
     groups = group_records(records, fuse=fuse)
     order = _execution_order(groups, by_name)

@@ -250,11 +250,16 @@ class _WorkspaceInterpreter(torch.fx.Interpreter):
 
 def measure_fx_workspace_bytes(cap: JointCapture, args: list[Any]) -> dict[str, int]:
     """Per call node of the joint graph, the bytes it allocates and frees while it runs (CUDA:
-    the caching allocator's peak above what is live after the op); {} on CPU, where neither
-    the plan's runtime nor its measurement sees such buffers."""
+    the caching allocator's peak above what is live after the op). On CPU, the convolutions' and
+    batch norms' (im2col columns and the like, which the allocator's own records of a step
+    count), measured in one profiler session on tensors of their inputs' sizes
+    (planner.tracing.cpu_workspace; `args` are not run): other CPU ops allocate at most a
+    wrapped scalar beside their outputs."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     if device.type != "cuda":
-        return {}
+        from planner.tracing.cpu_workspace import measure_cpu_workspace_bytes
+
+        return measure_cpu_workspace_bytes(cap.gm)
     interpreter = _WorkspaceInterpreter(cap.gm, device)
     with torch.no_grad():
         interpreter.run(*args, enable_io_processing=False)
