@@ -49,7 +49,7 @@ def device_cases(full: bool) -> list[DeviceCase]:
     cases = [
         DeviceCase("llama vocab 32k", llama(vocab=32000)),
         DeviceCase("llama vocab 32k tied", llama(vocab=32000, tie_embeddings=True)),
-        DeviceCase("densenet-121 64px", lambda: zoo.densenet121(batch_size=2, image=64),
+        DeviceCase("densenet-121 32px", lambda: zoo.densenet121(batch_size=2, image=32),
                    methods=("auto",), offload=False),
     ]
     if full:
@@ -61,7 +61,7 @@ def device_cases(full: bool) -> list[DeviceCase]:
             DeviceCase("hf llama", lambda: zoo.hf_model("llama", 2, 64, {
                 "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32000})),
-            DeviceCase("resnet-50 64px", lambda: zoo.resnet50(batch_size=2, image=64)),
+            DeviceCase("resnet-50 32px", lambda: zoo.resnet50(batch_size=2, image=32)),
             DeviceCase("vit 32px", lambda: zoo.vit(batch_size=4, image=32, dim=64, layers=2)),
         ]
     return cases

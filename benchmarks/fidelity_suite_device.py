@@ -119,8 +119,19 @@ def device_rows(case: DeviceCase, microbatches: int, time_limit_s: float,
         emit(row)
 
 
+MIN_BUDGET_NODES = 800  # above: the least affordable baseline (min-budget's model at 2,308
+# nodes, DenseNet-121, grew past 20 GB here)
+
+
 def _least_budget(graph: Any, time_limit_s: float) -> int:
-    """The least budget a remat plan fits (planner-cli min-budget's search)."""
+    """The least budget a remat plan fits: planner-cli min-budget's search on graphs up to
+    MIN_BUDGET_NODES, else the least peak of the affordable baselines."""
+    if len(graph.nodes) > MIN_BUDGET_NODES:
+        from planner.engine.solve import smallest_baseline_peak_bytes
+
+        least = smallest_baseline_peak_bytes(graph, time.perf_counter() + time_limit_s)
+        if least is not None:
+            return int(least)
     from planner.solvers.remat.min_budget import min_budget
 
     return int(min_budget(graph, time_limit_s=time_limit_s, threads=1).peak_bytes)

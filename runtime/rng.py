@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from planner.tracing.allocator_events import host_memory
+
 
 class RngStates:
     """Per random op (keyed by name): the generator state before its first execution."""
@@ -28,8 +30,11 @@ class RngStates:
         """First call: record the state, run. Later calls: replay from the recorded state."""
         recorded = self._states.get(key)
         if recorded is None:
-            cuda_state = torch.cuda.get_rng_state(self.device) if self.cuda else None
-            self._states[key] = (torch.get_rng_state(), cuda_state)
+            # generator states are host tensors (on CUDA too: not device memory); on a CPU
+            # run they are kept out of the device count like offloaded copies (5,056 B each)
+            with host_memory():
+                cuda_state = torch.cuda.get_rng_state(self.device) if self.cuda else None
+                self._states[key] = (torch.get_rng_state(), cuda_state)
             return fn()
         cpu_state, cuda_state = recorded
         devices = [self.device] if self.cuda else []

@@ -6,6 +6,8 @@ past their own node's free."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -53,20 +55,34 @@ def measured_and_predicted(t: Traced, plan: object) -> tuple[int, int]:
         t.model.zero_grad(set_to_none=True)
         training_step(module, t.inputs)()
     t.model.zero_grad(set_to_none=True)
-    measured = measure_step(training_step(module, t.inputs), t.model, "cpu").peak_bytes
+    # the allocator's count where it is the larger (a convolution's workspace: issue 47)
+    measured = measure_step(training_step(module, t.inputs), t.model, "cpu").measured_peak_bytes
     return measured, plan.predicted.peak_bytes - t.graph.fixed_bytes  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("model", ["cnn", "gpt"])
-@pytest.mark.parametrize("method", ["store-all", "recompute-all", "chen-sqrt"])
+# Known gap (issue 47, found by the allocator's count): a GPT with dropout whose plan
+# recomputes its dropouts measures 8 x 5,056 B (the CPU generator's state size) over its
+# prediction at the peak, e.g. recompute-all 880,140 against 839,696 B; the tracker sees
+# none of it. CPU dropout's own mask buffer is measured now (planner.tracing.cpu_workspace):
+# 105,984 B over before. Which call holds the 8 states at the peak is not found yet.
+GAP = pytest.mark.xfail(strict=True, reason="CPU generator states at a GPT's recomputed peak")
+
+
+def _cases(methods: list[str], gaps: set[str]) -> list[Any]:
+    return [pytest.param(model, method, marks=[GAP] if model == "gpt" and method in gaps else [])
+            for model in ("cnn", "gpt") for method in methods]
+
+
+@pytest.mark.parametrize(("model", "method"), _cases(
+    ["store-all", "recompute-all", "chen-sqrt"], {"recompute-all", "chen-sqrt"}))
 def test_remat_plans_measure_their_prediction(model: str, method: str) -> None:
     t = model_named(model)
     plan = solve(t.graph, 10**15, method)
     assert_holds((model, method), *measured_and_predicted(t, plan))
 
 
-@pytest.mark.parametrize("model", ["cnn", "gpt"])
-@pytest.mark.parametrize("method", ["boundary", "offload-all", "offload-beaumont", "offload-milp"])
+@pytest.mark.parametrize(("model", "method"), _cases(
+    ["boundary", "offload-all", "offload-beaumont", "offload-milp"], {"boundary"}))
 def test_offload_plans_measure_their_prediction(model: str, method: str) -> None:
     t = model_named(model)
     graph = t.graph

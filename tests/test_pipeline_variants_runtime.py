@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_rng import checkpoint_rng_bytes
 
 from planner import zoo
 from planner.core.errors import InputError
@@ -354,10 +353,9 @@ def test_measured_peak_is_at_most_the_simulated_and_close(
     print(f"{cfg['name']}: measured {measured}, predicted {peaks}, predicted/measured "
           f"{[round(r, 3) for r in ratios]}; host measured {[m.host_peak_bytes for m in memory]}"
           f", predicted {[r.host_peak_bytes for r in predicted.ranks]}")
-    # measured: the allocator's count where it is the larger, less the checkpoints' RNG
-    # states the simulator does not count yet (issue 47; tests/checkpoint_rng.py)
-    rng = [checkpoint_rng_bytes(plan, m.rank) for m in memory]
-    for r, m, p, a in zip(ratios, measured, peaks, rng, strict=True):
-        assert m - a <= p and r <= SLACK, (cfg["name"], measured, peaks, rng)
+    # measured: the allocator's count where it is the larger (the checkpoints' RNG states
+    # included: the simulator counts them on a CPU run, issue 47)
+    for r, m, p in zip(ratios, measured, peaks, strict=True):
+        assert m <= p and r <= SLACK, (cfg["name"], measured, peaks)
     for m, r in zip(memory, predicted.ranks, strict=True):
         assert m.host_peak_bytes <= r.host_peak_bytes, (cfg["name"], m, r)

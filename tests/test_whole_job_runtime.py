@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_rng import checkpoint_rng_bytes
 
 from planner import zoo
 from planner.core.plan import Plan
@@ -94,11 +93,10 @@ def test_a_whole_job_plan_runs_as_planned(world: int, host: bool) -> None:
           f"predicted {predicted}; host measured "
           f"{[m.host_peak_bytes for m in result['memory']]}, predicted "
           f"{plan.predicted.host_peak_bytes}")
-    # measured: the allocator's count where it is the larger, less the checkpoints' RNG
-    # states the simulator does not count yet (issue 47; tests/checkpoint_rng.py)
-    rng = [checkpoint_rng_bytes(plan, rank) for rank in range(world)]
-    for m, p, a in zip(measured, predicted, rng, strict=True):
-        assert m - a <= p <= memory
+    # measured: the allocator's count where it is the larger (the checkpoints' RNG states
+    # included: the simulator counts them on a CPU run, issue 47)
+    for m, p in zip(measured, predicted, strict=True):
+        assert m <= p <= memory
         # the prediction is an upper bound, close: 1.02-1.10 measured (2026-11-26; the last
         # rank of 4, which keeps everything, 1.103)
         assert p <= 1.15 * m
@@ -135,5 +133,5 @@ def test_a_zero_bubble_plan_with_full_backwards_runs_as_planned() -> None:
     measured = [m.peak_bytes for m in result["memory"]]
     print(f"ZB-H1 on 4 ranks at {memory:,} B: B on stages {sorted(fused)}; measured {measured}, "
           f"predicted {predicted}")
-    for rank, (m, p) in enumerate(zip(measured, predicted, strict=True)):
-        assert m - checkpoint_rng_bytes(plan, rank) <= p
+    for m, p in zip(measured, predicted, strict=True):
+        assert m <= p

@@ -8,18 +8,16 @@ weight gradient after the log-softmax's saved output was read. Charging the node
 on top of every saved byte over-predicted such stages by the saved bytes freed before it
 (measured on 2 gloo ranks, GPT vocab 32,768: 1.6 MB on the first stage, 4.2 MB on the last).
 
-So a stage's backward transient is the largest over its backward nodes, in execution order,
-of the node's transient (planner.sim.stage_costs.node_transient_bytes) less the `freeable`
-roots (saved by the stage, not held to the step's end) whose last backward reader has run:
-Eager autograd runs a forward op's backward formula as one node: its gradients are all alive
-until it returns (`_formula_co_live`, added to each node's transient), and its saved tensors
-are freed when it has run (`_formula_ends`: the credit starts there). A formula is taken as the
-backward nodes of one module reading a common gradient (`_formulas`).
-- `joint_bytes`, for B and for a split W: the readers in execution order (a split W runs after
-  every I, in the same order, so what is freed before a weight node here is freed there too);
-- `input_bytes`, for a split I: only roots no weight-gradient node reads count, since I keeps
-  what W will read (torch's stage_backward_input).
-A micro-batch the stage recomputes holds its saved bytes again until B ends: no credit then.
+So a stage's B transient is the largest over its backward nodes, in execution order, of the
+node's transient (planner.sim.stage_costs.node_transient_bytes) less the `freeable` roots
+(saved by the stage, not held to the step's end) already freed (`joint_bytes`). Eager
+autograd runs a forward op's backward formula as one node: its gradients are all alive until
+it returns (`_formula_co_live`, added to each node's transient), and its saved tensors are
+freed when it has run (`_formula_ends`: the credit starts there). A formula is taken as the
+backward nodes of one module reading a common gradient (`_formulas`). No credit
+(`unreduced_bytes`) where nothing is freed before the backward ends: a recomputed micro-batch
+holds its saved bytes again until B ends, and a split I keeps the graph for its W
+(retain_graph; a W after it runs on what I left).
 """
 
 from __future__ import annotations
@@ -33,15 +31,13 @@ from planner.sim.ledger import MemoryLedger
 @dataclass(frozen=True)
 class BackwardTransients:
     joint_bytes: int  # the largest node transient less the saved bytes freed before it
-    input_bytes: int  # the same, counting freed only roots no weight-gradient node reads
-    unreduced_bytes: int  # the largest node transient, no credit (a recomputed micro-batch's)
+    unreduced_bytes: int  # the largest node transient, no credit
 
 
 def backward_transients(
     ledger: MemoryLedger,
     backward_order: Sequence[int],
     freeable: Set[int],
-    weight_nodes: Set[int],
     transient: Callable[[int], int],
 ) -> BackwardTransients:
     """The credits above over `backward_order` (a stage's backward nodes, execution order);
@@ -52,30 +48,21 @@ def backward_transients(
     formula_end = _formula_ends(formulas)
     co_live = _formula_co_live(ledger, backward_order, formulas)
     last: dict[int, int] = {}  # freeable root -> position after which autograd frees it
-    weight_read: set[int] = set()  # freeable roots a weight-gradient node reads
     for j, w in enumerate(backward_order):
         for p in preds[w]:
             r = root[p]
             if p not in inside and r in freeable:
                 last[r] = max(last.get(r, -1), formula_end[j])
-                if w in weight_nodes:
-                    weight_read.add(r)
-    joint_at: dict[int, int] = {}  # position -> bytes freed after it (every freeable root)
-    input_at: dict[int, int] = {}  # the same, roots no weight node reads
+    freed_after: dict[int, int] = {}  # position -> bytes freed after it
     for r, j in last.items():
-        joint_at[j] = joint_at.get(j, 0) + size[r]
-        if r not in weight_read:
-            input_at[j] = input_at.get(j, 0) + size[r]
-    joint = input_ = unreduced = 0
-    freed_joint = freed_input = 0
+        freed_after[j] = freed_after.get(j, 0) + size[r]
+    joint = unreduced = freed = 0
     for j, w in enumerate(backward_order):
         t = transient(w) + co_live[j]
         unreduced = max(unreduced, t)
-        joint = max(joint, t - freed_joint)
-        input_ = max(input_, t - freed_input)
-        freed_joint += joint_at.get(j, 0)
-        freed_input += input_at.get(j, 0)
-    return BackwardTransients(joint, input_, unreduced)
+        joint = max(joint, t - freed)
+        freed += freed_after.get(j, 0)
+    return BackwardTransients(joint, unreduced)
 
 
 def _formulas(ledger: MemoryLedger, backward_order: Sequence[int]) -> list[int]:

@@ -176,7 +176,7 @@ class _Ranks(RankWaits):
         self.events.append((start, rank, seq + 1, transient))
         self.events.append((end, rank, seq + 2, -transient))
         if op in (B, W):
-            self.events.append((end, rank, seq + 3, -released_bytes(c)))
+            self.events.append((end, rank, seq + 3, -released_bytes(c, again)))
         if op is W:
             self.events.append((end, rank, seq + 3, -c.weight_pending_bytes))
         if host_bytes and op in (F, B, W):  # offloaded: host from F to B/W's end

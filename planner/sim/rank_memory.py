@@ -49,19 +49,23 @@ class StageSizes(Protocol):
     def input_transient_bytes(self) -> int: ...
     @property
     def recompute_transient_bytes(self) -> int: ...
+    @property
+    def checkpoint_bytes(self) -> int: ...
 
 
 # -- the memory rules of a pipeline rank (planner.sim.pipeline_ranks replays them in time) ------
 def kept_bytes(sizes: StageSizes, recomputed: bool) -> int:
     """What a micro-batch keeps from its F: the saved bytes, or only the held ones (sent
     outputs, loss) when the stage recomputes it. The input gradient its B (or I) sends,
-    which torch keeps to the step's end, is charged from that B's (I's) start."""
-    return sizes.held_bytes if recomputed else sizes.saved_bytes
+    which torch keeps to the step's end, is charged from that B's (I's) start. A recomputed
+    one is a checkpoint call: it keeps `checkpoint_bytes` too, until its B (or W) ends."""
+    return sizes.held_bytes + sizes.checkpoint_bytes if recomputed else sizes.saved_bytes
 
 
-def released_bytes(sizes: StageSizes) -> int:
-    """What a micro-batch frees when its B (or W) ends: the saved bytes torch does not hold."""
-    return sizes.saved_bytes - sizes.held_bytes
+def released_bytes(sizes: StageSizes, recomputed: bool = False) -> int:
+    """What a micro-batch frees when its B (or W) ends: the saved bytes torch does not hold,
+    and a recomputed one's checkpoint state (`kept_bytes`)."""
+    return sizes.saved_bytes - sizes.held_bytes + (sizes.checkpoint_bytes if recomputed else 0)
 
 
 def compute_transient_bytes(sizes: StageSizes, op: PipelineOp, recomputed: bool) -> int:
@@ -201,7 +205,7 @@ def rank_peak_bytes(
             if a.is_compute:
                 peak = max(peak, live + compute_transient_bytes(c, a.op, again))
             if a.op in _RELEASING_OPS:
-                live -= released_bytes(c)
+                live -= released_bytes(c, again)
             if a.op is PipelineOp.backward_weight:
                 live -= c.weight_pending_bytes
         peaks.append(peak)

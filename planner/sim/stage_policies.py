@@ -117,6 +117,8 @@ def policy_stage_costs(
     host = {u.name: u.host_bytes_of(moved.get(u.name), size) for u in offloaded}
     copies = {u.name: u.copies_of(moved.get(u.name)) for u in offloaded}
     saved_bytes = base.saved_bytes - nbytes(every_saved - kept) + nbytes(kept - every_saved)
+    # each recompute unit is a checkpoint call: its state, kept from F to B (stage_costs)
+    saved_bytes += base.checkpoint_bytes * sum(p == "recompute" for p in chosen.values())
     # the all-keep stage's transient credits as freed saved roots a policy may not keep; the
     # working bytes below count every node's transient less only the kept roots it freed
     unreduced = base.recompute_transient_bytes

@@ -43,6 +43,9 @@ MEASURED_OPS = frozenset({
     "_nnpack_spatial_convolution", "_mps_convolution",
     "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
     "_native_batch_norm_legit_no_training", "native_batch_norm_backward", "batch_norm_backward",
+    # CPU dropout draws its mask in the input's dtype, then returns a bool one: 4 B an element
+    # while it runs (a GPT's recompute-all plan measured 105,984 B over its prediction)
+    "native_dropout", "native_dropout_backward",
 })
 
 MARK_BASE = 999_983  # odd: no float/half/int tensor of a graph has a marker's byte size

@@ -17,7 +17,7 @@ held until its backward).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -117,7 +117,11 @@ def measure_step_memory(fn: Callable[[], Any], device: str | torch.device = "cpu
 def measure_training_step(
     model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None
 ) -> StepMemory:
-    """Memory of forward + loss + backward, gradients cleared first (set to None)."""
+    """Memory of forward + loss + backward, gradients cleared first (set to None). On CPU the
+    peak is the larger of the tracker's and, over a second step, the allocator's own count
+    (planner.tracing.allocator_events: it also sees ops' internal workspace, e.g. a
+    convolution's, which the trace records on CPU too)."""
+    from planner.tracing.allocator_events import measure_allocator_peak
     from planner.tracing.capture import compute_loss
 
     model.zero_grad(set_to_none=True)
@@ -129,7 +133,12 @@ def measure_training_step(
         return float(loss.detach())
 
     try:
-        return measure_step_memory(step, device)
+        tracked = measure_step_memory(step, device)
+        if device.type == "cuda":
+            return tracked
+        model.zero_grad(set_to_none=True)
+        counted = measure_allocator_peak(step).peak_bytes
+        return replace(tracked, peak_bytes=max(tracked.peak_bytes, counted))
     finally:
         model.zero_grad(set_to_none=True)
 

@@ -34,6 +34,7 @@ from planner.core.graph import Graph
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
 from planner.sim.selective_units import call_outputs, rerun_ms, unit_calls
+from planner.sim.stage_costs import checkpoint_state_bytes
 from planner.sim.stage_policies import StageFacts, UnitFacts, weight_rerun_bytes
 from planner.sim.stage_working import backward_working_bytes
 
@@ -127,7 +128,7 @@ def selective_options(graph: Graph, m: Module, weight_reruns: bool) -> tuple[OpO
         roots = frozenset().union(*(c.roots for c in taken))
         cached = {u.name: nodes}
         delta = (-sum(size[r] for r in m.exclusive - roots) + sum(size[r] for r in u.inputs)
-                 + sum(size[r] for r in roots - held))
+                 + sum(size[r] for r in roots - held) + checkpoint_state_bytes(graph))
         transient = backward_working_bytes(graph, m.facts, alone, m.least | u.inputs | roots,
                                            m.inputs, cached=cached)
         rerun = weight_rerun_bytes(graph, m.facts, alone, False) if weight_reruns else 0

@@ -32,6 +32,7 @@ from planner.core.graph import Graph
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
 from planner.sim.selective_units import cached_nodes, rerun_ms
+from planner.sim.stage_costs import checkpoint_state_bytes
 from planner.sim.stage_facts import region_facts, unit_regions
 from planner.sim.stage_working import backward_working_bytes
 from planner.solvers.pipeline.op_options import Module, OpOption, prefixes, ranked_calls
@@ -72,8 +73,9 @@ class _Candidate:
         chosen.update((r, "recompute") for r, _ in self.regions)
         transient = backward_working_bytes(graph, facts, chosen, m.least | self.kept,
                                            m.inputs | self.inputs, cached=self.cached)
-        return OpOption("recompute", (), self.delta_bytes, 0, transient, self.ms,
-                        regions=self.regions)
+        # each region a checkpoint call, keeping its state from F to B (sim.stage_costs)
+        delta = self.delta_bytes + checkpoint_state_bytes(graph) * len(self.regions)
+        return OpOption("recompute", (), delta, 0, transient, self.ms, regions=self.regions)
 
 
 def region_option(graph: Graph, m: Module,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from planner.core.pipeline_actions import UnitPolicy
 from planner.sim.ledger import MemoryLedger
+from planner.sim.stage_costs import checkpoint_state_bytes
 from planner.sim.stage_policies import (
     StageFacts,
     UnitFacts,
@@ -101,7 +102,8 @@ def items(problem: PipelineProblem, facts: StageFacts, weight_reruns: bool = Fal
             regions = region_options(problem.graph, m)
             ops = tuple(o for o in ops if not dominated(o, regions)) + regions
         out.append(Item(u.name, u.host_bytes, sum(size[r] for r in m.exclusive),
-                        sum(size[r] for r in u.inputs), transient[0],
+                        sum(size[r] for r in u.inputs) + checkpoint_state_bytes(problem.graph),
+                        transient[0],
                         transient[1] if host_tier else 0,
                         u.rerun_ms + again_ms, copy_ms(None), rerun, ops))
     return out

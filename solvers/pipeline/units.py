@@ -33,6 +33,7 @@ from planner.sim.stage_costs import (
     StageCosts,
     backward_weight_ms,
     boundary_sizes,
+    checkpoint_state_bytes,
     gradient_nodes,
     is_module_level,
     loss_roots,
@@ -187,7 +188,6 @@ class UnitChain:
                 continue
             for r, _, _ in self.gradient_reads[v]:
                 self.passed_on.setdefault(r, []).append(self.node_unit[v])
-        self.weight_nodes = gradient_nodes(self.graph)
         self._released_memo: dict[tuple[int, int], BackwardTransients] = {}
         self.size = ledger.storage_bytes  # of storage roots: the saved-bytes table's sizes
         self.cut_forward = cut_f  # cut c: forward roots made before unit c, read from c on
@@ -335,12 +335,13 @@ class UnitChain:
             held_bytes=held,
             buffer_bytes=buffers,
             weight_pending_bytes=0 if first_stage else self.pending_bytes[(first, end)],
-            weight_transient_bytes=transient,
+            weight_transient_bytes=transient if first_stage else unreduced,
             weight_rerun_bytes=unreduced + (0 if first_stage else weight_rerun_residue_bytes(
                 groups, read, self.rerun_bytes[(first, end)] - read)),
             first_stage=first_stage,
-            input_transient_bytes=max(forward, released.input_bytes),
+            input_transient_bytes=transient if first_stage else unreduced,
             recompute_transient_bytes=unreduced,
+            checkpoint_bytes=checkpoint_state_bytes(self.graph),
         )
 
     def _released(self, first: int, end: int) -> BackwardTransients:
@@ -354,13 +355,14 @@ class UnitChain:
             sent = {r for r in self.cut_forward[end] if unit[r] >= first}
             loss = {r for r in self.loss_roots if first <= unit[r] < end}
             order = [v for _, v in heapq.merge(*self.backward_nodes[first:end])]
+
             def transient(v: int) -> int:  # stage_costs.buffered_gradients
                 return self.node_transient[v] + sum(
                     b for r, u, b in self.gradient_reads[v]
                     if u < end or any(first <= t < end for t in self.passed_on.get(r, ())))
 
             got = backward_transients(MemoryLedger.of(self.graph), order, saved - sent - loss,
-                                      self.weight_nodes, transient)
+                                      transient)
             self._released_memo[(first, end)] = got
         return got
 
