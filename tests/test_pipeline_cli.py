@@ -161,10 +161,11 @@ def test_a_whole_job_plan_shows_its_selective_checkpoints(
     write_json(path, graph)
     least = least_memory_split(make_problem(graph, devices=2, memory_bytes=None,
                                             microbatches=4, schedule="1f1b"))[0]
-    # 0.85: the plain least credits what a stage's backward frees as it runs (at 0.8 of it
-    # the fastest fitting plans recompute whole modules only)
+    # 0.88: the plain least credits what a stage's backward frees as it runs, and each
+    # checkpoint's RNG state is charged on a CPU run (at 0.8-0.85 of it the fastest fitting
+    # plans recompute whole modules only)
     code, out, err = run(capsys, "partition", path, "--devices", "2", "--device-memory",
-                         str(int(0.85 * least)), "--microbatches", "4", "--method", "whole",
+                         str(int(0.88 * least)), "--microbatches", "4", "--method", "whole",
                          "--time-limit", "5", "-o", plan_path)
     assert code == 0, err
     assert "selective" in out, out
