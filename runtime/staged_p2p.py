@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._python_dispatch import _disable_current_modes
 
+from planner.tracing.allocator_events import host_memory
+
 _ORIGINAL: dict[str, Any] = {}
 _NAMES = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
@@ -77,13 +79,14 @@ def _staged(tensor: torch.Tensor, stage_all: bool) -> bool:
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    # outside any dispatch mode: a storage tracker measuring the step must not count the copy
-    with _disable_current_modes():
+    # outside any dispatch mode and in a host scope: neither a storage tracker nor the
+    # allocator's count of the step (planner.tracing.allocator_events) counts the copy
+    with _disable_current_modes(), host_memory():
         return tensor.detach().to("cpu", copy=True)
 
 
 def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
-    with _disable_current_modes():
+    with _disable_current_modes(), host_memory():
         return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
 
 

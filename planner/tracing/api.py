@@ -210,7 +210,8 @@ def _trace_ops(
         profile_name = profile.name
     # What each op allocates and frees while it runs is memory, not time: measured whichever
     # way the costs are found (on CPU convolutions' and batch norms', one profiler session).
-    workspace = measure_cpu_workspace_bytes(cap.gm) if on_cpu else measure_fx_workspace_bytes(
+    workspace = measure_cpu_workspace_bytes(
+        cap.gm, eager_dropout=dropout_masks == "eager") if on_cpu else measure_fx_workspace_bytes(
         cap, joint_arguments(cap, model, inputs))
     groups = group_records(records, fuse=fuse)
     order = _execution_order(groups, by_name)

@@ -45,7 +45,7 @@ MEASURED_OPS = frozenset({
     "_native_batch_norm_legit_no_training", "native_batch_norm_backward", "batch_norm_backward",
     # CPU dropout draws its mask in the input's dtype, then returns a bool one: 4 B an element
     # while it runs (a GPT's recompute-all plan measured 105,984 B over its prediction)
-    "native_dropout", "native_dropout_backward",
+    "native_dropout",
 })
 
 MARK_BASE = 999_983  # odd: no float/half/int tensor of a graph has a marker's byte size
@@ -61,13 +61,18 @@ def is_measured(target: Any) -> bool:
             and packet is not None and packet.__name__ in MEASURED_OPS)
 
 
-def measure_cpu_workspace_bytes(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """{fx name: workspace bytes > 0} of `gm`'s convolutions and batch norms (module doc)."""
+def measure_cpu_workspace_bytes(gm: torch.fx.GraphModule,
+                                eager_dropout: bool = False) -> dict[str, int]:
+    """{fx name: workspace bytes > 0} of `gm`'s convolutions, batch norms and dropouts (module
+    doc). `eager_dropout`: the graph sizes a dropout's mask as CPU eager keeps it (the input's
+    dtype, planner.tracing.records): that buffer is its output then, not its workspace."""
     keys: dict[str, _Key] = {}
     nodes: dict[str, torch.fx.Node] = {}
     todo: dict[_Key, torch.fx.Node] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or not is_measured(node.target):
+            continue
+        if eager_dropout and node.target is torch.ops.aten.native_dropout.default:
             continue
         key = _call_key(node)
         if key is None:
