@@ -117,11 +117,19 @@ def eager_sized(result: Any) -> Graph | None:
         if r.extra.get("eager_sized")
     }
     owners = result.owner_fx_names
-    nodes = [
-        n.model_copy(update={"output_bytes": sizes[owners[n.id]]})
-        if owners.get(n.id) in sizes else n
-        for n in result.graph.nodes
-    ]
+    # a graph-sized trace charges CPU dropout's input-dtype mask buffer as the op's workspace
+    # (planner.tracing.cpu_workspace); an eager-sized one keeps that buffer as the mask
+    dropouts = {n.name for n in joint.graph.nodes
+                if n.target is torch.ops.aten.native_dropout.default}
+    members = getattr(result, "node_fx_names", {}) or {}
+    nodes = []
+    for n in result.graph.nodes:
+        update: dict[str, int] = {}
+        if owners.get(n.id) in sizes:
+            update["output_bytes"] = sizes[owners[n.id]]
+        if n.workspace_bytes and dropouts & set(members.get(str(n.id), members.get(n.id, ()))):
+            update["workspace_bytes"] = 0
+        nodes.append(n.model_copy(update=update) if update else n)
     if not sizes or nodes == result.graph.nodes:
         return None
     return result.graph.model_copy(update={"nodes": nodes})

@@ -66,7 +66,9 @@ def test_dropout_masks_die_with_their_own_node() -> None:
     store_all = solve(graph, 10**15, "store-all").predicted
     assert store_all is not None
     checked = 0
-    for fraction, method in ((0.95, "chen-sqrt"), (0.8, "chen-greedy"), (0.8, "auto")):
+    # chen-greedy at 0.85: CPU dropout's mask buffer is its workspace now (its store-all peak
+    # rose; 0.8 of it is below chen-greedy's plans)
+    for fraction, method in ((0.95, "chen-sqrt"), (0.85, "chen-greedy"), (0.8, "auto")):
         plan = solve(graph, int(fraction * store_all.peak_bytes), method, time_limit_s=3)
         if plan.predicted is None or plan.status.value not in ("optimal", "feasible"):
             continue
