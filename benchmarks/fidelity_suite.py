@@ -164,8 +164,8 @@ def summary(rows: list[Row]) -> list[str]:
         return ["no measured rows"]
     over = [r for r in rows if r.get("meas_bytes", 0) > (r.get("pred_bytes") or 1 << 62)]
     return [f"- measured rows: {len(ratios)}; measured > predicted: {len(over)}; "
-            f"max measured/predicted {max(ratios):.5f}, median {statistics.median(ratios):.5f}, "
-            f"min {min(ratios):.5f}; PASS {sum(r['verdict'] == 'PASS' for r in rows)}, "
+            f"max measured/predicted {max(ratios):.7f}, median {statistics.median(ratios):.7f}, "
+            f"min {min(ratios):.7f}; PASS {sum(r['verdict'] == 'PASS' for r in rows)}, "
             f"errors/no plan {sum(r['verdict'] in ('error', 'no plan') for r in rows)}"]
 
 
