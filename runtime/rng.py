@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.tracing.allocator_events import host_memory
 
@@ -32,17 +33,23 @@ class RngStates:
         if recorded is None:
             # generator states are host tensors (on CUDA too: not device memory); on a CPU
             # run they are kept out of the device count like offloaded copies (5,056 B each)
-            with host_memory():
+            with _disable_current_modes(), host_memory():
                 cuda_state = torch.cuda.get_rng_state(self.device) if self.cuda else None
                 self._states[key] = (torch.get_rng_state(), cuda_state)
             return fn()
         cpu_state, cuda_state = recorded
         devices = [self.device] if self.cuda else []
-        with torch.random.fork_rng(devices=devices, device_type="cuda" if self.cuda else "cpu"):
+        fork = torch.random.fork_rng(devices=devices, device_type="cuda" if self.cuda else "cpu")
+        with _disable_current_modes(), host_memory():  # fork_rng's copies: host tensors too
+            fork.__enter__()
+        try:
             torch.set_rng_state(cpu_state)
             if cuda_state is not None:
                 torch.cuda.set_rng_state(cuda_state, self.device)
             return fn()
+        finally:
+            with _disable_current_modes(), host_memory():
+                fork.__exit__(None, None, None)
 
     def clear(self) -> None:
         self._states.clear()
