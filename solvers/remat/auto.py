@@ -63,7 +63,7 @@ from planner.solvers.remat.cut_bound import cut_lower_bound
 from planner.solvers.remat.improve_large import improve_large
 from planner.solvers.remat.portfolio import LOWERED_FIRST_NODES, run_portfolio
 from planner.solvers.remat.problem import problem_from_graph
-from planner.solvers.remat.stop import Progress, SearchStop
+from planner.solvers.remat.stop import PlanListener, Progress, SearchStop
 
 __all__ = [
     "CUT_BOUND_SHARE", "EXACT_INTERVALS_MAX_NODES", "EXACT_MAX_NODES", "FIND_SHARE",
@@ -85,9 +85,11 @@ def final_margin_s(node_count: int, time_limit_s: float) -> float:
 
 
 def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
-               threads: int = 2, seed: int = 0, progress: Progress | None = None) -> AutoResult:
+               threads: int = 2, seed: int = 0, progress: Progress | None = None,
+               incumbent: PlanListener | None = None) -> AutoResult:
     """`progress(objective, bound)` hears of every better plan (the simulator's cost) and every
-    better bound, as soon as each phase or search finds it."""
+    better bound, as soon as each phase or search finds it; `incumbent(actions, source,
+    bound)` gets each better plan itself (the engine's anytime answer)."""
     config = AutoConfig(time_limit_s=time_limit_s, threads=threads, seed=seed)
     started = time.perf_counter()
     n_nodes = len(graph.nodes)
@@ -98,7 +100,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         return AutoResult(None, None, "none", problem.total_cost, False, True,
                           [f"no schedule fits: computing one node needs {least} bytes"])
     search = AutoSearch(graph, budget_bytes, problem, config, started=started,
-                        deadline=deadline, progress=progress)
+                        deadline=deadline, progress=progress, incumbent=incumbent)
     stop = SearchStop()
     race = _start_highs_race(search, stop)
     workers = threads - 1 if race is not None else threads

@@ -20,7 +20,7 @@ from planner.sim.simulator import PlanError, simulate
 from planner.solvers.order import schedule_order
 from planner.solvers.remat.polish import keep_instead_of_recompute
 from planner.solvers.remat.problem import RematProblem, staged_from_actions
-from planner.solvers.remat.stop import Progress
+from planner.solvers.remat.stop import PlanListener, Progress
 
 EXACT_MAX_NODES = 300  # up to here: LP, MILP and interval searches after the portfolio
 OPTIMAL_TOLERANCE = 1e-9  # relative: a cost this close to a bound is proven optimal
@@ -61,7 +61,7 @@ class AutoSearch:
 
     def __init__(self, graph: Graph, budget_bytes: int, problem: RematProblem,
                  config: AutoConfig, *, started: float, deadline: float,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, incumbent: PlanListener | None = None) -> None:
         self.graph = graph
         self.budget_bytes = budget_bytes
         self.problem = problem
@@ -69,6 +69,7 @@ class AutoSearch:
         self.started = started
         self.deadline = deadline
         self.progress = progress
+        self.incumbent = incumbent  # the engine's keeper of the best plan so far (anytime)
         self.best: Incumbent | None = None
         self.bound = problem.total_cost  # raised by the LP, MILP and interval searches
         self.order_bound = problem.total_cost  # raised by the uncapped interval model only
@@ -136,7 +137,10 @@ class AutoSearch:
         return best is None or (found_bound <= best.cost and follows(best.actions, self.given))
 
     def tell(self) -> None:
-        """The listener hears of the best plan and the bound that covers it."""
+        """The listeners hear of the best plan and the bound that covers it (the engine's
+        keeper gets the any-order bound: it covers the plan whatever its order or form)."""
+        if self.incumbent is not None and self.best is not None:
+            self.incumbent(self.best.actions, self.best.source, self.any_order_bound)
         if self.progress is not None and self.best is not None:
             self.progress(self.best.cost,
                           max(self.bound, self.any_order_bound) if self.covers(self.bound)

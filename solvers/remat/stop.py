@@ -10,6 +10,8 @@ from typing import Any
 
 # (best objective, best bound), either None when unknown: `SolveRequest.progress`.
 Progress = Callable[[float | None, float | None], None]
+# (actions, source label, a lower bound covering the plan or None): each better plan as found.
+PlanListener = Callable[[list[Any], str, float | None], None]
 
 
 class SearchStop:
