@@ -31,7 +31,8 @@ class RunningJob:
     results: Connection
     lifeline: Connection
     started: float  # time.monotonic()
-    deadline: float
+    deadline: float  # killed after this; restarted once the process has read its graph
+    kill_after_s: float  # the job's time limit plus the kill grace
     reaped: threading.Event = field(default_factory=threading.Event)
     last_progress_write: float = 0.0
     pending_progress: tuple[float | None, float | None] | None = None
@@ -41,8 +42,10 @@ class RunningJob:
 def start_solver(
     ctx: ForkServerContext, job: Job, document: str, settings: Settings
 ) -> RunningJob:
-    """Start the solver process of `job` on its graph `document`; its time limit counts from
-    here, and it is killed `settings.kill_grace_s` after that limit."""
+    """Start the solver process of `job` on its graph `document`. Its time limit is the
+    solver's own: it counts from when the process has read the graph ("loaded"), and the
+    process is killed `settings.kill_grace_s` after that limit (before "loaded": counted from
+    here, so a process that never loads is killed too)."""
     results_r, results_w = ctx.Pipe(duplex=False)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
     spec = {
@@ -53,7 +56,7 @@ def start_solver(
         "nice": settings.solver_nice,
         "options": job.options,
         "resources": job.resources,
-        "started_monotonic": time.monotonic(),  # the limit counts from here
+        "started_monotonic": time.monotonic(),  # its start and load are measured from here
     }
     process = ctx.Process(
         target=run_job,
@@ -77,6 +80,7 @@ def start_solver(
         lifeline=lifeline_w,
         started=now,
         deadline=now + job.time_limit_s + settings.kill_grace_s,
+        kill_after_s=job.time_limit_s + settings.kill_grace_s,
     )
 
 
@@ -87,6 +91,8 @@ def drain(r: RunningJob) -> None:
             message = r.results.recv()
             if message[0] == "progress":
                 r.pending_progress = (message[1], message[2])
+            elif message[0] == "loaded":  # the solver's own time starts now
+                r.deadline = time.monotonic() + r.kill_after_s
             else:
                 r.outcome = message
     except (EOFError, OSError):

@@ -2,9 +2,11 @@
 
 The process is forked from a multiprocessing forkserver (clean, single-threaded, with planner
 preloaded), gets the graph as JSON text (never a pickle from a request), and reports over a pipe:
-("progress", objective, bound) now and then, then ("result", plan_json, report) or
-("error", message). A lifeline pipe whose other end only the server holds ends the process when
-the server dies, so a kill -9 of the server leaves no solver running on.
+("loaded", seconds since the dispatcher started it) once the graph is read, ("progress",
+objective, bound) now and then, then ("result", plan_json, report) or ("error", message). The
+solver gets the job's whole time limit; the process start and graph load are reported beside
+it. A lifeline pipe whose other end only the server holds ends the process when the server
+dies, so a kill -9 of the server leaves no solver running on.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 PROGRESS_INTERVAL_S = 0.5
-MIN_SOLVE_S = 0.1  # what a method gets when loading the graph took the whole limit
 
 
 def _watch_lifeline(lifeline: Connection) -> None:
@@ -49,6 +50,12 @@ class _Reporter:
             self.pending[:] = [(objective, bound)]
         if time.monotonic() - self.last_sent >= PROGRESS_INTERVAL_S:
             self._send_pending()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """A message before the answer (e.g. "loaded")."""
+        with self.lock:
+            if not self.solved.is_set():
+                self.results.send(message)
 
     def answer(self, message: tuple[Any, ...]) -> None:
         with self.lock:
@@ -100,17 +107,22 @@ def run_job(
         # collections need not walk them again and again (a large graph has millions).
         gc.freeze()
         request = stored_request(graph, spec)  # resolved at submission: nothing is parsed again
-        reporter.start_flusher()
-        # The job's limit counts from its start (the dispatcher's clock, CLOCK_MONOTONIC like
-        # ours): starting this process and reading the graph come out of it.
+        # The job's limit is the solver's own time: starting this process and reading the
+        # graph (the dispatcher's clock, CLOCK_MONOTONIC like ours) are counted beside it and
+        # shown, and the dispatcher's kill deadline restarts from here ("loaded").
         began = float(spec.get("started_monotonic", entered))
-        time_limit_s = max(MIN_SOLVE_S, request.time_limit_s - (time.monotonic() - began))
+        loaded = time.monotonic()
+        reporter.send(("loaded", loaded - began))
+        reporter.start_flusher()
         try:
-            plan = request.solve(progress=reporter.progress, time_limit_s=time_limit_s)
+            plan = request.solve(progress=reporter.progress)
         except InputError as e:
             reporter.answer(("error", str(e)))
             return
-        reporter.answer(("result", plan.model_dump_json(), plan_report(plan, graph)))
+        report = plan_report(plan, graph)
+        report["startup_seconds"] = {"process_start": round(entered - began, 3),
+                                     "graph_load": round(loaded - entered, 3)}
+        reporter.answer(("result", plan.model_dump_json(), report))
         from planner.engine.deadline import abandoned_methods
 
         if abandoned_methods():  # the answer is out (send returns once it is written): a method

@@ -38,7 +38,8 @@ def auto(request: SolveRequest) -> MethodResult:
     offloading = request.resources is not None and request.resources.has_host_tier
     remat_limit_s = request.time_limit_s * (1 - OFFLOAD_SHARE if offloading else 1.0)
     r = solve_auto(request.graph, request.budget_bytes, time_limit_s=remat_limit_s,
-                   threads=request.threads, seed=request.seed, progress=request.progress)
+                   threads=request.threads, seed=request.seed, progress=request.progress,
+                   incumbent=request.incumbent)
     details = {"source": r.source, "timings_s": {k: round(v, 3) for k, v in r.timings.items()}}
     if offloading and not (r.actions is not None and r.cost is not None
                            and r.cost <= request.graph.total_compute_ms * (1 + 1e-12)):

@@ -30,6 +30,11 @@ class SolveRequest:
     # improves (either None when unknown), possibly from a solver's threads; the engine passes
     # on only changes. Long-running methods call it: auto, milp, lp-rounding, cpsat-intervals.
     progress: Callable[[float | None, float | None], None] | None = None
+    # Called with (actions, source label, a lower bound covering the plan or None) for each
+    # better in-budget plan as the method finds it, possibly from its threads. The engine
+    # keeps the latest and answers with it if the method overruns its limit (anytime); the
+    # method may keep editing its own lists (they are copied). None: nobody keeps them.
+    incumbent: Callable[[list[Action], str, float | None], None] | None = None
     # The machine (links, host memory); None: one device, the budget alone.
     resources: Resources | None = None
     # Pipeline partitioners only: the problem the engine built and checked (ranks,

@@ -90,15 +90,13 @@ class ResolvedRequest:
         *,
         progress: ProgressFn | None = None,
         known_plans: Iterable[tuple[str, Sequence[Action]]] = (),
-        time_limit_s: float | None = None,
     ) -> Plan:
-        """`planner.engine.solve.solve` for this request; `time_limit_s` overrides the limit
-        (a service job whose clock started before its process did)."""
+        """`planner.engine.solve.solve` for this request."""
         from planner.engine.solve import solve
 
         return solve(
             self.graph, self.budget_bytes, self.method,
-            time_limit_s=self.time_limit_s if time_limit_s is None else time_limit_s,
+            time_limit_s=self.time_limit_s,
             threads=self.threads, seed=self.seed, options=dict(self.options),
             progress=progress, resources=self.resources, known_plans=known_plans,
         )

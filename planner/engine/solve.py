@@ -10,8 +10,10 @@ claimed bound above the cost of any plan known to fit (`planner.engine.judge`) i
 
 Time limits hold for every method, built-in or plugin (`planner.engine.deadline`): the method
 runs in a thread, a fallback from the fast baselines is built while it runs, and a method that
-has not answered by its limit plus a grace is abandoned for that fallback. The answer comes
-within the limit plus `ANSWER_MARGIN_S` (2 s) up to 20,000 nodes.
+has not answered by its limit plus a grace is abandoned. The answer is then the method's best
+plan so far (it offers each better plan to `SolveRequest.incumbent`; `incumbent.py`), or the
+fallback only where that is cheaper or the method offered none that fits, and says which. The
+answer comes within the limit plus `ANSWER_MARGIN_S` (2 s) up to 20,000 nodes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from planner.engine.deadline import (
     fallback_plan,
     least_baseline,
 )
+from planner.engine.incumbent import IncumbentBox, JudgedIncumbent, judged_incumbent
 from planner.engine.judge import (
     PLAN_BOOK,
     known_plan,
@@ -101,6 +104,7 @@ def solve(
         return proven
     reporter = monotone_progress(progress, graph.total_compute_ms)
     gate = None if reporter is None else ClosableProgress(reporter)
+    box = IncumbentBox(started)
     request = SolveRequest(
         graph=graph,
         budget_bytes=budget_bytes,
@@ -109,6 +113,7 @@ def solve(
         seed=seed,
         options=dict(options or {}),
         progress=gate,
+        incumbent=box.offer,
         resources=resources,
     )
     _warm_caches(graph)  # built once here, not raced by the method's thread and the fallback's
@@ -125,6 +130,15 @@ def solve(
         run.abandon()
         if gate is not None:
             gate.close()
+        # Half of what is left of the margin replays the method's best plan so far; the
+        # rest stays for the fallback, should that plan not fit.
+        now = time.perf_counter()
+        kept = judged_incumbent(graph, budget_bytes, box.close(), resources,
+                                now + (limit_at + ANSWER_MARGIN_S - FALLBACK_SLACK_S - now) / 2)
+        if _better_than_fallback(kept, fallback):
+            assert kept is not None
+            return _incumbent_answer(graph, budget_bytes, method, time_limit_s, kept, started,
+                                     resources, reporter)
         if fallback is None or not fallback.fits:
             # Not built while the method ran (a loaded machine, a short limit): there is no
             # method plan to judge, so the rest of the answer margin is the fallback's.
@@ -133,7 +147,7 @@ def solve(
         return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
                                resources, reporter)
     return _answer(graph, budget_bytes, method, time_limit_s, run, fallback, started,
-                   resources, reporter, known_plans)
+                   resources, reporter, known_plans, box)
 
 
 def _proven_infeasible(graph: Graph, budget_bytes: int, method: str, started: float,
@@ -162,13 +176,18 @@ def _proven_infeasible(graph: Graph, budget_bytes: int, method: str, started: fl
 def _answer(graph: Graph, budget_bytes: int, method: str, time_limit_s: float, run: MethodRun,
             fallback: Fallback | None, started: float, resources: Resources | None,
             reporter: ProgressFn | None,
-            known_plans: Iterable[tuple[str, Sequence[Action]]]) -> Plan:
+            known_plans: Iterable[tuple[str, Sequence[Action]]], box: IncumbentBox) -> Plan:
     """The answer from a method that finished in time: its plan judged by the simulator, or
     the fallback's where it has none, ran out of memory, or cannot be judged in time."""
     judged_by = started + time_limit_s + ANSWER_MARGIN_S - JUDGE_RESERVE_S
     try:
         result = run.result()
-    except MemoryError:  # a model too large for this machine: the fast baselines still answer
+    except MemoryError:  # a model too large for this machine: its best plan so far, or the
+        kept = judged_incumbent(graph, budget_bytes, box.close(), resources, judged_by)
+        if kept is not None and kept.fits:  # fast baselines' where it had none
+            return _incumbent_answer(graph, budget_bytes, method, time_limit_s, kept, started,
+                                     resources, reporter, f"method {method} ran out of memory",
+                                     overran=False)
         if fallback is None:
             fallback = fallback_plan(graph, budget_bytes, judged_by)
         return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
@@ -241,6 +260,51 @@ def _better_fallback(known: Fallback | None, graph: Graph, budget_bytes: int,
     if again is None or (known is not None and not again.fits):
         return known
     return again
+
+
+def _better_than_fallback(kept: JudgedIncumbent | None, fallback: Fallback | None) -> bool:
+    """Whether the method's best plan so far answers rather than the fallback: it fits, and no
+    fitting fallback is cheaper (a fallback that fits is at least store-all's cost or a
+    baseline's, rarely below an incumbent; then the cheaper plan answers)."""
+    if kept is None or not kept.fits:
+        return False
+    return (fallback is None or not fallback.fits
+            or kept.simulation.compute_cost <= fallback.simulation.compute_cost)
+
+
+def _incumbent_answer(
+    graph: Graph,
+    budget_bytes: int,
+    method: str,
+    time_limit_s: float,
+    kept: JudgedIncumbent,
+    started: float,
+    resources: Resources | None,
+    reporter: ProgressFn | None,
+    why: str = "",
+    *,
+    overran: bool = True,
+) -> Plan:
+    """The answer when the method did not answer in time but had offered plans: the best of
+    them, judged like any plan, with the bound the method gave for it."""
+    why = why or (f"method {method} did not answer within its time limit of {time_limit_s:g} "
+                  f"s (+{METHOD_GRACE_S:g} s grace); it was abandoned")
+    found = kept.incumbent
+    result = MethodResult(
+        actions=list(found.actions),
+        status=PlanStatus.feasible,
+        backend=f"{method}:{found.source}",
+        lower_bound=found.lower_bound_ms,
+        notes=[f"{why}: this is its best plan so far, found {found.found_after_s:.2f} s into "
+               "the solve (the anytime answer)"],
+        details={"method_overran": overran, "fallback": False, "incumbent": True,
+                 "incumbent_found_s": round(found.found_after_s, 3)},
+    )
+    plan = checked_plan(graph, budget_bytes, method, result, time.perf_counter() - started,
+                        resources, simulated=kept.simulation)
+    if reporter is not None and plan.objective is not None:
+        reporter(plan.objective, plan.lower_bound)
+    return plan
 
 
 def _overrun_answer(
