@@ -89,31 +89,35 @@ def min_budget_cmd(
 
 def _min_budget_in_time(graph: Any, backend: str, time_limit_s: float, threads: int) -> Any:
     """planner.solvers.remat.min_budget within the time limit plus the engine's grace: when the
-    search
-    overruns, the least-peak affordable baseline (bounded by the trivial lower bound) answers
-    instead, as `planner.engine.solve` does for methods."""
+    search overruns, the least peak it had found answers (its incumbent), or the least-peak
+    affordable baseline when that is lower or nothing was found, as `planner.engine.solve`
+    does for methods."""
     import time
 
     from planner.engine.deadline import METHOD_GRACE_S, MethodRun, least_baseline
     from planner.sim.simulator import lower_bound_peak_bytes
-    from planner.solvers.remat.min_budget import MinBudget, min_budget
+    from planner.solvers.remat.min_budget import Incumbent, MinBudget, min_budget
 
     started = time.perf_counter()
+    found = Incumbent()
     run = MethodRun(lambda _: min_budget(graph, backend=backend, time_limit_s=time_limit_s,
-                                         threads=threads), None).start()
+                                         threads=threads, incumbent=found), None).start()
     if run.wait(started + time_limit_s + METHOD_GRACE_S):
         return run.result()
     run.abandon()
-    least = least_baseline(graph, started + time_limit_s + 2 * METHOD_GRACE_S)
-    if least is None:
-        from planner.core.errors import InputError
+    best = found.best()
+    if best is None:
+        least = least_baseline(graph, started + time_limit_s + 2 * METHOD_GRACE_S)
+        if least is None:
+            from planner.core.errors import InputError
 
-        raise InputError(f"min-budget: no plan found within the time limit of "
-                         f"{time_limit_s:g} s; give it more time (--time-limit)")
-    lower = lower_bound_peak_bytes(graph)
-    return MinBudget(peak_bytes=least.peak_bytes, lower_bound_bytes=lower,
-                     proven=least.peak_bytes == lower, actions=least.actions,
-                     method=f"baseline:{least.name} (the search overran its time limit)",
+            raise InputError(f"min-budget: no plan found within the time limit of "
+                             f"{time_limit_s:g} s; give it more time (--time-limit)")
+        best = (least.peak_bytes, least.actions, f"baseline:{least.name}")
+    lower = min(lower_bound_peak_bytes(graph), best[0])
+    return MinBudget(peak_bytes=best[0], lower_bound_bytes=lower, proven=best[0] == lower,
+                     actions=best[1],
+                     method=f"{best[2]} (the search overran its time limit)",
                      wall_seconds=time.perf_counter() - started)
 
 

@@ -29,6 +29,7 @@ from planner.sim.ledger import (
     describe_missing,
     loss_rule_error,
 )
+from planner.sim.lower_bound import peak_lower_bound_bytes
 from planner.sim.result import (
     MemoryPoint,
     PlanError,
@@ -107,7 +108,7 @@ def _replay(
 
 
 def lower_bound_peak_bytes(graph: Graph) -> int:
-    """No schedule peaks lower: computing any node needs its inputs, output and workspace."""
-    ledger = MemoryLedger.of(graph)
-    best = max((ledger.working_set_bytes(v) for v in ledger.node_ids), default=0)
-    return graph.fixed_bytes + best
+    """No schedule peaks lower: computing any node needs its inputs, output and workspace, with
+    the fixed bytes and what every node before it holds to the end of the step (weight
+    gradients) resident (`planner.sim.lower_bound`)."""
+    return max(graph.fixed_bytes, peak_lower_bound_bytes(graph))

@@ -96,9 +96,11 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     deadline = started + time_limit_s - final_margin_s(n_nodes, time_limit_s)
     problem = problem_from_graph(graph, budget_bytes)
     least = lower_bound_peak_bytes(graph)
-    if least > budget_bytes:  # some node's inputs, output and workspace alone exceed it
+    if least > budget_bytes:  # at some node's first computation what must be resident exceeds it
         return AutoResult(None, None, "none", problem.total_cost, False, True,
-                          [f"no schedule fits: computing one node needs {least} bytes"])
+                          [f"no schedule fits: computing one node needs {least} bytes (the "
+                           f"fixed bytes, its inputs, output and workspace, and the bytes its "
+                           f"ancestors hold to the end of the step)"])
     search = AutoSearch(graph, budget_bytes, problem, config, started=started,
                         deadline=deadline, progress=progress, incumbent=incumbent)
     stop = SearchStop()
