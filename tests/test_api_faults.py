@@ -163,9 +163,10 @@ def test_a_solver_that_cannot_start_fails_its_job_at_once(
     monkeypatch.setattr(manager._ctx, "Process", NoProcess)
     started = time.monotonic()
     r = api.post("/v1/plans", json={"graph": DOC, "budget": 1.0, "method": "store-all"})
-    job = _wait(api, r.json()["id"], ("failed",), 5)
+    job = _wait(api, r.json()["id"], ("failed",), 30)
     elapsed_s = time.monotonic() - started
-    assert job["status"] == "failed" and elapsed_s < 1.0, (job, elapsed_s)
+    # "at once": no retry with back-off (seconds each); not a latency figure, which load stretches
+    assert job["status"] == "failed" and elapsed_s < 10.0, (job, elapsed_s)
     assert "could not start" in job["error"] and "Resource temporarily" in job["error"]
     assert job["attempts"] == 2  # re-queued once, then failed
     deadline = time.monotonic() + 5  # the killed process leaves the pool's count within moments

@@ -113,4 +113,4 @@ def test_twenty_thousand_nodes_index_quickly() -> None:
     assert all(pos[6_667] < pos[v] for v in control)
     # well under a second on one core; generous here for a shared test machine (a per-node
     # search would take minutes)
-    assert elapsed < 5.0, elapsed
+    assert elapsed < 30.0, elapsed

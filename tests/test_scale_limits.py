@@ -40,9 +40,16 @@ RELEASE = threading.Event()  # set at the end of each test: abandoned slow metho
 CALLS_AFTER_RETURN: list[float] = []
 
 
+SLOW_METHOD_S = 20.0  # how long slow_method ignores its limit
+# A wall-clock bound only an engine that waits for the method breaks. That the answer comes
+# within the limit plus ANSWER_MARGIN_S is benchmarks/scale_steps.py's figure: a loaded machine
+# stretches it, and tests must pass on one.
+HANG_GUARD_S = SLOW_METHOD_S / 2
+
+
 def slow_method(request: SolveRequest) -> MethodResult:
-    """A plugin that ignores its time limit: reports progress, sleeps up to 20 s."""
-    end = time.monotonic() + 20
+    """A plugin that ignores its time limit: reports progress, sleeps up to SLOW_METHOD_S."""
+    end = time.monotonic() + SLOW_METHOD_S
     while time.monotonic() < end and not RELEASE.is_set():
         if request.progress is not None:
             request.progress(None, request.graph.total_compute_ms)
@@ -78,7 +85,7 @@ def _timed_solve(budget: int, limit_s: float) -> tuple[float, Plan]:
 def test_an_overrunning_method_is_answered_by_the_fallback_in_time() -> None:
     budget = store_all_peak_bytes(GRAPH)
     wall, plan = _timed_solve(budget, 0.5)
-    assert 0.5 <= wall <= 0.5 + ANSWER_MARGIN_S
+    assert 0.5 <= wall <= HANG_GUARD_S
     assert plan.status is PlanStatus.optimal  # store-all fits: every node once, proven
     assert plan.backend == "fallback:baseline:store-all"
     assert plan.details["method_overran"] is True
@@ -89,7 +96,7 @@ def test_an_overrunning_method_is_answered_by_the_fallback_in_time() -> None:
 def test_a_tighter_budget_gets_a_checkpointing_fallback_that_fits() -> None:
     budget = int(0.6 * store_all_peak_bytes(GRAPH))
     wall, plan = _timed_solve(budget, 0.3)
-    assert wall <= 0.3 + ANSWER_MARGIN_S
+    assert wall <= HANG_GUARD_S
     assert plan.status is PlanStatus.feasible
     assert plan.backend.startswith("fallback:baseline:chen-")
     sim = simulate(GRAPH, plan.actions)
@@ -102,7 +109,7 @@ def test_where_only_recompute_all_fits_the_fallback_answers_with_it() -> None:
     assert all(simulate(GRAPH, fn(GRAPH, budget)).peak_bytes > budget
                for name, fn in BASELINES.items() if name != "recompute-all")
     wall, plan = _timed_solve(budget, 0.3)
-    assert wall <= 0.3 + ANSWER_MARGIN_S
+    assert wall <= HANG_GUARD_S
     assert plan.status is PlanStatus.feasible
     assert plan.backend == "fallback:baseline:recompute-all"
     assert simulate(GRAPH, plan.actions).peak_bytes <= budget
@@ -115,7 +122,7 @@ def test_no_fast_baseline_fits_then_timeout_names_the_least_known_budget() -> No
     if budget >= least:
         pytest.skip("the baselines reach the floor on this graph")
     wall, plan = _timed_solve(budget, 0.3)
-    assert wall <= 0.3 + ANSWER_MARGIN_S
+    assert wall <= HANG_GUARD_S
     assert plan.status is PlanStatus.timeout and not plan.actions
     assert plan.details["smallest_feasible_bytes"] > budget
     assert "over the budget" in plan.notes[0]
@@ -362,5 +369,5 @@ def test_a_fallback_not_built_while_the_method_ran_is_built_after_its_grace(
     monkeypatch.setattr(engine_solve, "FALLBACK_AFTER_S", 60.0)  # never built while running
     budget = store_all_peak_bytes(GRAPH)
     wall, plan = _timed_solve(budget, 0.5)
-    assert wall <= 0.5 + ANSWER_MARGIN_S
+    assert wall <= HANG_GUARD_S
     assert plan.backend == "fallback:baseline:store-all" and plan.status is PlanStatus.optimal
