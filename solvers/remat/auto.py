@@ -63,6 +63,7 @@ from planner.solvers.remat.cut_bound import cut_lower_bound
 from planner.solvers.remat.improve_large import improve_large
 from planner.solvers.remat.portfolio import LOWERED_FIRST_NODES, run_portfolio
 from planner.solvers.remat.problem import problem_from_graph
+from planner.solvers.remat.sink_search import decide_from_sink
 from planner.solvers.remat.stop import PlanListener, Progress, SearchStop
 
 __all__ = [
@@ -103,6 +104,8 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                            f"ancestors hold to the end of the step)"])
     search = AutoSearch(graph, budget_bytes, problem, config, started=started,
                         deadline=deadline, progress=progress, incumbent=incumbent)
+    if (no_plan := decide_from_sink(search)) is not None:
+        return no_plan  # a tight budget on a single-sink DAG, decided exactly (sink_search)
     stop = SearchStop()
     race = _start_highs_race(search, stop)
     workers = threads - 1 if race is not None else threads
