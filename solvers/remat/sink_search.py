@@ -35,15 +35,17 @@ from planner.core.plan import Action, compute, free
 from planner.solvers.remat.auto_search import AutoResult, AutoSearch
 from planner.solvers.remat.problem import RematProblem
 
-DEFAULT_MAX_STATES = 400_000  # resident sets visited before the search gives up
-# ... and at most this many mask bits in all (a set costs about n/8 bytes twice: ~100 MB)
-MAX_STATE_BITS = 400_000_000
+# Resident sets visited before the search gives up (random500 at 0.61: 250,000 in 9.8 s,
+# 190 MB), and at most this many mask bits in all (random5000: 40,000 sets, about 8 s)
+DEFAULT_MAX_STATES = 250_000
+MAX_STATE_BITS = 200_000_000
 DEADLINE_CHECK_EVERY = 2048  # sets expanded between clock readings
 # auto runs the search first where the sink's own need is at least this share of the budget
-# (random_layered_dag(500) at 0.6: 0.92, decided in 96,487 sets; the undecided rows there are
-# 0.64-0.78 and explode: 500 at 0.61 passes 1.5 million sets)
+# (random_layered_dag(500) at 0.6: 0.92, decided in 65,009 sets; the undecided rows there are
+# 0.64-0.78, with 13-46 values of room beyond the sink's inputs: at 0.61, with 4, random500
+# takes 834,004 sets)
 TIGHT_SHARE = 0.85
-TIME_SHARE = 0.4  # of auto's limit, at most
+TIME_SHARE = 0.3  # of auto's limit, at most (the safety net: the count decides)
 
 
 @dataclass(frozen=True)
