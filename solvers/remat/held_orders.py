@@ -23,7 +23,7 @@ from planner.core.graph import Graph
 from planner.sim.ledger import MemoryLedger
 from planner.solvers.order import order_successors
 
-__all__ = ["held_last_order"]
+__all__ = ["held_last_order", "order_floor_bytes"]
 
 
 def held_last_order(graph: Graph, order: list[int]) -> list[int] | None:
@@ -51,6 +51,20 @@ def held_last_order(graph: Graph, order: list[int]) -> list[int] | None:
             out.append(v)
     out.extend(_least_growth_first(ledger, groups.get(len(order), []), slot, pos, succ))
     return out
+
+
+def order_floor_bytes(graph: Graph, order: list[int]) -> int:
+    """No plan whose first computations follow `order` peaks lower: at each node's first
+    computation the fixed bytes, what every node before it holds and its own working set are
+    resident (the lower bound of `planner.sim.lower_bound`, in this order). Greedy eviction in
+    an order whose floor is over the budget cannot fit, whatever it evicts."""
+    ledger = MemoryLedger.of(graph)
+    held, fixed = ledger.held_bytes, ledger.fixed_bytes
+    floor, held_so_far = fixed, 0
+    for v in order:
+        held_so_far += held.get(v, 0)
+        floor = max(floor, fixed + held_so_far + ledger.working_set_bytes(v))
+    return floor
 
 
 def _least_growth_first(ledger: MemoryLedger, group: list[int], slot: dict[int, int],

@@ -42,7 +42,7 @@ from planner.solvers.remat.fallbacks import (
     handwritten_candidates,
 )
 from planner.solvers.remat.greedy import improve, reduce_peak, sweep
-from planner.solvers.remat.held_orders import held_last_order
+from planner.solvers.remat.held_orders import held_last_order, order_floor_bytes
 from planner.solvers.remat.late_orders import KICK_MOVES, lowered_order
 from planner.solvers.remat.orders import ORDER_KEYS, greedy_order, random_orders, with_order
 from planner.solvers.remat.problem import RematProblem, problem_from_graph
@@ -64,6 +64,9 @@ RANDOM_ORDERS_LARGE_S = 0.5  # from LOWERED_FIRST_NODES
 ILS_CHUNK_KICKS = 3  # iterated local search while nothing fits: retention between chunks
 ILS_KICK_PER_NODES = 40  # from LOWERED_FIRST_NODES while nothing fits: n / this moves per kick
 DESCENTS_WHILE_NONE = 2  # from LOWERED_FIRST_NODES while nothing fits: orders descended
+RANDOM_ORDERS_COUNTED = 32  # counted phase: randomised orders tried (about 1.5 s quiet at 1,000)
+ILS_CHUNKS_COUNTED = 48  # counted phase: chunks of ILS_CHUNK_KICKS kicks, all orders together,
+ILS_CHUNK_NODES_PER_S = 300.0  # ... at most, and what the limit buys: chunks x nodes per second
 # Baselines above LOWERED_MIN_NODES only while nothing fits (a greedy plan is never beaten by
 # them there; recompute-all alone takes seconds at 1,000 nodes), none above this:
 BASELINES_MAX_NODES = 3000
@@ -71,15 +74,28 @@ BASELINES_MAX_NODES = 3000
 
 def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float,
                   *, threads: int = 1, seed: int = 0, order_of: OrderMap | None = None,
-                  notes: list[str] | None = None, timings: dict[str, float] | None = None
-                  ) -> Fitted:
+                  notes: list[str] | None = None, timings: dict[str, float] | None = None,
+                  counted_limit_s: float | None = None) -> Fitted:
     """Offer plans until `deadline`; returns the greedy checkpoint plans that fit (best first),
     for the improvement phase. `order_of` records each source's order of first computations;
-    `timings["chain_dp_s"]`: how long the chain DP took (where it finished)."""
+    `timings["chain_dp_s"]`: how long the chain DP took (where it finished). With
+    `counted_limit_s` (the request's limit) every step runs to its end or to a count that the
+    limit buys (random orders, chunks of kicks), not to a share of the time, and `deadline` is
+    only a safety net: the same plans on a loaded machine, later."""
     return Portfolio(graph, budget_bytes, offer, deadline, threads=threads, seed=seed,
                      order_of={} if order_of is None else order_of,
                      notes=[] if notes is None else notes,
-                     timings={} if timings is None else timings).run()
+                     timings={} if timings is None else timings,
+                     counted_limit_s=counted_limit_s).run()
+
+
+def _ils_chunks(node_count: int, counted_limit_s: float | None) -> int:
+    """Chunks of iterated local search a counted phase runs: what the limit buys, within
+    [ILS_CHUNK_KICKS, ILS_CHUNKS_COUNTED]."""
+    if counted_limit_s is None:
+        return 0
+    bought = int(ILS_CHUNK_NODES_PER_S * counted_limit_s / max(1, node_count))
+    return min(ILS_CHUNKS_COUNTED, max(ILS_CHUNK_KICKS, bought))
 
 
 class Portfolio:
@@ -88,8 +104,12 @@ class Portfolio:
 
     def __init__(self, graph: Graph, budget_bytes: int, offer: Offer, deadline: float, *,
                  threads: int, seed: int, order_of: OrderMap, notes: list[str],
-                 timings: dict[str, float]) -> None:
+                 timings: dict[str, float], counted_limit_s: float | None = None) -> None:
         self.started = time.perf_counter()
+        # steps end by counts, `deadline` a safety net (run_portfolio)
+        self.counted = counted_limit_s is not None
+        self.ils_chunks = 0  # chunks of iterated local search run, over all orders
+        self.ils_chunks_counted = _ils_chunks(len(graph.nodes), counted_limit_s)
         self.graph = graph
         self.budget_bytes = budget_bytes
         self.offer = offer
@@ -113,11 +133,15 @@ class Portfolio:
         self.chain_found: bool | None = None  # None: the chain DP not tried or not finished
 
     def share(self, fraction: float) -> float:
-        """The deadline of a step that gets `fraction` of what is left of the phase."""
+        """The deadline of a step that gets `fraction` of what is left of the phase (counted:
+        the phase's, the step ends by its own counts)."""
+        if self.counted:
+            return self.deadline
         return time.perf_counter() + fraction * max(0.0, self.deadline - time.perf_counter())
 
-    @staticmethod
-    def share_until(until: float, fraction: float) -> float:
+    def share_until(self, until: float, fraction: float) -> float:
+        if self.counted:
+            return until
         return time.perf_counter() + fraction * max(0.0, until - time.perf_counter())
 
     def run(self) -> Fitted:
@@ -125,8 +149,10 @@ class Portfolio:
         self.add_greedy_orders()
         if (optimal := self.store_all_in_orders()) is not None:
             return optimal
-        self.first = min(self.store_all, key=lambda k: self.store_all[k].peak_bytes,
-                         default=None)
+        # the first greedy attempt in the lowest-peak order among those a plan may fit in
+        self.first = min(self.store_all, key=lambda k: (
+            order_floor_bytes(self.graph, self.orders[k]) > self.budget_bytes,
+            self.store_all[k].peak_bytes), default=None)
         handwritten_candidates(self)
         if (optimal := self.large_graph_start()) is not None:
             return optimal
@@ -172,18 +198,14 @@ class Portfolio:
         self.add_held_last_orders()
 
     def add_held_last_orders(self) -> None:
-        """Each order with its held nodes (weight gradients) computed late
+        """The graph's order with its held nodes (weight gradients) computed late
         (`held_orders.held_last_order`): where held bytes pile up at a late peak, no eviction
         can lower it in the list-scheduled orders (GPT-2, 4 layers, at 0.9: none fitted for
-        20 s; greedy fits in 0.1 s in the held-last order)."""
-        for name, order in list(self.orders.items()):
-            if time.perf_counter() > self.share(0.5):
-                break
-            late = held_last_order(self.graph, order)
-            if late is None:
-                return
-            if all(late != o for o in self.orders.values()):
-                self.orders[f"held-last@{name}"] = late
+        20 s; greedy fits in 0.1 s in the held-last order). Not each list order's: there
+        greedy eviction gave the same plans, 0.4 s each."""
+        late = held_last_order(self.graph, self.orders["given"])
+        if late is not None and all(late != o for o in self.orders.values()):
+            self.orders["held-last@given"] = late
 
     def store_all_in_orders(self) -> Fitted | None:
         """Store-all in each order; the first that fits is optimal (every node once)."""
@@ -206,9 +228,11 @@ class Portfolio:
         and a store-all fit is optimal; the lowest-peak one joins the greedy attempts."""
         lowest: tuple[int, str, list[int], RematProblem, CheckpointPlan] | None = None
         random_s = RANDOM_ORDERS_S if self.n < LOWERED_FIRST_NODES else RANDOM_ORDERS_LARGE_S
-        random_until = min(self.share(0.2), time.perf_counter() + random_s)
-        for name, order in random_orders(self.graph, self.seed):
-            if time.perf_counter() > random_until or not self.store_all:
+        random_until = (self.deadline if self.counted
+                        else min(self.share(0.2), time.perf_counter() + random_s))
+        for k, (name, order) in enumerate(random_orders(self.graph, self.seed)):
+            if (time.perf_counter() > random_until or not self.store_all
+                    or (self.counted and k >= RANDOM_ORDERS_COUNTED)):
                 break
             problem = problem_from_graph(with_order(self.graph, order), self.budget_bytes)
             plan = CheckpointPlan(problem)
@@ -229,6 +253,8 @@ class Portfolio:
         if name in self.attempted:
             return
         self.attempted.add(name)
+        if order_floor_bytes(self.graph, self.orders[name]) > self.budget_bytes:
+            return  # held bytes alone exceed the budget somewhere in this order: none fits
         plan = self.store_all[name]
         part = self.share(fraction)
         if cap_s is not None:
@@ -296,11 +322,13 @@ class Portfolio:
             if time.perf_counter() > lowered_until or self.retained:
                 break
             ils_until, chunk = self.share_until(lowered_until, 0.5), 0
-            while time.perf_counter() < ils_until and not self.retained:
+            while (time.perf_counter() < ils_until and not self.retained
+                   and not (self.counted and self.ils_chunks >= self.ils_chunks_counted)):
                 # while nothing fits: in chunks, retention tried on each new lowest order
                 if found_optimal := self.lower(name, ils_until, iterate=True, chunk=chunk):
                     return found_optimal
                 chunk += 1
+                self.ils_chunks += 1
         return None
 
     def lower(self, name: str, until: float, iterate: bool, chunk: int = 0) -> Fitted:
@@ -314,7 +342,7 @@ class Portfolio:
         order, _ = lowered_order(
             self.graph, start, self.budget_bytes, until, seed=self.seed + chunk,
             iterate=iterate, kick=kick if not self.fitted else KICK_MOVES,
-            max_kicks=None if self.fitted else ILS_CHUNK_KICKS,
+            max_kicks=None if self.fitted and not self.counted else ILS_CHUNK_KICKS,
             stop_below=None if self.fitted or self.retained else int(self.retention_below))
         problem = problem_from_graph(with_order(self.graph, order), self.budget_bytes)
         plan = CheckpointPlan(problem)
@@ -364,7 +392,9 @@ class Portfolio:
             if time.perf_counter() > self.deadline or (self.retained and not self.fitted):
                 break
             if name not in self.retained:
-                self.retain(name, self.share(0.35))
+                # counted: no share of the phase to end it, so a cap (only while none fits)
+                self.retain(name, min(self.share(0.35), time.perf_counter() + RETENTION_TRY_S)
+                            if self.counted else self.share(0.35))
 
     # -- the chain DP (the baselines and dynamic eviction: `fallbacks`) ---------------------
     def early_chain_dp(self) -> None:
