@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from planner.solvers.pipeline.enumerate import makespan_ms
+from planner.solvers.pipeline.enumerate import Work, makespan_ms
 from planner.solvers.pipeline.policy_splits import PolicySplit, WholeJob
 from planner.solvers.pipeline.problem import (
     Candidate,
@@ -87,7 +87,8 @@ def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
     complete, bound = search.every_split()
     if dp.best is not None and not complete and search.working():
         # the work left continues the DP's own boundary moves from its split (no policies)
-        moved, count_moves = improve_by_moves(problem, dp.best, search.closing())
+        moved, count_moves = improve_by_moves(problem, dp.best, search.closing(),
+                                              search.moves_work(search.budget_s))
         search.charge_simulations()
         if count_moves:
             search.offer(moved, "the DP's split moved further")
@@ -138,6 +139,13 @@ class _Search:
         """A perf_counter time for the callees' loops: 0 once the work budget is spent (they
         stop at once), else the wall-clock safety net."""
         return self.deadline - ROOM_S if self.working() else 0.0
+
+    def moves_work(self, until_s: float) -> Work:
+        """The DP's boundary moves' budget: the work left up to `until_s` of this search's
+        budget, counted at the moves' own rates (each neighbour's peaks and simulation), so
+        how many moves are made does not depend on the machine's speed; the safety net as
+        `closing`."""
+        return Work(max(0.0, until_s - self.work_s), self.closing())
 
     def _range_nodes(self, i: int, j: int) -> int:
         return sum(self.nodes[i:j])
@@ -297,8 +305,8 @@ class _Search:
         if dp.best is not None and p.stage_count > p.ranks:
             # the DP's boundary moves go on first (its simulations are shared), until
             # MOVES_SHARE of the work: with several stages a rank they find most faster splits
-            moved, _ = improve_by_moves(p, dp.best, self.closing() if self.work_s
-                                        < MOVES_SHARE * self.budget_s else 0.0)
+            moved, _ = improve_by_moves(p, dp.best, self.closing(),
+                                        self.moves_work(MOVES_SHARE * self.budget_s))
             self.charge_simulations()
             self.offer(moved, "the DP's split moved further")
         return dp
