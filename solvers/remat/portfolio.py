@@ -64,9 +64,12 @@ RANDOM_ORDERS_LARGE_S = 0.5  # from LOWERED_FIRST_NODES
 ILS_CHUNK_KICKS = 3  # iterated local search while nothing fits: retention between chunks
 ILS_KICK_PER_NODES = 40  # from LOWERED_FIRST_NODES while nothing fits: n / this moves per kick
 DESCENTS_WHILE_NONE = 2  # from LOWERED_FIRST_NODES while nothing fits: orders descended
-RANDOM_ORDERS_COUNTED = 32  # counted phase: randomised orders tried (about 1.5 s quiet at 1,000)
-ILS_CHUNKS_COUNTED = 48  # counted phase: chunks of ILS_CHUNK_KICKS kicks, all orders together,
-ILS_CHUNK_NODES_PER_S = 300.0  # ... at most, and what the limit buys: chunks x nodes per second
+# A counted phase: randomised orders tried and chunks of ILS_CHUNK_KICKS kicks (all orders
+# together) at most, and what the limit buys: steps x nodes per second of the limit (GPT-2 with
+# 367 nodes at 60 s: 48 chunks, 3.5 s quiet on a shared 2-core machine; 32 orders, 1 s)
+RANDOM_ORDERS_COUNTED = 32
+ILS_CHUNKS_COUNTED = 48
+COUNTED_NODES_PER_S = 300.0
 # Baselines above LOWERED_MIN_NODES only while nothing fits (a greedy plan is never beaten by
 # them there; recompute-all alone takes seconds at 1,000 nodes), none above this:
 BASELINES_MAX_NODES = 3000
@@ -89,13 +92,13 @@ def run_portfolio(graph: Graph, budget_bytes: int, offer: Offer, deadline: float
                      counted_limit_s=counted_limit_s).run()
 
 
-def _ils_chunks(node_count: int, counted_limit_s: float | None) -> int:
-    """Chunks of iterated local search a counted phase runs: what the limit buys, within
-    [ILS_CHUNK_KICKS, ILS_CHUNKS_COUNTED]."""
+def _bought(node_count: int, counted_limit_s: float | None, least: int, most: int) -> int:
+    """Steps (chunks of iterated local search, random orders) a counted phase runs: what the
+    limit buys at COUNTED_NODES_PER_S, within [least, most]."""
     if counted_limit_s is None:
         return 0
-    bought = int(ILS_CHUNK_NODES_PER_S * counted_limit_s / max(1, node_count))
-    return min(ILS_CHUNKS_COUNTED, max(ILS_CHUNK_KICKS, bought))
+    bought = int(COUNTED_NODES_PER_S * counted_limit_s / max(1, node_count))
+    return min(most, max(least, bought))
 
 
 class Portfolio:
@@ -109,7 +112,10 @@ class Portfolio:
         # steps end by counts, `deadline` a safety net (run_portfolio)
         self.counted = counted_limit_s is not None
         self.ils_chunks = 0  # chunks of iterated local search run, over all orders
-        self.ils_chunks_counted = _ils_chunks(len(graph.nodes), counted_limit_s)
+        self.ils_chunks_counted = _bought(len(graph.nodes), counted_limit_s, ILS_CHUNK_KICKS,
+                                          ILS_CHUNKS_COUNTED)
+        self.random_orders_counted = _bought(len(graph.nodes), counted_limit_s,
+                                             ILS_CHUNK_KICKS, RANDOM_ORDERS_COUNTED)
         self.graph = graph
         self.budget_bytes = budget_bytes
         self.offer = offer
@@ -232,7 +238,7 @@ class Portfolio:
                         else min(self.share(0.2), time.perf_counter() + random_s))
         for k, (name, order) in enumerate(random_orders(self.graph, self.seed)):
             if (time.perf_counter() > random_until or not self.store_all
-                    or (self.counted and k >= RANDOM_ORDERS_COUNTED)):
+                    or (self.counted and k >= self.random_orders_counted)):
                 break
             problem = problem_from_graph(with_order(self.graph, order), self.budget_bytes)
             plan = CheckpointPlan(problem)
