@@ -111,6 +111,13 @@ class JobQueue(StoreBase):
             job = None if row is None else Job.from_row(row)
             return None if job is None or tenant not in (None, job.tenant) else job
 
+    def job_visible(self, job_id: str, tenant: str | None = None) -> bool:
+        """Whether the job exists and `tenant` may see it (None: any tenant's), without reading
+        its plan: the access check before a cached answer."""
+        with self.session() as s:
+            owner = s.execute(select(JobRow.tenant).where(JobRow.id == job_id)).first()
+        return owner is not None and tenant in (None, owner[0])
+
     def list_jobs(self, limit: int, status: str | None = None,
                   tenant: str | None = None) -> list[Job]:
         """The newest jobs (optionally of one status, of one tenant), without their plans: the

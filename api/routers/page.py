@@ -42,12 +42,17 @@ async def page_config(request: Request, parts: Parts) -> JSONResponse:
 @router.get(PAGE_PREFIX + "/plans/{plan_id}/timeline.json")
 def plan_timeline_json(request: Request, store: StoreDep, who: Identity,
                        plan_id: str) -> Response:
+    # Access first, on every request: the cache holds what any reader may see once allowed, so
+    # it never decides who may read. A plan's timeline is the same whoever reads it, hence the
+    # key is the plan id alone (no tenant text to collide: an admin's scope, None, once keyed
+    # as "None", which a tenant could be named).
+    if not store.job_visible(plan_id, who.scope):
+        raise ApiError(404, f"plan {plan_id!r}: no such plan")
     timelines = _timelines(request)
-    key = f"{who.scope}/{plan_id}"  # a tenant's timelines are its own (None: an admin's)
-    cached = timelines.get(key)
+    cached = timelines.get(plan_id)
     if cached is None:
         cached = json.dumps(timeline_data(store, plan_id, who.scope)).encode()
-        timelines.put(key, cached)
+        timelines.put(plan_id, cached)
     return Response(cached, media_type="application/json")
 
 
