@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+import time
+
 from planner.core.plan import Action, PlanStatus
-from planner.solvers.baselines import BASELINES, bounded_baselines
+from planner.solvers import baselines
+from planner.solvers.baselines import QUADRATIC_MAX_ACTIONS, ScheduleAbandoned, bounded_baselines
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec
 
 
+def _build(name: str, request: SolveRequest, deadline: float) -> list[Action]:
+    """The baseline's plan, abandoned past the time limit; recompute-all's (which grows with
+    the square of the graph: 18 M actions, a 275 MB plan, at 6,001 nodes) also past
+    QUADRATIC_MAX_ACTIONS."""
+    graph = request.graph
+    if name == "recompute-all":
+        return baselines.recompute_all(graph, max_actions=QUADRATIC_MAX_ACTIONS,
+                                       deadline=deadline)
+    if name == "chen-greedy":
+        return baselines.chen_greedy(graph, request.budget_bytes, deadline=deadline)
+    if name == "chen-sqrt":
+        return baselines.chen_sqrt(graph, deadline=deadline)
+    return baselines.store_all(graph, deadline=deadline)
+
+
 def _run(name: str, request: SolveRequest) -> MethodResult:
-    actions = BASELINES[name](request.graph, request.budget_bytes)
+    try:
+        actions = _build(name, request, time.perf_counter() + request.time_limit_s)
+    except ScheduleAbandoned as e:
+        what = ("its plan grows with the square of the graph: choose auto or chen-sqrt"
+                if "actions" in str(e) else "give it a longer time limit")
+        return MethodResult(actions=None, status=PlanStatus.error, backend="baseline",
+                            notes=[f"{name}: no plan: it was abandoned ({e}); {what}"])
     # The graph's total compute (every node once) bounds every plan's cost from below.
     return MethodResult(
         actions=actions,
@@ -39,8 +63,6 @@ def best_baseline(request: SolveRequest) -> MethodResult:
     """Every affordable baseline (`bounded_baselines`: recompute-all while its plan stays
     small, nothing started past the time limit); the cheapest plan within budget, else the one
     with the least peak."""
-    import time
-
     from planner.sim.simulator import simulate
 
     deadline = time.perf_counter() + request.time_limit_s
