@@ -14,6 +14,7 @@ from planner.solvers.remat.auto import solve_auto
 from planner.solvers.remat.problem import problem_from_graph
 from planner.solvers.remat.sink_search import (
     is_tight,
+    plan_from_sink,
     search_from_sink,
     sink_position,
 )
@@ -65,6 +66,23 @@ def test_plans_on_a_larger_dag_are_valid_and_within_budget() -> None:
     sim = simulate(graph, found.actions)
     assert sim.peak_bytes <= total // 4
     assert sim.computations >= len(graph.nodes)
+
+
+@pytest.mark.parametrize(("nodes", "seed", "extra"), [(150, 2, 19_085), (150, 2, 43_978),
+                                                     (80, 6, 3_900)])
+def test_best_first_plans_are_valid_and_it_never_plans_what_is_proven_infeasible(
+        nodes: int, seed: int, extra: int) -> None:
+    graph = random_layered_dag(nodes, seed=seed)
+    budget = _sink_need(graph) + extra
+    problem = problem_from_graph(graph, budget)
+    sink = sink_position(graph, problem)
+    assert sink is not None
+    exact = search_from_sink(problem, sink)
+    found = plan_from_sink(problem, sink)
+    assert (found.status == "plan") == (exact.status == "plan"), (found, exact.status)
+    if found.status == "plan":
+        assert found.actions is not None
+        assert simulate(graph, found.actions).peak_bytes <= budget
 
 
 def test_gives_up_after_its_count_of_sets() -> None:
