@@ -230,7 +230,7 @@ class JobManager:
             self._spawn(job)
         except Exception as e:
             if self.health.failed(e) is not None:
-                reason = f"the store failed before its solver started: {self.health.detail}"
+                reason = f"the store failed before its solver started: {self.health.public}"
             else:
                 reason = f"its solver process could not start: {type(e).__name__}: {e}"
                 log.error("job %s: %s", job.id, reason)

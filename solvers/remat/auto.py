@@ -65,7 +65,7 @@ from planner.solvers.remat.cut_bound import cut_lower_bound
 from planner.solvers.remat.improve_large import improve_large
 from planner.solvers.remat.portfolio import LOWERED_FIRST_NODES, run_portfolio
 from planner.solvers.remat.problem import problem_from_graph
-from planner.solvers.remat.sink_search import decide_from_sink
+from planner.solvers.remat.sink_search import decide_from_sink, plan_when_none_fits
 from planner.solvers.remat.stop import PlanListener, Progress, SearchStop
 
 __all__ = [
@@ -127,6 +127,7 @@ def solve_auto(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
     search.timings["first_phase_s"] = time.perf_counter() - started
     if (no_plan := _add_cut_bound(search)) is not None:
         return no_plan
+    plan_when_none_fits(search)  # single-sink DAGs: best-first backward search (sink_search)
     _chain_dp_candidates(search, workers)
     if not search.small:
         if not search.optimal():
