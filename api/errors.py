@@ -91,6 +91,20 @@ _SQLSTATES = {"53100": DISK_FULL, "25006": READ_ONLY, "57P01": UNREACHABLE,
               "57P02": UNREACHABLE, "57P03": UNREACHABLE}
 
 
+def public_detail(exc: BaseException) -> str:
+    """What a client may read of a storage error. SQLite's messages are fixed phrases ("database
+    or disk is full"); a network driver's name the database's host and port ("connection to
+    server at ... port 5432 failed"), which an unauthenticated probe must not learn: those give
+    only their SQLSTATE or class. The log keeps the whole text."""
+    import sqlite3
+
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(orig, sqlite3.Error):
+        return " ".join(str(orig).split())[:200]
+    state = str(getattr(orig, "sqlstate", "") or "")
+    return f"SQLSTATE {state}" if state else type(orig).__name__
+
+
 def classify_storage_error(exc: BaseException) -> str | None:
     """The storage cause of a database error (a key of STORAGE_CAUSES), or None when it is not
     the storage's fault (a constraint, a bug in a statement: those stay 500s)."""
@@ -122,7 +136,8 @@ class StorageHealth:
         self._clock = clock
         self._lock = threading.Lock()
         self.cause: str | None = None
-        self.detail = ""
+        self.detail = ""  # the driver's whole text: for the log
+        self.public = ""  # what clients read (public_detail)
         self._logged_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
@@ -135,7 +150,7 @@ class StorageHealth:
         detail = " ".join(str(orig).split())[:200]
         now = self._clock()
         with self._lock:
-            self.cause, self.detail = cause, detail
+            self.cause, self.detail, self.public = cause, detail, public_detail(exc)
             last = self._logged_at.get(cause)
             if last is not None and now - last < self.LOG_INTERVAL_S:
                 self._suppressed[cause] = self._suppressed.get(cause, 0) + 1
@@ -150,15 +165,15 @@ class StorageHealth:
     def recovered(self) -> None:
         """A write succeeded: ready again."""
         with self._lock:
-            cause, self.cause, self.detail = self.cause, None, ""
+            cause, self.cause, self.detail, self.public = self.cause, None, "", ""
         if cause is not None:
             log.warning("storage recovered: writes succeed again (was: %s)",
                         STORAGE_CAUSES[cause])
 
     def problem(self) -> tuple[str, str] | None:
-        """(cause, one-line message) while the store refuses writes, else None."""
+        """(cause, one-line message for clients) while the store refuses writes, else None."""
         with self._lock:
-            cause, detail = self.cause, self.detail
+            cause, detail = self.cause, self.public
         if cause is None:
             return None
         return cause, f"{STORAGE_CAUSES[cause]} ({detail})"

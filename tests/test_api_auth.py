@@ -28,9 +28,11 @@ def test_auth_on_and_rate_limit(tmp_path: Path) -> None:
         assert r.status_code == 401
         r = httpx.get(srv.url + "/v1/plans/x", headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
-        # Health, readiness and metrics stay open for probes and scrapers.
-        for path in ("/healthz", "/readyz", "/metrics"):
+        # Health and readiness stay open for probes; metrics count every tenant's jobs: the
+        # admin key only (issue 50, item 9).
+        for path in ("/healthz", "/readyz"):
             assert httpx.get(srv.url + path).status_code == 200
+        assert httpx.get(srv.url + "/metrics").status_code == 401
 
         with srv.client(token=tokens[1]) as c:
             for _ in range(3):
