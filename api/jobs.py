@@ -37,6 +37,7 @@ from planner.service.models import CANCELLED, FAILED, RUNNING, Job
 from planner.service.settings import Settings
 from planner.service.solver_process import (
     RunningJob,
+    ask_to_stop,
     drain,
     job_outcome,
     kill,
@@ -53,6 +54,11 @@ PROGRESS_WRITE_INTERVAL_S = 1.0
 # How often running jobs are checked against the store (a cancel through another instance).
 STATUS_CHECK_INTERVAL_S = 1.0
 IDLE_POLL_S = 0.5
+# Fair time: a job of a tenant holding several workers is asked to answer with its best plan so
+# far while another tenant waits with none, once it has run this long (its search has a plan)...
+SHARE_AFTER_S = 2.0
+# ... the store is asked whether someone waits at most this often while every worker is busy.
+SHARE_CHECK_INTERVAL_S = 1.0
 
 
 class JobManager:
@@ -79,6 +85,7 @@ class JobManager:
         os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
         self._thread: threading.Thread | None = None
         self._last_status_check = 0.0
+        self._next_share_check = 0.0  # time.monotonic(): fair time's next look at the store
         self.instance_id = new_id()
         self.address = f"{settings.host}:{settings.port}"
         self._last_heartbeat = 0.0
@@ -205,6 +212,7 @@ class JobManager:
                 self._keep_lease()
                 self._held.save_held()
                 self._dispatch()
+                self._share_workers()
                 self._poll()
             except Exception as e:  # keep dispatching; the store may be briefly unavailable
                 if self.health.failed(e) is None:  # not the storage: a bug, with its traceback
@@ -222,6 +230,34 @@ class JobManager:
             if job is None:
                 return
             self._start(job)
+
+    def _share_workers(self) -> None:
+        """Fair time, not only fair order: while a tenant has queued jobs and no worker, and
+        every worker here is busy, the longest-running job of the tenant holding the most
+        workers (two or more) is asked to answer now with its best plan so far (solvers are
+        anytime: it ends as done, with a note), so the waiting tenant's job starts within
+        seconds instead of after that job's whole limit. Stopping beats reserving a worker: a
+        reservation idles it whenever one tenant is alone. Methods without an anytime answer
+        (pipeline partitions) finish at their limit."""
+        now = time.monotonic()
+        if (self.settings.workers > len(self._running) or now < self._next_share_check):
+            return
+        self._next_share_check = now + SHARE_CHECK_INTERVAL_S
+        with self._lock:
+            running = list(self._running.values())
+        held: dict[str, int] = {}  # tenant -> workers here
+        for r in running:
+            held[r.job.tenant] = held.get(r.job.tenant, 0) + 1
+        ready = [r for r in running if not r.stop_sent and now - r.started >= SHARE_AFTER_S
+                 and held[r.job.tenant] >= 2]
+        if not ready or not self.store.tenant_waiting_without_worker():
+            return
+        most = max(held[r.job.tenant] for r in ready)
+        victim = max((r for r in ready if held[r.job.tenant] == most),
+                     key=lambda r: now - r.started)
+        if ask_to_stop(victim):
+            log.info("job %s (tenant %s, %d workers) asked to answer now: another tenant waits",
+                     victim.job.id, victim.job.tenant, most)
 
     def _start(self, job: Job) -> None:
         """Start a claimed job's solver process; a job that cannot start never stays running:

@@ -33,6 +33,7 @@ class RunningJob:
     started: float  # time.monotonic()
     deadline: float  # killed after this; restarted once the process has read its graph
     kill_after_s: float  # the job's time limit plus the kill grace
+    stop_sent: bool = False  # asked to answer now with its best plan (fair time)
     reaped: threading.Event = field(default_factory=threading.Event)
     last_progress_write: float = 0.0
     pending_progress: tuple[float | None, float | None] | None = None
@@ -97,6 +98,20 @@ def drain(r: RunningJob) -> None:
                 r.outcome = message
     except (EOFError, OSError):
         pass
+
+
+def ask_to_stop(r: RunningJob) -> bool:
+    """Ask the solver to answer now with its best plan so far (SIGUSR1; planner.service.worker);
+    whether the signal went out."""
+    pid = r.process.pid
+    if pid is None or r.stop_sent:
+        return False
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return False
+    r.stop_sent = True
+    return True
 
 
 def kill(r: RunningJob) -> None:

@@ -162,6 +162,15 @@ class JobQueue(StoreBase):
         with self.write_session() as s:
             return self._claim_in(s, JobRow.id == pick.scalar_subquery(), instance_id)
 
+    def tenant_waiting_without_worker(self) -> bool:
+        """Whether some tenant has queued jobs and none running (on any instance): the
+        dispatcher's fair time then stops a job of a tenant holding several workers."""
+        tenant = func.coalesce(JobRow.tenant, DEFAULT_TENANT)
+        running = select(tenant).where(JobRow.status == RUNNING)
+        with self.session() as s:
+            return s.scalar(select(JobRow.id).where(
+                JobRow.status == QUEUED, tenant.not_in(running)).limit(1)) is not None
+
     def claim(self, job_id: str, instance_id: str | None = None) -> Job | None:
         """queued -> running, owned by `instance_id` (which must hold a lease); None when
         another claimer (or a cancel) got there first."""

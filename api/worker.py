@@ -5,14 +5,16 @@ preloaded), gets the graph as JSON text (never a pickle from a request), and rep
 ("loaded", seconds since the dispatcher started it) once the graph is read, ("progress",
 objective, bound) now and then, then ("result", plan_json, report) or ("error", message). The
 solver gets the job's whole time limit; the process start and graph load are reported beside
-it. A lifeline pipe whose other end only the server holds ends the process when the server
-dies, so a kill -9 of the server leaves no solver running on.
+it. SIGUSR1 ends the solve early with its best plan so far (the dispatcher's fair time). A
+lifeline pipe whose other end only the server holds ends the process when the server dies, so
+a kill -9 of the server leaves no solver running on.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
 import time
 import traceback
@@ -114,8 +116,10 @@ def run_job(
         loaded = time.monotonic()
         reporter.send(("loaded", loaded - began))
         reporter.start_flusher()
+        stop = threading.Event()  # set by SIGUSR1: the dispatcher shares the workers
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: stop.set())
         try:
-            plan = request.solve(progress=reporter.progress)
+            plan = request.solve(progress=reporter.progress, stop=stop)
         except InputError as e:
             reporter.answer(("error", str(e)))
             return

@@ -50,8 +50,9 @@ def test_kill9_during_a_solve_then_restart(backend: str, policy: str, tmp_path: 
                 earlier = {i: wait_finished(c, i) for i in earlier_ids}
                 for answer in earlier.values():
                     assert_valid_plan(GRAPH, answer)
+                # long enough to be still running at the kill on a loaded machine
                 r = c.post("/v1/plans", json={"graph": DOC, "budget": 0.9, "method": "slow-test",
-                                              "options": {"sleep_s": 2}})
+                                              "options": {"sleep_s": 6}})
                 assert r.status_code == 202
                 slow_id = r.json()["id"]
             solver_pid = _running_pid(server, slow_id)

@@ -44,6 +44,7 @@ __all__ = [
 
 ANSWER_MARGIN_S = 2.0  # documented: a solve answers within time_limit_s + this (≤ 20k nodes)
 METHOD_GRACE_S = 1.0  # a method's own answer is still awaited this long after its limit
+STOP_POLL_S = 0.05  # how often a wait looks at its stop event (a service's fair time)
 # recompute-all joins the fallback up to this plan length (~0.1 s to build; it holds the GIL
 # against the method, so not the 2 M actions the reference baselines allow)
 FALLBACK_QUADRATIC_MAX_ACTIONS = 200_000
@@ -158,9 +159,17 @@ class MethodRun:
         finally:
             self._done.set()
 
-    def wait(self, until: float) -> bool:
-        """Whether the method has answered by `until` (time.perf_counter())."""
-        return self._done.wait(max(0.0, until - time.perf_counter()))
+    def wait(self, until: float, stop: threading.Event | None = None) -> bool:
+        """Whether the method has answered by `until` (time.perf_counter()); with `stop`,
+        the wait also ends (False unless answered) once it is set."""
+        if stop is None:
+            return self._done.wait(max(0.0, until - time.perf_counter()))
+        while True:
+            left = until - time.perf_counter()
+            if self._done.wait(max(0.0, min(STOP_POLL_S, left))):
+                return True
+            if stop.is_set() or left <= STOP_POLL_S:
+                return self._done.is_set()
 
     def abandon(self) -> None:
         """Give up on the method: MethodAbandoned is raised in its thread at its next Python

@@ -13,6 +13,7 @@ says the field in its own words with `err.renamed(...)`: the CLI `--budget`, JSO
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -90,15 +91,17 @@ class ResolvedRequest:
         *,
         progress: ProgressFn | None = None,
         known_plans: Iterable[tuple[str, Sequence[Action]]] = (),
+        stop: threading.Event | None = None,
     ) -> Plan:
-        """`planner.engine.solve.solve` for this request."""
+        """`planner.engine.solve.solve` for this request (`stop`: end it early with the best
+        plan so far)."""
         from planner.engine.solve import solve
 
         return solve(
             self.graph, self.budget_bytes, self.method,
             time_limit_s=self.time_limit_s,
             threads=self.threads, seed=self.seed, options=dict(self.options),
-            progress=progress, resources=self.resources, known_plans=known_plans,
+            progress=progress, resources=self.resources, known_plans=known_plans, stop=stop,
         )
 
 

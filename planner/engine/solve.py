@@ -18,6 +18,7 @@ answer comes within the limit plus `ANSWER_MARGIN_S` (2 s) up to 20,000 nodes.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -83,9 +84,12 @@ def solve(
     progress: ProgressFn | None = None,
     resources: Resources | None = None,
     known_plans: Iterable[tuple[str, Sequence[Action]]] = (),
+    stop: threading.Event | None = None,
 ) -> Plan:
     """Plan `graph` within `budget_bytes` of device memory with `method`; `resources` (the
-    machine: links, host memory) travel with the plan and its simulation.
+    machine: links, host memory) travel with the plan and its simulation. `stop`, once set,
+    ends the solve early as an overrun does: the method's best plan so far answers (a
+    service sharing its workers with another tenant).
 
     `progress(best_objective, best_bound)` is called as the method's incumbent or bound
     improves (objective non-increasing, bound non-decreasing, bound ≤ objective; the bound is
@@ -120,32 +124,34 @@ def solve(
     run = MethodRun(fn, request).start()
     limit_at = started + time_limit_s
     fallback: Fallback | None = None
-    if not run.wait(min(limit_at, started + fallback_after_s(time_limit_s))):
+    if not run.wait(min(limit_at, started + fallback_after_s(time_limit_s)), stop) and not (
+            stop is not None and stop.is_set()):
         # A method still running: build the answer for the case it overruns (deadline.py).
         try:
             fallback = fallback_plan(graph, budget_bytes, limit_at, lambda: run.running)
         except Exception:  # a fault here must not cost the method's own answer
             fallback = None
-    if not run.wait(limit_at + METHOD_GRACE_S):
+    if not run.wait(limit_at + METHOD_GRACE_S, stop):
         run.abandon()
         if gate is not None:
             gate.close()
+        why = _stopped_why(method, stop, started, time_limit_s)
         # Half of what is left of the margin replays the method's best plan so far; the
         # rest stays for the fallback, should that plan not fit.
         now = time.perf_counter()
+        answer_by = min(limit_at, now) + ANSWER_MARGIN_S - FALLBACK_SLACK_S
         kept = judged_incumbent(graph, budget_bytes, box.close(), resources,
-                                now + (limit_at + ANSWER_MARGIN_S - FALLBACK_SLACK_S - now) / 2)
+                                now + (answer_by - now) / 2)
         if _better_than_fallback(kept, fallback):
             assert kept is not None
             return _incumbent_answer(graph, budget_bytes, method, time_limit_s, kept, started,
-                                     resources, reporter)
+                                     resources, reporter, why, overran=not why)
         if fallback is None or not fallback.fits:
-            # Not built while the method ran (a loaded machine, a short limit): there is no
-            # method plan to judge, so the rest of the answer margin is the fallback's.
-            fallback = _better_fallback(
-                fallback, graph, budget_bytes, limit_at + ANSWER_MARGIN_S - FALLBACK_SLACK_S)
+            # Not built while the method ran (a loaded machine, a short limit, a stop): there
+            # is no method plan to judge, so the rest of the answer margin is the fallback's.
+            fallback = _better_fallback(fallback, graph, budget_bytes, answer_by)
         return _overrun_answer(graph, budget_bytes, method, time_limit_s, fallback, started,
-                               resources, reporter)
+                               resources, reporter, why, overran=not why)
     return _answer(graph, budget_bytes, method, time_limit_s, run, fallback, started,
                    resources, reporter, known_plans, box)
 
@@ -260,6 +266,15 @@ def _better_fallback(known: Fallback | None, graph: Graph, budget_bytes: int,
     if again is None or (known is not None and not again.fits):
         return known
     return again
+
+
+def _stopped_why(method: str, stop: threading.Event | None, started: float,
+                 time_limit_s: float) -> str:
+    """The note of a solve ended by `stop` before its limit; "" for an overrun."""
+    if stop is None or not stop.is_set():
+        return ""
+    return (f"method {method} was stopped after {time.perf_counter() - started:.1f} s of its "
+            f"{time_limit_s:g} s limit (the service shares its workers with a waiting tenant)")
 
 
 def _better_than_fallback(kept: JudgedIncumbent | None, fallback: Fallback | None) -> bool:
