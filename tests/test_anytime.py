@@ -108,3 +108,16 @@ def test_the_box_keeps_the_latest_offer_and_nothing_after_it_closes() -> None:
     assert kept is not None and kept.source == "b" and len(kept.actions) > 0
     box.offer(first, "late", None)
     assert box.close() is kept
+
+
+def test_a_stop_ends_the_solve_early_with_the_best_plan_so_far() -> None:
+    budget = _budget(0.6)
+    found = solve(GRAPH, budget, "auto", time_limit_s=5.0)
+    OFFERED["plan"] = list(found.actions)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.perf_counter()
+    plan = solve(GRAPH, budget, "offering-test", time_limit_s=600.0, stop=stop)
+    assert time.perf_counter() - started < 60  # not the 600 s limit
+    assert plan.backend == "offering-test:offered" and plan.objective == found.objective
+    assert plan.details["method_overran"] is False and "stopped after" in plan.notes[0]
