@@ -28,11 +28,16 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from planner.core.budget import MAX_BUDGET_BYTES, MIN_PLAIN_BYTES
+from planner.core.budget import MAX_BUDGET_BYTES, MIN_FRACTION, MIN_PLAIN_BYTES
 from planner.core.errors import describe_validation_error
 from planner.core.graph import MAX_NODE_ID, Graph
 from planner.core.resources import Resources, preset_names
-from planner.service.caps import MAX_DATA_PARALLEL, MAX_SWEEP_BUDGETS, RESOURCE_CAPS
+from planner.service.caps import (
+    MAX_DATA_PARALLEL,
+    MAX_SWEEP_BUDGETS,
+    RESOURCE_CAPS,
+    option_cap,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -225,7 +230,7 @@ BUDGET_PATTERN = (
 BUDGET_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {"type": "integer", "minimum": MIN_PLAIN_BYTES, "maximum": MAX_BUDGET_BYTES},
-        {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        {"type": "number", "minimum": MIN_FRACTION, "maximum": 1},
         {"type": "string", "pattern": BUDGET_PATTERN},
     ]
 }
@@ -307,9 +312,10 @@ def _option_schema(option: OptionSpec) -> dict[str, Any]:
                               "str": {"type": "string"}}.get(option.kind, {})
     if option.kind == "choice":
         schema = {"type": "string", "enum": list(option.choices)}
-    if option.kind == "int":
+    if option.kind == "int":  # the maximum: the option's own or this server's cap
+        maximum = option_cap(option.name, option.kind, option.maximum)
         schema.update({k: v for k, v in (("minimum", option.minimum),
-                                         ("maximum", option.maximum)) if v is not None})
+                                         ("maximum", maximum)) if v is not None})
     return {"anyOf": [schema, {"type": "null"}]} if option.nullable else schema
 
 

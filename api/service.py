@@ -13,7 +13,7 @@ from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.service.bounds import check_graph_bounds
 from planner.service.cache import KeyIndex, RenderedCache
-from planner.service.caps import check_graph_caps, check_resource_caps
+from planner.service.caps import check_graph_caps, check_option_caps, check_resource_caps
 from planner.service.errors import ApiError
 from planner.service.job_views import draw_timeline, job_view
 from planner.service.jobs import JobManager
@@ -144,6 +144,7 @@ class PlanService:
         except InputError:
             machine = None  # a bad document: resolve_request says so, in its order of fields
         check_resource_caps(machine)
+        check_option_caps(method, options)
         cap = self.settings.max_time_limit_s
         request = resolve_request(
             source, budget, resources=resources, method=method, options=options,

@@ -28,6 +28,7 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
+    ValidationError,
     WithJsonSchema,
     field_validator,
 )
@@ -134,14 +135,38 @@ class PartitionRequest(BaseModel):
     _resources = field_validator("resources", mode="before")(resources_as_json_schema_reads)
     # 4.0 is 4 (a JSON Schema integer); 4.5, "4" and true are still refused.
     _integral = field_validator("devices", "microbatches", "zero", "dp", "chunks",
-                                "device_memory", mode="before")(integral)
+                                mode="before")(integral)
+
+    @field_validator("device_memory", mode="before")
+    @classmethod
+    def _memory_form(cls, value: object) -> object:
+        # 4.0e9 is 4000000000 (a JSON Schema integer); any other number is no byte count, and
+        # the union's own error would list both branches' complaints.
+        value = integral(value)
+        if isinstance(value, float):
+            raise ValueError(f"{value!r}: give bytes as a whole number from {MIN_PLAIN_BYTES} "
+                             "or a size such as '80GiB'")
+        return value
 
     @field_validator("device_memory")
     @classmethod
     def _memory_within_cap(cls, value: str | int | None) -> str | int | None:
-        # Here, not as le= on the union's int: its error would list the str branch's too.
-        if isinstance(value, int) and not 1 <= value <= MAX_BYTES:
-            raise ValueError(f"{value} bytes: give from 1 up to 2**60 (1 EiB)")
+        # Here, not as le= on the union's int: its error would list the str branch's too. From
+        # MIN_PLAIN_BYTES up, as the schema says: 1 would be read by the budget grammar as a
+        # fraction (100 % of the store-all peak), not as one byte.
+        if isinstance(value, int) and not MIN_PLAIN_BYTES <= value <= MAX_BYTES:
+            raise ValueError(f"{value}: a byte count is from {MIN_PLAIN_BYTES} up to 2**60 "
+                             "(1 EiB); give one, or a size with its unit such as '80GiB'")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, value: str | None) -> str | None:
+        # The schema's enum, enforced here: an unknown one failed later, inside the plan
+        # request this body becomes (a 500).
+        if value is not None and value not in (*SCHEDULES, "auto"):
+            raise ValueError(f"{value!r}: no such schedule; choose one of "
+                             f"{', '.join(SCHEDULES)} or auto")
         return value
 
 
@@ -206,9 +231,15 @@ def plan_request(body: PartitionRequest) -> PlanRequest:
         options["split"] = ",".join(body.split)
     if auto:
         options["schedules"] = "auto"
-    return PlanRequest(graph=_sharded(body), budget=body.device_memory, resources=resources,
-                       method=pipeline_method(body.method).name, time_limit=body.time_limit,
-                       options=options)
+    try:
+        return PlanRequest(graph=_sharded(body), budget=body.device_memory, resources=resources,
+                           method=pipeline_method(body.method).name, time_limit=body.time_limit,
+                           options=options)
+    except ValidationError as e:  # whatever this body let through: a 422 naming its field
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ()))
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise InputError(message, field=field or "body") from None
 
 
 def _sharded(body: PartitionRequest) -> dict[str, Any]:

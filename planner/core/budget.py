@@ -9,7 +9,9 @@ Every form means one thing, whoever reads it:
 
 A bare number between 1 and 1000 (`1.5`, `2`, `12`, `80`) could mean a multiple of the peak,
 a percentage, gigabytes or bytes: it is refused with the forms that say each. A budget over
-`MAX_BUDGET_BYTES` (1 EiB) is refused too, so no store or solver sees an absurd integer.
+`MAX_BUDGET_BYTES` (1 EiB) is refused too, so no store or solver sees an absurd integer, and
+so is one under a byte (`1e-300GB`) or a fraction under `MIN_FRACTION` (`1e-300`, once read as
+1 byte).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from decimal import Decimal, InvalidOperation
 from planner.core.errors import InputError
 
 __all__ = [
-    "BUDGET_GRAMMAR", "MAX_BUDGET_BYTES", "MIN_PLAIN_BYTES", "BudgetSpec", "format_bytes",
-    "parse_budget", "parse_budget_spec",
+    "BUDGET_GRAMMAR", "MAX_BUDGET_BYTES", "MIN_FRACTION", "MIN_PLAIN_BYTES", "BudgetSpec",
+    "format_bytes", "parse_budget", "parse_budget_spec",
 ]
 
 _UNITS = {
@@ -39,6 +41,7 @@ _UNITS = {
 }
 MIN_PLAIN_BYTES = 1000  # a bare whole number below this is ambiguous (2, 12, 80, 512)
 MAX_BUDGET_BYTES = 2**60  # 1 EiB: far above any device, far below int64
+MIN_FRACTION = 1e-6  # of the store-all peak: far below any model's least memory
 BUDGET_GRAMMAR = (
     "80% (of the store-all peak), 0.8 (a fraction in (0, 1]), 11.3GiB / 900MB / 64B "
     f"(bytes with a unit), or a plain byte count of at least {MIN_PLAIN_BYTES}"
@@ -115,7 +118,7 @@ def parse_budget_spec(value: str | int | float, name: str = "budget") -> BudgetS
             raise InputError(f"{raw!r}: a byte count must be a whole number", field=name)
         return _checked(BudgetSpec(raw, bytes=_ceil(total)), total, name)
     if number <= 1:
-        return BudgetSpec(raw, fraction=float(m.group(1)))
+        return _checked(BudgetSpec(raw, fraction=float(m.group(1))), number, name)
     whole = number == number.to_integral_value()
     if whole and number >= MIN_PLAIN_BYTES:
         return _checked(BudgetSpec(raw, bytes=_ceil(number)), number, name)
@@ -154,6 +157,14 @@ def _checked(spec: BudgetSpec, amount: Decimal, name: str) -> BudgetSpec:
         raise InputError(
             f"{spec.text!r}: too large; at most 2**20 × the store-all peak", field=name
         )
+    # '1e-300' (or '1e-300GB') was read as 1 byte: a budget that means nothing.
+    if spec.bytes is not None and amount < 1:
+        raise InputError(f"{spec.text!r}: under 1 byte; give bytes such as 12GiB or a "
+                         "fraction of the store-all peak such as 0.8", field=name)
+    if spec.fraction is not None and amount < MIN_FRACTION:
+        raise InputError(
+            f"{spec.text!r}: a fraction of the store-all peak under {MIN_FRACTION:g} (0.0001%) "
+            "fits no model; give one such as 0.8 or 80%, or bytes such as 12GiB", field=name)
     return spec
 
 
