@@ -46,7 +46,7 @@ DEADLINE_CHECK_EVERY = 2048  # sets expanded between clock readings
 # 0.64-0.78, with 13-46 values of room beyond the sink's inputs: at 0.61, with 4, random500
 # takes 834,004 sets)
 TIGHT_SHARE = 0.85
-TIME_SHARE = 0.3  # of auto's limit, at most (the safety net: the count decides)
+TIME_SHARE = 0.5  # of auto's limit at most: a safety net on a loaded machine (counts decide)
 # Best-first sets while no plan fits after auto's first phase (random500: about 10,000 a
 # second on a quiet core), within half of what is left of its time at most
 PLAN_MAX_STATES = 100_000
