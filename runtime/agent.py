@@ -4,8 +4,11 @@
 1. traces one training step (op level);
 2. gets a plan: from the service when `server` is given (POST /v1/plans, polled until done),
    else from the on-disk cache or an in-process solve. When the service is unreachable, slow or
-   failing, it falls back to the cache, then to a local baseline plan, and says so;
-3. caches the plan on disk by graph hash, budget and method;
+   failing, it falls back to the cache, then to a local baseline plan, and says so. It sends
+   `token`, else $PLANNER_API_KEY, as the CLI does; a key the service refuses (401, 403) is
+   ServiceRefused, one line saying what to set, never a fallback;
+3. caches the plan on disk by graph hash, budget and method (a fallback baseline plan is not
+   the method's: it is never cached under its name);
 4. applies it and measures one calibration step (exact live storage on CPU, allocator peak on
    CUDA; RNG and buffers restored afterwards); only when that step measured more than the
    budget plus a tolerance (`replan_tolerance_bytes`: 0.5 % of the budget, at least 64 KiB)
@@ -41,13 +44,23 @@ from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.plan import Plan
 from planner.engine.request import ResolvedRequest, resolve_request
-from planner.runtime.agent_solve import ServiceUnavailable, ask_service, plan_outcome, solve_here
+from planner.runtime.agent_solve import (
+    ServiceRefused,
+    ServiceUnavailable,
+    ask_service,
+    plan_outcome,
+    solve_here,
+)
 from planner.runtime.apply import PlannedModule, apply
 from planner.runtime.grad_lifetime import kept_gradients, warn
 from planner.runtime.plan_cache import USABLE, PlanCache, default_cache_dir
 
 log = logging.getLogger("planner.runtime.agent")
 FALLBACK_METHOD = "best-baseline"  # fast, no solver: what runs when the service cannot answer
+# Sources whose plan is another method's than the one asked for: never cached under its name
+# (a later run without the service would take FALLBACK_METHOD's plan for `auto`'s).
+STAND_INS = ("fallback-baseline",)
+__all__ = ["AgentReport", "ServiceRefused", "ServiceUnavailable", "plan_for"]
 # A measured step may exceed the budget by this much without a re-plan (see
 # replan_tolerance_bytes).
 REPLAN_TOLERANCE_FRACTION = 0.005
@@ -144,7 +157,8 @@ def plan_for(
                 f"{plan.status.value}); smallest feasible found: {format_bytes(smallest)}",
                 smallest,
             )
-        cache.put(graph, planning_budget, method, plan)
+        if report.source not in STAND_INS:
+            cache.put(graph, planning_budget, method, plan)
         module = apply(model, plan, inputs, trace=traced)
         object.__setattr__(module, "agent_report", report)
         module.gradient_lifetime_check.say = _both(report.say, warn)
@@ -163,7 +177,8 @@ def plan_for(
         _calibrate(module, model, inputs, report)
         if replan and tighter_budget(report) is not None:
             module, report = _replan(planned, module, report, model, inputs)
-            if report.budget_bytes != request.budget_bytes:  # the retry was kept
+            kept_retry = report.budget_bytes != request.budget_bytes
+            if kept_retry and report.source not in STAND_INS:
                 cache.put(graph, request.budget_bytes, method, report.plan)
         _judge_fit(report, strict)
     if log_steps > 0:

@@ -12,6 +12,7 @@ request is kept to WARNING while the agent polls, unless its level was set.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from types import TracebackType
@@ -90,6 +91,26 @@ class ServiceUnavailable(RuntimeError):
     """The service could not give a plan in time (unreachable, slow, failing)."""
 
 
+class ServiceRefused(PermissionError):
+    """The service refused this client's credentials (HTTP 401 or 403): a setting to fix, not
+    an outage to fall back from (a fallback plan would hide it behind a worse schedule)."""
+
+
+AUTH_STATUSES = (401, 403)
+API_KEY_ENV = "PLANNER_API_KEY"  # as the CLI's --token
+
+
+def api_key(token: str | None) -> str | None:
+    """The key to send: `token`, else $PLANNER_API_KEY (as `planner-cli submit` reads it)."""
+    return token or os.environ.get(API_KEY_ENV) or None
+
+
+def refused_message(server: str, status: int, reason: str, token: str | None) -> str:
+    sent = "the API key sent" if token else f"a request without an API key (${API_KEY_ENV} unset)"
+    return (f"the service at {server} refused {sent}: HTTP {status} ({reason}); set "
+            f"${API_KEY_ENV} or pass token= with a key of this server (`planner-cli keys add`)")
+
+
 def solve_here(request: ResolvedRequest, label: str) -> tuple[Plan, str]:
     """The request's plan, with progress lines while it solves, and the result's figures."""
     with SolveProgress(label, request.budget_bytes, request.time_limit_s,
@@ -102,9 +123,11 @@ def ask_service(
     server: str, graph: Graph, budget_bytes: int, method: str, timeout_s: float,
     time_limit_s: float, token: str | None = None,
 ) -> Plan:
-    """POST /v1/plans and poll until the job finishes; ServiceUnavailable on any failure."""
+    """POST /v1/plans and poll until the job finishes; ServiceRefused when the service refuses
+    the key (`token`, else $PLANNER_API_KEY), ServiceUnavailable on any other failure."""
     from planner.service.client import PlannerClient, ServiceError, ServiceTimeout
 
+    token = api_key(token)
     body = {
         "graph": graph.model_dump(mode="json"),
         # explicit bytes: the budget grammar refuses small bare numbers as ambiguous
@@ -127,6 +150,10 @@ def ask_service(
                 _cancel(client, str(job.get("id")))
                 raise ServiceUnavailable(f"{e}, cancelled") from None
     except ServiceError as e:
+        if e.status_code in AUTH_STATUSES:
+            reason = str(e).rsplit(": ", 1)[-1]
+            raise ServiceRefused(refused_message(server, e.status_code or 0, reason, token)) \
+                from None
         raise ServiceUnavailable(str(e)) from None
     if job["status"] in ("failed", "cancelled") or not job.get("plan"):
         raise ServiceUnavailable(f"job {job.get('id')} {job['status']}: {job.get('error') or ''}")
