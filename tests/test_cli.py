@@ -276,7 +276,7 @@ def test_usage_errors_are_one_line(cli: Cli, work: Path) -> None:
               "--time-limit: -1", "more than 0")
     bad_input(cli("schema", "nope"), "'nope' is not one of 'graph', 'plan', 'resources'")
     bad_input(cli("simulate", work / "graph.json", work / "plan.json", "--plot",
-                  work / "no_such_dir" / "t.png"), "cannot write the plot")
+                  work / "no_such_dir" / "t.png"), "no such folder")
 
 
 def test_plan_for_another_graph(cli: Cli, work: Path, tmp_path: Path) -> None:

@@ -193,9 +193,11 @@ def simulate_cmd(
 ) -> None:
     """Replay a plan: peak memory, compute cost and the memory timeline."""
     from planner.core.io import load_plan
+    from planner.core.out_files import check_figure_path
     from planner.engine.inputs import load_graph
     from planner.sim.simulator import PlanError, simulate
 
+    check_figure_path(plot, "memory timeline")
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)
     machine = resolve_resources(resources) or plan.resources

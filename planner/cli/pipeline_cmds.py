@@ -133,10 +133,15 @@ def partition_cmd(
     The graph is one micro-batch's training step: trace the model at the micro-batch size
     (batch / --microbatches). With --schedule auto (or a list) the schedule is chosen too; with
     --global-batch and one graph per micro-batch size, the micro-batch count as well."""
+    from planner.core.out_files import check_figure_path, check_output_path
     from planner.engine.inputs import load_graph
     from planner.engine.partition import parse_device_memory, partition_plan
     from planner.engine.partition_sweep import sweep_partitions
     from planner.engine.request import with_host_memory
+
+    for path, what in ((output, "plan"), (csv_out, "CSV")):
+        check_output_path(path, what)  # before the search, not after it
+    check_figure_path(plot, "schedule grid")
     graph_path = graph_paths[0]
     graphs = [(str(path), load_graph(path)) for path in graph_paths]
     graph = graphs[0][1]
@@ -189,10 +194,11 @@ def _write_and_print(graph: Graph, report: PartitionReport, output: Path | None,
 
         write_json(output, plan)
     if csv_out is not None:
+        from planner.core.out_files import write_text
         from planner.core.pipeline_actions import rank_actions_to_csv
 
         assert plan.rank_actions is not None
-        csv_out.write_text(rank_actions_to_csv(plan.rank_actions))
+        write_text(csv_out, rank_actions_to_csv(plan.rank_actions))
     if plot is not None:
         from planner.engine.pipeline_plot import plot_schedule
 

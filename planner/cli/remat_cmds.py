@@ -141,6 +141,7 @@ def sweep_cmd(
     from rich.table import Table
 
     from planner.core.errors import InputError
+    from planner.core.out_files import check_figure_path, check_output_path, write_text
     from planner.engine.inputs import load_graph
     from planner.engine.request import check_method
     from planner.engine.sweep import parse_budgets, run_sweep
@@ -148,6 +149,9 @@ def sweep_cmd(
 
     graph = load_graph(graph_path)
     check_method(method)  # unknown method: one line, before any process starts
+    check_output_path(csv_path, "CSV")  # bad output paths too, before the sweep's work
+    check_output_path(json_path, "JSON table")
+    check_figure_path(png_path, "Pareto plot")
     store_all = store_all_peak_bytes(graph)
     try:
         points_in = parse_budgets(budgets, store_all)
@@ -159,17 +163,19 @@ def sweep_cmd(
     rows = _sweep_rows(points)
     if csv_path is not None:
         import csv
+        import io
 
-        with open(csv_path, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text(csv_path, text.getvalue())
     if json_path is not None:
         import json
 
-        json_path.write_text(json.dumps({"graph": str(graph_path), "method": method,
-                                         "store_all_peak_bytes": store_all, "points": rows},
-                                        indent=1))
+        write_text(json_path, json.dumps({"graph": str(graph_path), "method": method,
+                                          "store_all_peak_bytes": store_all, "points": rows},
+                                         indent=1))
     if png_path is not None:
         _pareto_png(png_path, rows, str(graph_path))
     if as_json:
@@ -261,6 +267,7 @@ def _pareto_png(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from planner.engine.figures import save_figure
     from planner.engine.timeline_plot import byte_unit
 
     pts = [(r["budget_bytes"], r["overhead_percent"]) for r in rows
@@ -275,5 +282,4 @@ def _pareto_png(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)

@@ -218,9 +218,11 @@ def solve_cmd(
     ] = None,
 ) -> None:
     """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
+    from planner.core.out_files import check_output_path
     from planner.engine.inputs import load_graph
     from planner.engine.request import resolve_request, resolve_resources
 
+    check_output_path(output, "plan")  # said before the solve, not after it
     machine = resolve_resources(resources_input(resources))  # said before the graph is read
     request = resolve_request(
         load_graph(graph_path), budget, resources=machine,

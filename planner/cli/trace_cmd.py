@@ -107,7 +107,12 @@ def resolve_model(
                 )
             made = factory
         else:
-            made = factory(**factory_kwargs(factory, target, call))
+            kwargs = factory_kwargs(factory, target, call)
+            try:
+                made = factory(**kwargs)
+            except Exception as e:  # the user's factory: its message, not our traceback
+                raise InputError(f"model {target!r}: the factory raised "
+                                 f"{type(e).__name__}: {e}") from None
     model, inputs = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(model, torch.nn.Module):
         raise InputError(
@@ -202,6 +207,11 @@ def _check_like_default(key: str, value: Any, default: Any, target: str) -> None
             f"--arg {key}={value!r}: {target} expects {type(default).__name__} here "
             f"(default {default!r})"
         )
+    if (type(default) is int and default > 0 and isinstance(value, int)
+            and not isinstance(value, bool) and value < 0):
+        # a size or count (layers=-1 traced a model without its blocks and exited 0)
+        raise InputError(f"--arg {key}={value}: {target} expects a size or count here "
+                         f"(default {default}); give 0 or more")
 
 
 def resolve_loss(spec: str | None) -> Any:

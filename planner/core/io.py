@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from planner.core.errors import InputError, describe_validation_error
 from planner.core.graph import Graph, graph_from_document
 from planner.core.json_files import read_json
+from planner.core.out_files import write_text
 from planner.core.plan import Plan
 
 
@@ -66,15 +67,11 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def write_json(path: str | Path, document: Graph | Plan | dict[str, Any]) -> None:
-    """Write atomically, so an interrupted write never leaves a half file behind."""
+    """Write atomically, so an interrupted write never leaves a half file behind
+    (`planner.core.out_files.write_text`)."""
     path = Path(path)
     if isinstance(document, Graph | Plan):
         text = document.model_dump_json(indent=1, exclude_none=False)
     else:
         text = json.dumps(document, indent=1)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text + "\n")
-        tmp.replace(path)
-    except OSError as e:
-        raise InputError(f"{path}: cannot write: {e}") from None
+    write_text(path, text + "\n")

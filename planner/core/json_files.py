@@ -13,6 +13,9 @@ from planner.core.errors import InputError
 
 def read_json(path: str | Path) -> Any:
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        # a device or FIFO: /dev/zero and /dev/urandom never end (info hung on them)
+        raise InputError(f"{path}: not a regular file; give a JSON file")
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -11,6 +11,7 @@ from pathlib import Path
 from planner.core.errors import InputError
 from planner.core.graph import Graph
 from planner.core.plan import Plan, PlanKind
+from planner.engine.figures import save_figure
 from planner.sim.pipeline_ranks import ActionSpan, simulate_pipeline_spans
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
@@ -60,7 +61,4 @@ def plot_schedule(graph: Graph, plan: Plan, path: str | Path, title: str = "") -
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               ncol=len(handles), frameon=False)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, 120)

@@ -30,6 +30,9 @@ class SweepPoint:
     actions: str = ""  # plan in text form
 
 
+MAX_SWEEP_BUDGETS = 1000  # each budget is a solve of up to its time limit
+
+
 def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, int]]:
     """'0.3:1.0:0.05' (start:stop:step fractions, stop included) or a comma list of
     fractions / byte sizes; returns (fraction or None, bytes) sorted by bytes."""
@@ -47,10 +50,16 @@ def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, in
             raise InputError(f"{spec!r}: need 0 < start ≤ stop ≤ 1 and step > 0, e.g. "
                              "0.3:1.0:0.05", field="budget")
         count = int(math.floor((stop - start) / step + 1e-9)) + 1
+        if count > MAX_SWEEP_BUDGETS:  # 0.3:1.0:0.0000007 asked for a million solves
+            raise InputError(f"{spec!r}: {count} budgets, at most {MAX_SWEEP_BUDGETS}; take a "
+                             "larger step", field="budget")
         for k in range(count):
             f = round(start + k * step, 10)
             items.append((f, math.ceil(f * store_all_peak)))
     else:
+        if spec.count(",") >= MAX_SWEEP_BUDGETS:
+            raise InputError(f"{spec.count(',') + 1} budgets, at most {MAX_SWEEP_BUDGETS}",
+                             field="budget")
         for token in spec.split(","):
             b = parse_budget(token.strip(), store_all_peak)
             value = float(token) if _is_fraction(token) else None

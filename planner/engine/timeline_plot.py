@@ -12,6 +12,7 @@ from typing import Any
 
 from planner.core.graph import Graph
 from planner.core.resources import Resources
+from planner.engine.figures import save_figure
 from planner.sim.simulator import SimulationResult
 
 GiB = 2**30
@@ -56,7 +57,7 @@ def plot_timeline(
         ax.set_title(title)
         ax.legend(loc="upper right")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, 110)
     finally:
         plt.close(fig)
 
@@ -102,6 +103,6 @@ def _plot_streams(
             f"makespan {sim.makespan_ms:.3f} ms, transfers {sim.transfer_ms:.3f} ms, "
             f"exposed {sim.exposed_transfer_ms:.3f} ms", fontsize=9)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, 110)
     finally:
         plt.close(fig)

@@ -238,8 +238,16 @@ def make_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1) -> 
 
 
 # -- by name: what partitioners and entry points call ------------------------------------------
+# Schedules, their simulation and the partitioners grow with the micro-batch count: past this
+# (the service's cap too) a request is refused, not left running for hours (10**9 hung).
+MAX_MICROBATCHES = 4_096
+
+
 def check_schedule(schedule: str, ranks: int, microbatches: int, chunks: int = 1) -> None:
     """InputError (one line, naming the field) for a schedule these numbers cannot run."""
+    if microbatches > MAX_MICROBATCHES:
+        raise InputError(f"{microbatches} micro-batches: at most {MAX_MICROBATCHES}",
+                         field="microbatches")
     schedule_class(schedule).check(ranks, microbatches, chunks)
 
 
