@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from planner.service.auth_state import auth_at_start
 from planner.service.deps import ServiceParts, identity_dependency
 from planner.service.errors import BodyLimitMiddleware, install_error_handlers
 from planner.service.request_documents import install_server_schema
@@ -42,6 +43,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # Hand the GIL over sooner, so /healthz is not stuck behind busy handler threads.
     sys.setswitchinterval(0.001)
     parts.store.create_schema()
+    # Fail closed here too (uvicorn --factory starts no `serve`): no open service on a
+    # database that held keys and holds none now (planner.service.auth_state).
+    _, refusal = auth_at_start(parts.settings, parts.store.has_keys())
+    if refusal is not None:
+        raise RuntimeError(refusal)
     parts.manager.start()
     # What start-up made lives as long as the process: out of the collector's reach, a full
     # collection (~130k objects: 80 ms, and 129 ms on /healthz under load) walks only what

@@ -20,6 +20,7 @@ from limits import RateLimitItemPerMinute
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from planner.service.auth_state import remember_auth
 from planner.service.errors import ApiError
 from planner.service.models import DEFAULT_TENANT
 from planner.service.settings import Settings
@@ -78,6 +79,7 @@ class Authenticator:
     def __init__(self, settings: Settings, store: Store) -> None:
         self._env = env_keys(settings)
         self._store = store
+        self._database_url, self._state_dir = settings.database_url, settings.state_dir
         self._ttl_s = settings.api_key_cache_s
         self._lock = threading.Lock()
         self._keys: dict[str, tuple[float, ApiKey | None]] = {}  # digest -> (read at, key)
@@ -98,6 +100,8 @@ class Authenticator:
         if not self._fresh(read_at) and not has:  # once on, stays on (keys are never deleted)
             has = self._store.has_keys()
             self._db_has_keys = (time.monotonic(), has)
+            if has:  # a key added while running: a lost database must not reopen the service
+                remember_auth(self._database_url, self._state_dir)
         return has
 
     def caller_cached(self, request: Request) -> Caller | None:

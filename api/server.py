@@ -7,7 +7,9 @@ code, before anything touches the database.
 
 The database is tried next (schema, then one write): a read-only file, a missing directory or
 an unreachable PostgreSQL is one line on stderr and exit 5, not a traceback from the start-up.
-Only then does `on_ready` run (the CLI's banner), so a failed start prints no banner.
+Then authentication is decided (planner.service.auth_state: a database that held keys and holds
+none now refuses to start, exit 5). Only then does `on_ready` run (the CLI's banner, saying
+whether authentication is on), so a failed start prints no banner.
 
 Exit codes: 0 stopped cleanly, 4 the port is in use (or cannot be bound), 5 the service could
 not start (say, the database is unreachable). 2 and 3 keep their CLI meanings (bad input, no
@@ -28,7 +30,7 @@ EXIT_PORT_IN_USE = 4
 EXIT_START_FAILED = 5
 
 __all__ = ["EXIT_PORT_IN_USE", "EXIT_START_FAILED", "PortUnavailable", "bind_socket",
-           "check_database", "serve"]
+           "check_auth", "check_database", "serve"]
 
 
 class PortUnavailable(OSError):
@@ -81,9 +83,24 @@ def check_database(url: str) -> str | None:
     return None
 
 
-def serve(settings: Settings, on_ready: Callable[[], None] | None = None) -> int:
-    """Serve until stopped; the exit code (see the module docstring). `on_ready` runs once the
-    port is bound and the database usable, just before serving."""
+def check_auth(settings: Settings) -> tuple[bool, str | None]:
+    """(authentication on, or the line to refuse to start with): planner.service.auth_state,
+    with the database's keys counted."""
+    from planner.service.auth_state import auth_at_start
+    from planner.service.store import Store
+
+    store = Store(settings.database_url)
+    try:
+        return auth_at_start(settings, store.has_keys())
+    finally:
+        store.dispose()
+
+
+def serve(settings: Settings, on_ready: Callable[[bool], None] | None = None) -> int:
+    """Serve until stopped; the exit code (see the module docstring). `on_ready(auth_on)` runs
+    once the port is bound, the database usable and authentication decided, just before
+    serving (the banner: whether authentication is on, as decided here, keys in the database
+    counted)."""
     import uvicorn
 
     from planner.service.app import create_app
@@ -99,8 +116,13 @@ def serve(settings: Settings, on_ready: Callable[[], None] | None = None) -> int
         print(f"error: the database cannot be used: {problem}; fix it or serve another one "
               "(--database-url, PLANNER_DATABASE_URL)", file=sys.stderr)
         return EXIT_START_FAILED
+    auth_on, refusal = check_auth(settings)
+    if refusal is not None:  # fail closed: never an open service the operator did not ask for
+        sock.close()
+        print(f"error: {refusal}", file=sys.stderr)
+        return EXIT_START_FAILED
     if on_ready is not None:
-        on_ready()
+        on_ready(auth_on)
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level,

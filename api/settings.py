@@ -61,6 +61,20 @@ class Settings(BaseSettings):
     admin_api_key: SecretStr | None = Field(
         default=None, description="A bearer token that sees every tenant's objects."
     )
+    auth: Literal["auto", "required", "open"] = Field(
+        default="auto",
+        description="auto: authentication is on with any key (here or in the database), and a "
+        "database that held keys once (remembered outside it: planner.service.auth_state) and "
+        "holds none now refuses to start; required: never start without a key; open: serve "
+        "without authentication where no key is configured, even then (keys present are "
+        "always enforced).",
+    )
+    state_dir: str | None = Field(
+        default=None,
+        description="Where the service remembers that a non-SQLite database needs keys "
+        "(default $XDG_STATE_HOME/planner or ~/.local/state/planner); an SQLite file's marker "
+        "lies beside it.",
+    )
     api_key_cache_s: float = Field(
         default=5.0, ge=0, le=300,
         description="How long a key read from the database is trusted: a revoked key stops "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sqlite3
 import threading
 import time
 import uuid
@@ -19,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, create_engine, event, func, inspect, literal, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from planner.service.models import Base
@@ -74,6 +76,47 @@ class StoreBase:
         Base.metadata.create_all(self.engine)
         self._add_missing_columns()
         self._add_missing_indexes()
+        self._file_identity = self._sqlite_file_identity()
+
+    # -- a deleted or replaced SQLite file --------------------------------------------------------
+    def _sqlite_path(self) -> str | None:
+        """The SQLite file this store opened (None: not SQLite, or in memory)."""
+        url = self.engine.url
+        name = url.database or ""
+        if url.get_backend_name() != "sqlite" or name in ("", ":memory:") or \
+                name.startswith("file:"):
+            return None
+        return name
+
+    def _sqlite_file_identity(self) -> tuple[int, int] | None:
+        path = self._sqlite_path()
+        if path is None:
+            return None
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+
+    def check_file(self) -> None:
+        """A storage fault (503, /readyz not ready) when the SQLite file opened at start-up is
+        gone from its path or is another file now: pooled connections would go on writing to
+        the deleted inode, and every accepted job would vanish at the next start. Once the
+        same file is back at its path, this passes again; a new file needs a restart."""
+        known: tuple[int, int] | None = getattr(self, "_file_identity", None)
+        path = self._sqlite_path()
+        if known is None or path is None:
+            return
+        try:
+            st = os.stat(path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            now = None
+        if now == known:
+            return
+        what = "was deleted" if now is None else "was replaced by another file"
+        # "unable to open database file": classified as the store being unreachable (errors.py)
+        raise OperationalError(
+            "SQLite file check", None, sqlite3.OperationalError(
+                f"unable to open database file: the database file {what} while the service "
+                "ran; put it back or restart the service"))
 
     def _add_missing_columns(self) -> None:
         """Columns added since a store was made (all nullable) are added in place, so an
@@ -122,6 +165,7 @@ class StoreBase:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
+        self.check_file()  # an os.stat: a deleted store never answers for the real one
         with self._sessions() as s, s.begin():
             yield s
 
@@ -131,6 +175,7 @@ class StoreBase:
             yield s
 
     def ping(self) -> None:
+        self.check_file()
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
 

@@ -98,6 +98,9 @@ class ServerProcess:
             PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]),
             MPLBACKEND="Agg",
         )
+        # Where a non-SQLite store's "keys were configured" marker goes: the test's own folder,
+        # so a PostgreSQL database name reused by another test starts as new.
+        env.setdefault("PLANNER_STATE_DIR", str(self.workdir / "planner-state"))
         for key, value in self.settings.items():
             env[f"PLANNER_{key.upper()}"] = str(value)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process

@@ -5,6 +5,7 @@ The clients speak HTTP (httpx) and never import the service; `serve` imports `ap
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,13 +90,16 @@ def serve(
         settings = load_settings(**overrides)
     except ValidationError as e:
         raise InputError(f"settings: {describe_validation_error(e)}") from None
-    banner = (
-        f"planner service on http://{settings.host}:{settings.port} (page /, API docs /docs; "
-        f"database {_redact(settings.database_url)}, {settings.workers} workers, "
-        f"auth {'on' if settings.auth_enabled else 'off'})"
-    )
+    def banner(auth_on: bool) -> None:
+        # Whether authentication is on as the server decided it (keys in the database count).
+        console.print(
+            f"planner service on http://{settings.host}:{settings.port} (page /, API docs "
+            f"/docs; database {_redact(settings.database_url)}, {settings.workers} workers, "
+            f"auth {'on' if auth_on else 'off'})"
+        )
+
     # Printed once the port is ours and the database usable: a failed start shows only its error.
-    code = run_service(settings, on_ready=lambda: console.print(banner))
+    code = run_service(settings, on_ready=banner)
     if code:
         raise typer.Exit(code)
 
@@ -314,11 +318,15 @@ def keys_add(
     as_json: JsonFlag = False,
 ) -> None:
     """Make a key for a tenant and print it once (only its sha256 is stored)."""
+    from planner.service.auth_state import remember_auth
+
     store = _key_store(database_url)
     try:
         key, secret = store.add_key(tenant, admin=admin)
     finally:
         store.dispose()
+    # From now on a service on this database without keys (a lost one) refuses to start.
+    remember_auth(store.url, os.environ.get("PLANNER_STATE_DIR"))
     if as_json:
         print_json({"id": key.id, "tenant": key.tenant, "admin": key.admin, "key": secret})
         return
