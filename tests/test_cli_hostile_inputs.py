@@ -79,3 +79,48 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path,
     with pytest.raises(InputError, match="No space left"):
         write_text(tmp_path / "plan.json", "{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_sweep_leaves_no_workers(files: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "planner.cli.main", "sweep", "g.json", "--budgets",
+         "0.5,0.6,0.7,0.8", "--time-limit", "300", "--jobs", "2"],
+        cwd=files, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        workers = _children(sweep.pid)
+    assert len(workers) >= 2, "the sweep's workers never started"
+    time.sleep(1.0)  # the workers are solving
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait()
+    deadline = time.monotonic() + 60  # a hang guard: they end within seconds
+    while any(Path(f"/proc/{w}").exists() and "Z" not in _state(w) for w in workers):
+        assert time.monotonic() < deadline, "the workers outlived the killed sweep"
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -8,6 +8,9 @@ larger budget never looks worse because its own solve was unlucky.
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -116,7 +119,8 @@ def run_sweep(
             if on_done:
                 on_done(b)
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             futures = {
                 pool.submit(_solve_one, graph_json, b, method, time_limit_s, threads_per_job,
                             seed): b
@@ -127,6 +131,20 @@ def run_sweep(
                 if on_done:
                     on_done(futures[fut])
     return monotone(budgets, raw)
+
+
+PARENT_CHECK_S = 1.0  # how often a sweep worker looks for its parent
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A sweep worker ends when its parent does: a killed `planner-cli sweep` left its workers
+    solving for 20 minutes."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sweep-parent-watch", daemon=True).start()
 
 
 def record_from_summary(summary: dict[str, object] | None, budget_bytes: int) -> dict[str, object]:
