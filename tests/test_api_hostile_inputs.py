@@ -107,3 +107,5 @@ def test_rotor_table_sizes_have_a_maximum(client: TestClient, option: str, value
                  if rule.get("if", {}).get("properties", {}).get("method") == {"const": "rotor"}
                  and "options" in rule["then"]["properties"])
     assert rotor["properties"]["options"]["properties"][option]["maximum"] == OPTION_CAPS[option]
+    listed = next(m for m in client.get("/v1/methods").json() if m["name"] == "rotor")
+    assert {o["name"]: o["maximum"] for o in listed["options"]}[option] == OPTION_CAPS[option]

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from planner.service.caps import option_cap
 from planner.service.deps import AUTH_ERRORS, error_responses
 
 router = APIRouter(prefix="/v1")
@@ -38,10 +39,14 @@ class MethodInfo(BaseModel):
 
 @router.get("/methods", response_model=list[MethodInfo], responses=error_responses(*AUTH_ERRORS),
             summary="The planning methods, each with its options")
-def list_methods() -> list[dict[str, object]]:
+def list_methods() -> list[dict[str, Any]]:
     from planner.engine.registry import describe_methods
 
-    return describe_methods()
+    methods: list[dict[str, Any]] = describe_methods()
+    for method in methods:  # each option's maximum as this server takes it (caps.OPTION_CAPS)
+        for option in method.get("options") or ():
+            option["maximum"] = option_cap(option["name"], option["type"], option["maximum"])
+    return methods
 
 
 class ResourcePreset(BaseModel):
