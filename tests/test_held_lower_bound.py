@@ -11,7 +11,7 @@ import pytest
 from held_graphs import tied_training_graph
 from test_ledger import random_valid_plan
 
-from planner.core.graph import Graph, reachable
+from planner.core.graph import Edge, Graph, Node, reachable
 from planner.core.synthetic import training_graph
 from planner.sim.ledger import MemoryLedger
 from planner.sim.lower_bound import must_resident_bytes
@@ -106,3 +106,21 @@ def test_auto_fits_store_all_in_the_held_last_order() -> None:
     sim = simulate(graph, r.actions)
     assert sim.peak_bytes <= budget
     assert sim.compute_cost == pytest.approx(graph.total_compute_ms)
+
+
+def test_auto_proves_infeasible_by_a_cut_before_any_search() -> None:
+    # 0 (not recomputable) is read by 3 after 1 and 2: at 2's computation it is resident with
+    # 1 and 2 (200 bytes), more than any node's inputs and output (160 at 3)
+    nodes = [Node(id=0, compute_ms=1.0, output_bytes=100, recomputable=False),
+             Node(id=1, compute_ms=1.0, output_bytes=50),
+             Node(id=2, compute_ms=1.0, output_bytes=50),
+             Node(id=3, compute_ms=1.0, output_bytes=10)]
+    edges = [Edge(source=0, target=1), Edge(source=1, target=2), Edge(source=2, target=3),
+             Edge(source=0, target=3)]
+    graph = Graph(nodes=nodes, edges=edges)
+    assert lower_bound_peak_bytes(graph) == 160
+    r = solve_auto(graph, 180, time_limit_s=5.0)
+    assert r.proven_infeasible and r.actions is None
+    assert "must be resident" in r.notes[0]
+    assert "first_phase_s" not in r.timings  # decided before the first phase
+    assert solve_auto(graph, 200, time_limit_s=5.0).actions is not None
