@@ -6,6 +6,7 @@ embeddings (tests/held_graphs.py), the structure of a traced GPT-2 where 75 % of
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from held_graphs import tied_training_graph
@@ -124,3 +125,16 @@ def test_auto_proves_infeasible_by_a_cut_before_any_search() -> None:
     assert "must be resident" in r.notes[0]
     assert "first_phase_s" not in r.timings  # decided before the first phase
     assert solve_auto(graph, 200, time_limit_s=5.0).actions is not None
+
+
+def test_info_says_where_the_bound_is_and_its_share_of_store_all(tmp_path: Path) -> None:
+    from planner.cli.graph_cmds import graph_info
+
+    graph = tied_training_graph(4)
+    path = tmp_path / "graph.json"
+    path.write_text(graph.model_dump_json())
+    info = graph_info(path)
+    assert info["lower_bound_peak_bytes"] == lower_bound_peak_bytes(graph)
+    assert info["lower_bound_at"] == "node 19 (tied_grad_sum)"  # the last node
+    assert info["lower_bound_of_store_all"] == round(
+        lower_bound_peak_bytes(graph) / store_all_peak_bytes(graph), 4)

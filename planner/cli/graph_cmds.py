@@ -60,6 +60,7 @@ def import_checkmate(
 
 def graph_info(graph_path: Path) -> dict[str, object]:
     from planner.engine.inputs import load_graph
+    from planner.sim.lower_bound import peak_lower_bound_node
     from planner.sim.simulator import lower_bound_peak_bytes
     from planner.sim.step_memory import model_state_breakdown, step_memory
     from planner.solvers.baselines import store_all_peak_bytes
@@ -67,6 +68,8 @@ def graph_info(graph_path: Path) -> dict[str, object]:
     graph = load_graph(graph_path)
     state = model_state_breakdown(graph)
     held = step_memory(graph)
+    store_all, lower = store_all_peak_bytes(graph), lower_bound_peak_bytes(graph)
+    at = peak_lower_bound_node(graph)
     phases: dict[str, int] = {}
     for n in graph.nodes:
         phases[n.phase.value] = phases.get(n.phase.value, 0) + 1
@@ -78,8 +81,11 @@ def graph_info(graph_path: Path) -> dict[str, object]:
         "edges": len(graph.edges),
         "phases": phases,
         "total_compute_cost": graph.total_compute_ms,
-        "store_all_peak_bytes": store_all_peak_bytes(graph),
-        "lower_bound_peak_bytes": lower_bound_peak_bytes(graph),
+        "store_all_peak_bytes": store_all,
+        "lower_bound_peak_bytes": lower,
+        # where the bound is met and what share of store-all it is: below it nothing fits
+        "lower_bound_at": None if at is None else graph.describe(at),
+        "lower_bound_of_store_all": round(lower / store_all, 4) if store_all else None,
         "fixed_bytes": graph.fixed_bytes,
         "model_state": {
             "source": "model_state" if state.derived else "fixed memory",

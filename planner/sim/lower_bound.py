@@ -24,7 +24,7 @@ from __future__ import annotations
 from planner.core.graph import Graph
 from planner.sim.ledger import MemoryLedger
 
-__all__ = ["must_resident_bytes", "peak_lower_bound_bytes"]
+__all__ = ["must_resident_bytes", "peak_lower_bound_bytes", "peak_lower_bound_node"]
 
 _MEMO_KEY = "peak_lower_bound"
 
@@ -37,6 +37,13 @@ def peak_lower_bound_bytes(graph: Graph) -> int:
         memo[_MEMO_KEY] = max(must.values(), default=MemoryLedger.of(graph).fixed_bytes)
     bound: int = memo[_MEMO_KEY]
     return bound
+
+
+def peak_lower_bound_node(graph: Graph) -> int | None:
+    """The node whose first computation gives the bound (the first such in id order), None
+    for an empty graph."""
+    must = must_resident_bytes(graph)
+    return max(sorted(must), key=must.__getitem__, default=None)
 
 
 def must_resident_bytes(graph: Graph) -> dict[int, int]:
