@@ -24,6 +24,11 @@ resident there or computed again), which holds for plans in any order. Every pha
 deadline: the answer comes within the time limit less a margin for turning the plan into
 actions and judging it (`final_margin_s`).
 
+Before step 1, up to CUT_FIRST_MAX_NODES, the cut bound's proof of infeasibility (no LP). On
+training graphs of EXACT_MAX_NODES-COUNTED_MAX_NODES nodes, steps 1 and 3 go by counts that the
+limit buys (`portfolio`'s counted phase, then `counted_kicks`), the deadline a safety net: the
+same request gets the same plan on a loaded machine.
+
 The phases share one explicit state, `auto_search.AutoSearch` (the incumbent, the bounds, the
 deadline, the listener); the exact searches of step 2 are `auto_exact.ExactSearch`, the
 portfolio `portfolio.Portfolio`.

@@ -20,6 +20,11 @@ so none of them starves the others:
 5. the module-level chain DP (rotor on a linearisation, translated to op-level actions) on
    training graphs: on stacks of identical blocks op-level auto is then never worse than it.
 Candidates go to `offer`, which judges them with the simulator.
+Graphs whose nodes hold bytes to the end of the step (weight gradients) also get the graph's
+order with those nodes computed late (`held_orders`), and greedy eviction skips orders whose held
+bytes alone exceed the budget somewhere (`held_orders.order_floor_bytes`). A counted phase
+(`counted_limit_s`, auto's mid-sized training graphs) runs each step to its end or to a count
+the limit buys, the deadline only a safety net: the same plans on a loaded machine, later.
 """
 
 from __future__ import annotations
