@@ -168,8 +168,10 @@ def _proven_infeasible(graph: Graph, budget_bytes: int, method: str, started: fl
         status=PlanStatus.infeasible,
         backend="proof",
         notes=[
-            f"proven infeasible: computing some node needs {floor_bytes} bytes (its inputs, "
-            f"output, workspace and fixed memory), more than the budget of {budget_bytes}"
+            f"proven infeasible: computing {_floor_node(graph)} needs {floor_bytes} bytes (its "
+            "inputs, output, workspace, the fixed memory and what the nodes before it hold to "
+            f"the end of the step, such as weight gradients), more than the budget of "
+            f"{budget_bytes}"
         ],
         details={"budget_lower_bound_bytes": floor_bytes},
         smallest_feasible_bytes=smallest_baseline_peak_bytes(graph, started + time_limit_s),
@@ -177,6 +179,16 @@ def _proven_infeasible(graph: Graph, budget_bytes: int, method: str, started: fl
     return checked_plan(
         graph, budget_bytes, method, proof, time.perf_counter() - started, resources
     )
+
+
+def _floor_node(graph: Graph) -> str:
+    """Where the peak lower bound is met, for the note: 'node 366 (add_40)'."""
+    from planner.sim.lower_bound import peak_lower_bound_node
+
+    v = peak_lower_bound_node(graph)
+    if v is None:
+        return "some node"
+    return f"node {v} ({graph.index.node(v).name})"
 
 
 def _answer(graph: Graph, budget_bytes: int, method: str, time_limit_s: float, run: MethodRun,
