@@ -59,6 +59,11 @@ IDLE_POLL_S = 0.5
 SHARE_AFTER_S = 2.0
 # ... the store is asked whether someone waits at most this often while every worker is busy.
 SHARE_CHECK_INTERVAL_S = 1.0
+# A solver process that cannot start (fork refused: memory, process limits) is a fault of this
+# machine: claims pause this long, doubling with each failure in a row up to the maximum, and
+# /readyz says so meanwhile (before: both attempts of a job spent within a second, "ready").
+SPAWN_BACKOFF_S = 3.0
+SPAWN_BACKOFF_MAX_S = 60.0
 
 
 class JobManager:
@@ -86,6 +91,9 @@ class JobManager:
         self._thread: threading.Thread | None = None
         self._last_status_check = 0.0
         self._next_share_check = 0.0  # time.monotonic(): fair time's next look at the store
+        self._spawn_failures = 0  # solver processes that could not start, in a row
+        self._spawn_retry_at = 0.0  # time.monotonic(): no claims before this
+        self._spawn_error = ""  # the last such failure, for /readyz
         self.instance_id = new_id()
         self.address = f"{settings.host}:{settings.port}"
         self._last_heartbeat = 0.0
@@ -219,9 +227,16 @@ class JobManager:
                     log.exception("job dispatcher error")
                 time.sleep(IDLE_POLL_S)
 
+    @property
+    def spawn_problem(self) -> str | None:
+        """Why solver processes cannot start, while claims are paused for it; None otherwise."""
+        if self._spawn_failures and time.monotonic() < self._spawn_retry_at:
+            return self._spawn_error
+        return None
+
     def _dispatch(self) -> None:
         free = self.settings.workers - len(self._running)
-        if free <= 0:
+        if free <= 0 or time.monotonic() < self._spawn_retry_at:
             return
         # One claim at a time, each seeing the last: the store picks the oldest queued job of
         # the tenant with the fewest running jobs (fair shares of the pool, across instances).
@@ -230,6 +245,8 @@ class JobManager:
             if job is None:
                 return
             self._start(job)
+            if time.monotonic() < self._spawn_retry_at:  # it could not start: pause claims
+                return
 
     def _share_workers(self) -> None:
         """Fair time, not only fair order: while a tenant has queued jobs and no worker, and
@@ -261,7 +278,8 @@ class JobManager:
 
     def _start(self, job: Job) -> None:
         """Start a claimed job's solver process; a job that cannot start never stays running:
-        it is re-queued once (a passing fork failure), then failed with the reason."""
+        it is re-queued once (a passing fork failure), then failed with the reason; claims
+        pause meanwhile (`_spawn_failed`)."""
         try:
             self._spawn(job)
         except Exception as e:
@@ -269,8 +287,18 @@ class JobManager:
                 reason = f"the store failed before its solver started: {self.health.public}"
             else:
                 reason = f"its solver process could not start: {type(e).__name__}: {e}"
+                self._spawn_failed(f"{type(e).__name__}: {e}")
                 log.error("job %s: %s", job.id, reason)
             self._not_started(job, reason)
+        else:
+            self._spawn_failures = 0
+
+    def _spawn_failed(self, error: str) -> None:
+        """Pause claims, longer with each failure in a row (see SPAWN_BACKOFF_S)."""
+        self._spawn_failures += 1
+        pause_s = min(SPAWN_BACKOFF_MAX_S, SPAWN_BACKOFF_S * 2 ** (self._spawn_failures - 1))
+        self._spawn_retry_at = time.monotonic() + pause_s
+        self._spawn_error = error
 
     def _not_started(self, job: Job, reason: str) -> None:
         instance_id = self.instance_id

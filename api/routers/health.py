@@ -43,6 +43,9 @@ def readyz(parts: Parts) -> Any:
     problem = health.problem()
     if problem is not None:
         return storage_error_response(*problem)
+    if (cannot_start := parts.manager.spawn_problem) is not None:
+        return error_response(503, f"solver processes cannot start ({cannot_start}); jobs wait "
+                              "until one can")
     return Ready(
         status="ready",
         database=parts.store.engine.dialect.name,
