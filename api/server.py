@@ -28,6 +28,9 @@ from planner.service.settings import Settings
 
 EXIT_PORT_IN_USE = 4
 EXIT_START_FAILED = 5
+MAX_HEADER_BYTES = 64 * 1024  # a request line and headers, together
+MAX_CONNECTIONS = 1000  # open connections and tasks at once; beyond: 503
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this
 
 __all__ = ["EXIT_PORT_IN_USE", "EXIT_START_FAILED", "PortUnavailable", "bind_socket",
            "check_auth", "check_database", "serve"]
@@ -126,6 +129,11 @@ def serve(settings: Settings, on_ready: Callable[[bool], None] | None = None) ->
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level,
+        # h11 bounds a request's head (httptools, uvicorn's pick where installed, took a 64 MB
+        # header before authentication and stalled the event loop 5 s); beyond
+        # MAX_CONNECTIONS at once, a 503 rather than an unbounded queue of sockets
+        http="h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = uvicorn.Server(config)
     try:
