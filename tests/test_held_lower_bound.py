@@ -162,3 +162,18 @@ def test_every_holder_is_resident_when_the_last_one_runs() -> None:
     for _ in range(20):
         plans.append(random_valid_plan(with_order(graph, _random_order(graph, rng)), rng))
     assert min(simulate(graph, actions).peak_bytes for actions in plans) >= bound
+
+
+def test_the_least_known_budget_counts_store_all_with_held_nodes_last() -> None:
+    """An infeasible budget is told the smallest budget known to work: store-all with the held
+    nodes computed last beats every baseline on a tied GPT-shaped graph."""
+    from planner.engine.deadline import least_baseline
+    from planner.solvers.baselines import bounded_baselines
+
+    graph = tied_training_graph(3)
+    least = least_baseline(graph)
+    assert least is not None and least.name == "store-all@held-last"
+    assert least.peak_bytes < min(simulate(graph, actions).peak_bytes
+                                  for _, actions in bounded_baselines(graph, None))
+    assert simulate(graph, least.actions).peak_bytes == least.peak_bytes
+    assert least.peak_bytes >= lower_bound_peak_bytes(graph)
