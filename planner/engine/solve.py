@@ -299,6 +299,18 @@ def _better_than_fallback(kept: JudgedIncumbent | None, fallback: Fallback | Non
             or kept.simulation.compute_cost <= fallback.simulation.compute_cost)
 
 
+def _overran_why(method: str, time_limit_s: float) -> str:
+    return (f"method {method} did not answer within its time limit of {time_limit_s:g} s "
+            f"(+{METHOD_GRACE_S:g} s grace); it was abandoned")
+
+
+def _reported(plan: Plan, reporter: ProgressFn | None) -> Plan:
+    """`plan`, its cost and bound told to the listener first."""
+    if reporter is not None and plan.objective is not None:
+        reporter(plan.objective, plan.lower_bound)
+    return plan
+
+
 def _incumbent_answer(
     graph: Graph,
     budget_bytes: int,
@@ -314,8 +326,7 @@ def _incumbent_answer(
 ) -> Plan:
     """The answer when the method did not answer in time but had offered plans: the best of
     them, judged like any plan, with the bound the method gave for it."""
-    why = why or (f"method {method} did not answer within its time limit of {time_limit_s:g} "
-                  f"s (+{METHOD_GRACE_S:g} s grace); it was abandoned")
+    why = why or _overran_why(method, time_limit_s)
     found = kept.incumbent
     result = MethodResult(
         actions=list(found.actions),
@@ -329,9 +340,7 @@ def _incumbent_answer(
     )
     plan = checked_plan(graph, budget_bytes, method, result, time.perf_counter() - started,
                         resources, simulated=kept.simulation)
-    if reporter is not None and plan.objective is not None:
-        reporter(plan.objective, plan.lower_bound)
-    return plan
+    return _reported(plan, reporter)
 
 
 def _overrun_answer(
@@ -350,8 +359,7 @@ def _overrun_answer(
     """The answer when the method has not answered by its limit plus METHOD_GRACE_S (or its
     plan cannot be judged in time): the fallback's plan when it fits the budget, else status
     timeout (see deadline.py)."""
-    why = why or (f"method {method} did not answer within its time limit of {time_limit_s:g} "
-                  f"s (+{METHOD_GRACE_S:g} s grace); it was abandoned")
+    why = why or _overran_why(method, time_limit_s)
     details: dict[str, Any] = {"method_overran": overran, "fallback": True}
     if fallback is not None and fallback.fits:
         result = MethodResult(
@@ -378,9 +386,7 @@ def _overrun_answer(
     simulated = fallback.simulation if fallback is not None else None
     plan = checked_plan(graph, budget_bytes, method, result, time.perf_counter() - started,
                         resources, simulated=simulated)
-    if reporter is not None and plan.objective is not None:
-        reporter(plan.objective, plan.lower_bound)
-    return plan
+    return _reported(plan, reporter)
 
 
 def smallest_baseline_peak_bytes(graph: Graph, deadline: float | None = None) -> int | None:

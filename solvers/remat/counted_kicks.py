@@ -16,7 +16,7 @@ import time
 
 from planner.core.graph import Graph
 from planner.solvers.remat.checkpoints import CheckpointPlan
-from planner.solvers.remat.greedy import improve, reduce_peak, sweep
+from planner.solvers.remat.greedy import evict
 from planner.solvers.remat.improve_large import KICK_FRACTIONS, WALK_TOLERANCE, Offer
 from planner.solvers.remat.late_orders import KICK_MOVES, Reorderer
 from planner.solvers.remat.orders import with_order
@@ -60,7 +60,7 @@ def counted_kicks(graph: Graph, budget_bytes: int, fitted: list[tuple[str, Check
             order_of[f"store-all@{name}"] = order
             offer(plan.actions(), f"store-all@{name}")
             return True
-        if not _evict(plan, deadline):
+        if not evict(plan, deadline):
             continue
         best = fitted[0][1].total_cost
         if plan.total_cost < best:
@@ -70,12 +70,3 @@ def counted_kicks(graph: Graph, budget_bytes: int, fitted: list[tuple[str, Check
         if plan.total_cost <= best * (1 + WALK_TOLERANCE):
             current = order  # a walk over near-equal orders, not only downhill
     return False
-
-
-def _evict(plan: CheckpointPlan, deadline: float) -> bool:
-    """Greedy eviction on a store-all plan; True when it fits (then improved)."""
-    sweep(plan, deadline)
-    if not reduce_peak(plan, deadline):
-        return False
-    improve(plan, deadline)
-    return True

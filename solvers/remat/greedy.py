@@ -133,6 +133,15 @@ def improve(plan: CheckpointPlan, deadline: float) -> None:
                 improved = True
 
 
+def evict(plan: CheckpointPlan, deadline: float) -> bool:
+    """Greedy eviction on a store-all plan; True when it fits (then improved)."""
+    sweep(plan, deadline)
+    if not reduce_peak(plan, deadline):
+        return False
+    improve(plan, deadline)
+    return True
+
+
 def _swap(plan: CheckpointPlan, add: Trial, budget: int) -> bool:
     """Keep `add` (a dropped checkpoint that no longer fits) by dropping another checkpoint
     resident where it overflows, when the pair is cheaper overall and fits."""

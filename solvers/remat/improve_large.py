@@ -21,7 +21,7 @@ from planner.core.graph import Graph
 from planner.core.plan import Action
 from planner.solvers.order import schedule_order
 from planner.solvers.remat.checkpoints import CheckpointPlan
-from planner.solvers.remat.greedy import improve, reduce_peak, sweep
+from planner.solvers.remat.greedy import evict
 from planner.solvers.remat.late_orders import KICK_MOVES, Reorderer
 from planner.solvers.remat.lns import improve_windows
 from planner.solvers.remat.orders import random_orders, with_order
@@ -61,7 +61,7 @@ def improve_large(graph: Graph, budget_bytes: int, fitted: list[tuple[str, Check
                 continue
             lowest = candidate.peak_bytes
             part = min(deadline, time.perf_counter() + 0.3 * (deadline - time.perf_counter()))
-            if _evict(candidate, part):
+            if evict(candidate, part):
                 _keep(fitted, offer, order_of, f"greedy@{name}", order, candidate)
         before = fitted[0][1].total_cost if fitted else None
         if kicks.run(min(deadline, time.perf_counter() + kick_s), deadline):
@@ -126,7 +126,7 @@ class _Kicks:
                     continue
                 self.lowest = (peak, order)
             part = min(deadline, time.perf_counter() + max(1.0, until - time.perf_counter()))
-            if not _evict(plan, part):
+            if not evict(plan, part):
                 if not self.fitted:  # eviction stuck: retention checkpointing in this order
                     self._retain(plan, order, name,
                                  min(deadline, time.perf_counter() + RETENTION_S))
@@ -144,15 +144,6 @@ class _Kicks:
         actions = tight_budget_plan(plan.problem, until, seed=self.count)
         if actions is not None and self.offer(actions, f"retention@{name}"):
             self.order_of[f"retention@{name}"] = order
-
-
-def _evict(plan: CheckpointPlan, deadline: float) -> bool:
-    """Greedy eviction on a store-all plan; True when it fits (then improved)."""
-    sweep(plan, deadline)
-    if not reduce_peak(plan, deadline):
-        return False
-    improve(plan, deadline)
-    return True
 
 
 def _keep(fitted: list[tuple[str, CheckpointPlan]], offer: Offer,
