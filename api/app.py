@@ -1,12 +1,12 @@
 """The FastAPI application: `create_app(settings)`; run with `planner-cli serve` or
-`uvicorn planner.service.app:create_app --factory`.
+`uvicorn planner.api.app:create_app --factory`.
 
-One router per resource (planner.service.routers: graphs, plans, sweeps, partitions (an alias
+One router per resource (planner.api.routers: graphs, plans, sweeps, partitions (an alias
 of plans), methods, health, the page), their shared parts and
-dependencies in planner.service.deps; the page's files and the offline API docs are mounted by
-planner.service.web. Handlers that touch the database or the
+dependencies in planner.api.deps; the page's files and the offline API docs are mounted by
+planner.api.web. Handlers that touch the database or the
 CPU are plain `def` (run in the thread pool), so the event loop only ever routes requests;
-solving happens in worker processes (planner.service.jobs).
+solving happens in worker processes (planner.api.jobs).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from planner.service.auth_state import auth_at_start
-from planner.service.deps import ServiceParts, identity_dependency
-from planner.service.errors import BodyLimitMiddleware, install_error_handlers
-from planner.service.request_documents import install_server_schema
-from planner.service.routers import graphs, health, methods, page, partitions, plans, sweeps
-from planner.service.settings import Settings, load_settings
-from planner.service.web import install_web
+from planner.api.auth_state import auth_at_start
+from planner.api.deps import ServiceParts, identity_dependency
+from planner.api.errors import BodyLimitMiddleware, install_error_handlers
+from planner.api.request_documents import install_server_schema
+from planner.api.routers import graphs, health, methods, page, partitions, plans, sweeps
+from planner.api.settings import Settings, load_settings
+from planner.api.web import install_web
 
 DESCRIPTION = (
     "Memory plans for training graphs: POST a graph and a budget, get a schedule that fits "
@@ -44,7 +44,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sys.setswitchinterval(0.001)
     parts.store.create_schema()
     # Fail closed here too (uvicorn --factory starts no `serve`): no open service on a
-    # database that held keys and holds none now (planner.service.auth_state).
+    # database that held keys and holds none now (planner.api.auth_state).
     _, refusal = auth_at_start(parts.settings, parts.store.has_keys())
     if refusal is not None:
         raise RuntimeError(refusal)

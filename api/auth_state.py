@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from planner.service.settings import Settings
+from planner.api.settings import Settings
 
 log = logging.getLogger("planner.api")
 MARKER_SUFFIX = ".auth-required"
@@ -34,7 +34,7 @@ def default_state_dir() -> Path:
 
 def marker_path(database_url: str, state_dir: str | None = None) -> Path:
     """Where the marker of `database_url` lies (see the module docstring)."""
-    from planner.service.store_db import normalise_url
+    from planner.api.store_db import normalise_url
 
     url = make_url(normalise_url(database_url))
     name = url.database or ""

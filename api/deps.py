@@ -3,7 +3,7 @@ job manager, the plan service, authentication, the rate limit), and the FastAPI 
 that hand them to a route: `Parts`, `Service`, `StoreDep`, `SettingsDep`, `Identity` (the
 `Caller`: its tenant, whether it is an admin).
 
-Routers are module-level (planner.service.routers); `create_app` keeps the parts on
+Routers are module-level (planner.api.routers); `create_app` keeps the parts on
 `app.state.parts` and includes every /v1 router with `identity_dependency(settings)`: with API
 keys configured the bearer scheme (declared in the OpenAPI document, so the docs page's
 "Authorize" button sends it), without them the client's address.
@@ -19,13 +19,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 
-from planner.service.jobs import JobManager
-from planner.service.metrics import Metrics
-from planner.service.schemas import ErrorBody
-from planner.service.security import Authenticator, Caller, RateLimiter
-from planner.service.service import PlanService
-from planner.service.settings import Settings
-from planner.service.store import Store
+from planner.api.jobs import JobManager
+from planner.api.metrics import Metrics
+from planner.api.schemas import ErrorBody
+from planner.api.security import Authenticator, Caller, RateLimiter
+from planner.api.service import PlanService
+from planner.api.settings import Settings
+from planner.api.store import Store
 
 AUTH_ERRORS = (401, 403)
 COMMON_ERRORS = (*AUTH_ERRORS, 413, 422)

@@ -254,8 +254,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
         # Starlette answers this one from its outermost middleware, outside the one that adds
-        # the security headers (planner.service.web): they go on here.
-        from planner.service.web import DEFAULT_CSP, SECURITY_HEADERS
+        # the security headers (planner.api.web): they go on here.
+        from planner.api.web import DEFAULT_CSP, SECURITY_HEADERS
 
         log.exception("unhandled error")
         return error_response(500, f"internal error ({type(exc).__name__}); see the server log",

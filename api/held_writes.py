@@ -1,4 +1,4 @@
-"""Store writes that outlast a storage fault: the job dispatcher's (planner.service.jobs)
+"""Store writes that outlast a storage fault: the job dispatcher's (planner.api.jobs)
 result and re-queue writes that fail while the store refuses writes (disk full, read-only,
 unreachable) are kept, and written in their order once it takes writes again, so a finished
 job's answer is not lost. Other errors are no storage fault: they propagate (or, held back
@@ -10,7 +10,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from planner.service.errors import StorageHealth
+from planner.api.errors import StorageHealth
 
 log = logging.getLogger("planner.api.jobs")
 

@@ -8,9 +8,9 @@ import tempfile
 import threading
 from datetime import UTC, datetime
 
+from planner.api.models import RUNNING, Job
+from planner.api.schemas import JobView, Progress
 from planner.core.graph import Graph
-from planner.service.models import RUNNING, Job
-from planner.service.schemas import JobView, Progress
 
 # pyplot keeps global state: one timeline drawn at a time.
 _PLOT_LOCK = threading.Lock()

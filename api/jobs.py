@@ -2,7 +2,7 @@
 
 One dispatcher thread in the server process owns the child processes: it claims queued jobs
 from the store, fairly between tenants (Store.claim_next), starts a process per job
-(planner.service.solver_process; forkserver: a clean fork, planner preloaded), relays progress
+(planner.api.solver_process; forkserver: a clean fork, planner preloaded), relays progress
 and results into the store, enforces each job's time limit and kills the process of a
 cancelled job. The event loop never waits on any of this.
 
@@ -30,12 +30,12 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from planner.service.errors import StorageHealth
-from planner.service.held_writes import HeldWrites
-from planner.service.metrics import Metrics
-from planner.service.models import CANCELLED, FAILED, RUNNING, Job
-from planner.service.settings import Settings
-from planner.service.solver_process import (
+from planner.api.errors import StorageHealth
+from planner.api.held_writes import HeldWrites
+from planner.api.metrics import Metrics
+from planner.api.models import CANCELLED, FAILED, RUNNING, Job
+from planner.api.settings import Settings
+from planner.api.solver_process import (
     RunningJob,
     ask_to_stop,
     drain,
@@ -45,11 +45,11 @@ from planner.service.solver_process import (
     proven_answer,
     start_solver,
 )
-from planner.service.store import Store, new_id
+from planner.api.store import Store, new_id
 
 log = logging.getLogger("planner.api.jobs")
 
-PRELOAD = ["planner.engine.solve", "planner.engine.reports", "planner.service.worker"]
+PRELOAD = ["planner.engine.solve", "planner.engine.reports", "planner.api.worker"]
 PROGRESS_WRITE_INTERVAL_S = 1.0
 # How often running jobs are checked against the store (a cancel through another instance).
 STATUS_CHECK_INTERVAL_S = 1.0

@@ -24,7 +24,7 @@ ACTIVE_CONDITION = "status IN ('queued', 'running')"
 FINISHED = (DONE, INFEASIBLE, FAILED, CANCELLED)
 # A request with one of these results is answered from the store instead of solved again.
 CACHEABLE = (DONE, INFEASIBLE)
-# Whose rows are whose (planner.service.store_tenants): rows from before tenants, and every row
+# Whose rows are whose (planner.api.store_tenants): rows from before tenants, and every row
 # of a service without API keys, belong to this one.
 DEFAULT_TENANT = "default"
 

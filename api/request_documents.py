@@ -28,22 +28,22 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from planner.core.budget import MAX_BUDGET_BYTES, MIN_FRACTION, MIN_PLAIN_BYTES
-from planner.core.errors import describe_validation_error
-from planner.core.graph import MAX_NODE_ID, Graph
-from planner.core.resources import Resources, preset_names
-from planner.service.caps import (
+from planner.api.caps import (
     MAX_DATA_PARALLEL,
     MAX_SWEEP_BUDGETS,
     RESOURCE_CAPS,
     option_cap,
 )
+from planner.core.budget import MAX_BUDGET_BYTES, MIN_FRACTION, MIN_PLAIN_BYTES
+from planner.core.errors import describe_validation_error
+from planner.core.graph import MAX_NODE_ID, Graph
+from planner.core.resources import Resources, preset_names
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from planner.api.settings import Settings
     from planner.engine.options import OptionSpec
-    from planner.service.settings import Settings
 
 
 class _DocumentJsonSchema:
@@ -81,7 +81,7 @@ def _graph_patch(graph: dict[str, Any]) -> None:
 
 
 def _resources_patch(resources: dict[str, Any]) -> None:
-    """The caps (planner.service.caps) and the preset names."""
+    """The caps (planner.api.caps) and the preset names."""
     fields = resources["properties"]
     for name, cap in RESOURCE_CAPS.items():
         for branch in fields[name].get("anyOf", [fields[name]]):
@@ -201,7 +201,7 @@ def finite_compute_total(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-# A resources.json document: Resources' schema, with the caps (planner.service.caps).
+# A resources.json document: Resources' schema, with the caps (planner.api.caps).
 ResourcesDocument = Annotated[dict[str, Any], _DocumentJsonSchema(Resources, _resources_patch)]
 GraphBody = Annotated[
     dict[str, Any],

@@ -18,11 +18,8 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from planner.core.budget import MAX_BUDGET_BYTES
-from planner.core.limits import MAX_TIME_LIMIT_S
-from planner.engine.options import METHOD_OPTIONS, describe_options
-from planner.service.caps import MAX_SWEEP_BUDGETS
-from planner.service.request_documents import (
+from planner.api.caps import MAX_SWEEP_BUDGETS
+from planner.api.request_documents import (
     BUDGET_SCHEMA,
     GraphBody,
     PresetName,
@@ -30,6 +27,9 @@ from planner.service.request_documents import (
     int_options,
     resources_as_json_schema_reads,
 )
+from planner.core.budget import MAX_BUDGET_BYTES
+from planner.core.limits import MAX_TIME_LIMIT_S
+from planner.engine.options import METHOD_OPTIONS, describe_options
 
 # Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow. The
 # schema states the grammar's accepted forms (BUDGET_SCHEMA); validation stays wider so an

@@ -20,12 +20,12 @@ from limits import RateLimitItemPerMinute
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from planner.service.auth_state import remember_auth
-from planner.service.errors import ApiError
-from planner.service.models import DEFAULT_TENANT
-from planner.service.settings import Settings
-from planner.service.store import Store
-from planner.service.store_tenants import ApiKey, check_tenant_name, key_digest
+from planner.api.auth_state import remember_auth
+from planner.api.errors import ApiError
+from planner.api.models import DEFAULT_TENANT
+from planner.api.settings import Settings
+from planner.api.store import Store
+from planner.api.store_tenants import ApiKey, check_tenant_name, key_digest
 
 MAX_CACHED_KEYS = 10_000  # beyond this the key cache starts over (unknown keys are cached too)
 

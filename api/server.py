@@ -7,7 +7,7 @@ code, before anything touches the database.
 
 The database is tried next (schema, then one write): a read-only file, a missing directory or
 an unreachable PostgreSQL is one line on stderr and exit 5, not a traceback from the start-up.
-Then authentication is decided (planner.service.auth_state: a database that held keys and holds
+Then authentication is decided (planner.api.auth_state: a database that held keys and holds
 none now refuses to start, exit 5). Only then does `on_ready` run (the CLI's banner, saying
 whether authentication is on), so a failed start prints no banner.
 
@@ -24,7 +24,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from planner.service.settings import Settings
+from planner.api.settings import Settings
 
 EXIT_PORT_IN_USE = 4
 EXIT_START_FAILED = 5
@@ -64,8 +64,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def check_database(url: str) -> str | None:
     """None when the store at `url` opens, has its schema and takes a write; else one line
     saying why not (read-only, disk full, cannot be opened or reached)."""
-    from planner.service.errors import STORAGE_CAUSES, classify_storage_error
-    from planner.service.store import Store, new_id
+    from planner.api.errors import STORAGE_CAUSES, classify_storage_error
+    from planner.api.store import Store, new_id
 
     store = Store(url)
     probe_id = new_id()
@@ -87,10 +87,10 @@ def check_database(url: str) -> str | None:
 
 
 def check_auth(settings: Settings) -> tuple[bool, str | None]:
-    """(authentication on, or the line to refuse to start with): planner.service.auth_state,
+    """(authentication on, or the line to refuse to start with): planner.api.auth_state,
     with the database's keys counted."""
-    from planner.service.auth_state import auth_at_start
-    from planner.service.store import Store
+    from planner.api.auth_state import auth_at_start
+    from planner.api.store import Store
 
     store = Store(settings.database_url)
     try:
@@ -106,7 +106,7 @@ def serve(settings: Settings, on_ready: Callable[[bool], None] | None = None) ->
     counted)."""
     import uvicorn
 
-    from planner.service.app import create_app
+    from planner.api.app import create_app
 
     try:
         sock = bind_socket(settings.host, settings.port)
@@ -147,9 +147,9 @@ def serve(settings: Settings, on_ready: Callable[[bool], None] | None = None) ->
 
 
 def main() -> None:
-    """`python -m planner.service.server`: settings from PLANNER_* (as `planner-cli serve` without
+    """`python -m planner.api.server`: settings from PLANNER_* (as `planner-cli serve` without
     flags)."""
-    from planner.service.settings import load_settings
+    from planner.api.settings import load_settings
 
     sys.exit(serve(load_settings()))
 

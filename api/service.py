@@ -9,22 +9,22 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from planner.api.bounds import check_graph_bounds
+from planner.api.cache import KeyIndex, RenderedCache
+from planner.api.caps import check_graph_caps, check_option_caps, check_resource_caps
+from planner.api.errors import ApiError
+from planner.api.job_views import draw_timeline, job_view
+from planner.api.jobs import JobManager
+from planner.api.metrics import Metrics
+from planner.api.models import CACHEABLE, CANCELLED, DEFAULT_TENANT, FINISHED, RUNNING, Job
+from planner.api.settings import Settings
+from planner.api.store import Store
 from planner.core.errors import InputError
 from planner.core.graph import Graph
-from planner.service.bounds import check_graph_bounds
-from planner.service.cache import KeyIndex, RenderedCache
-from planner.service.caps import check_graph_caps, check_option_caps, check_resource_caps
-from planner.service.errors import ApiError
-from planner.service.job_views import draw_timeline, job_view
-from planner.service.jobs import JobManager
-from planner.service.metrics import Metrics
-from planner.service.models import CACHEABLE, CANCELLED, DEFAULT_TENANT, FINISHED, RUNNING, Job
-from planner.service.settings import Settings
-from planner.service.store import Store
 
 if TYPE_CHECKING:
+    from planner.api.schemas import PlanRequest, SweepRequest
     from planner.engine.request import RequestGraph, ResolvedRequest
-    from planner.service.schemas import PlanRequest, SweepRequest
 
 ACTIVE_CAP_RETRY_S = 5  # Retry-After when a tenant is at its cap of active jobs
 

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     auth: Literal["auto", "required", "open"] = Field(
         default="auto",
         description="auto: authentication is on with any key (here or in the database), and a "
-        "database that held keys once (remembered outside it: planner.service.auth_state) and "
+        "database that held keys once (remembered outside it: planner.api.auth_state) and "
         "holds none now refuses to start; required: never start without a key; open: serve "
         "without authentication where no key is configured, even then (keys present are "
         "always enforced).",

@@ -1,5 +1,5 @@
-"""One job's solver process, as the job dispatcher (planner.service.jobs) sees it: start it in
-the forkserver (planner.service.worker.run_job), read what it sends back, kill it, and say what
+"""One job's solver process, as the job dispatcher (planner.api.jobs) sees it: start it in
+the forkserver (planner.api.worker.run_job), read what it sends back, kill it, and say what
 its outcome means for the job (status, plan, report, error)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from planner.service.models import DONE, FAILED, INFEASIBLE, Job
-from planner.service.settings import Settings
-from planner.service.worker import run_job
+from planner.api.models import DONE, FAILED, INFEASIBLE, Job
+from planner.api.settings import Settings
+from planner.api.worker import run_job
 
 # plan.json status -> job status; a plan without a schedule within budget is not "done".
 PLAN_TO_JOB_STATUS = {"optimal": DONE, "feasible": DONE, "infeasible": INFEASIBLE}
@@ -101,7 +101,7 @@ def drain(r: RunningJob) -> None:
 
 
 def ask_to_stop(r: RunningJob) -> bool:
-    """Ask the solver to answer now with its best plan so far (SIGUSR1; planner.service.worker);
+    """Ask the solver to answer now with its best plan so far (SIGUSR1; planner.api.worker);
     whether the signal went out."""
     pid = r.process.pid
     if pid is None or r.stop_sent:

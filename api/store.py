@@ -10,11 +10,11 @@ and only the jobs of an instance whose lease has expired are taken over (`reap`)
 
 from __future__ import annotations
 
-from planner.service.store_db import StoreBase, log, make_engine, new_id, normalise_url
-from planner.service.store_graphs import GraphsAndSweeps
-from planner.service.store_jobs import JobQueue
-from planner.service.store_leases import InstanceLeases
-from planner.service.store_tenants import TenantStore
+from planner.api.store_db import StoreBase, log, make_engine, new_id, normalise_url
+from planner.api.store_graphs import GraphsAndSweeps
+from planner.api.store_jobs import JobQueue
+from planner.api.store_leases import InstanceLeases
+from planner.api.store_tenants import TenantStore
 
 __all__ = ["GraphsAndSweeps", "InstanceLeases", "JobQueue", "Store", "StoreBase",
            "TenantStore", "log", "make_engine", "new_id", "normalise_url"]

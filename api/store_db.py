@@ -1,6 +1,6 @@
 """The service's database: engine, sessions, schema and its in-place migrations, the database's
 clock. `StoreBase` is what the store's parts (`store_graphs`, `store_jobs`, `store_leases`)
-build on; `planner.service.store.Store` joins them.
+build on; `planner.api.store.Store` joins them.
 
 SQLite file by default; any SQLAlchemy URL (PostgreSQL tested). Every state change is one short
 transaction: `write_session` also takes this process's write lock on SQLite.
@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from planner.service.models import Base
+from planner.api.models import Base
 
 log = logging.getLogger("planner.api.store")
 

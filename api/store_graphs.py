@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from planner.service.models import DEFAULT_TENANT, FINISHED, GraphRow, Job, JobRow, SweepRow
-from planner.service.store_db import new_id
-from planner.service.store_tenants import GraphOwnerRow, TenantStore
+from planner.api.models import DEFAULT_TENANT, FINISHED, GraphRow, Job, JobRow, SweepRow
+from planner.api.store_db import new_id
+from planner.api.store_tenants import GraphOwnerRow, TenantStore
 
 
 class GraphsAndSweeps(TenantStore):

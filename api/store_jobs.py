@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from planner.service.models import (
+from planner.api.models import (
     ACTIVE,
     CACHEABLE,
     CANCELLED,
@@ -28,7 +28,7 @@ from planner.service.models import (
     Job,
     JobRow,
 )
-from planner.service.store_db import StoreBase, new_id
+from planner.api.store_db import StoreBase, new_id
 
 
 class JobQueue(StoreBase):

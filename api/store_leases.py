@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import and_, delete, or_, select, update
 
-from planner.service.models import FAILED, QUEUED, RUNNING, InstanceRow, JobRow
-from planner.service.store_db import StoreBase
+from planner.api.models import FAILED, QUEUED, RUNNING, InstanceRow, JobRow
+from planner.api.store_db import StoreBase
 
 
 class InstanceLeases(StoreBase):

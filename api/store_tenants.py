@@ -19,9 +19,9 @@ from sqlalchemy import Boolean, Float, String, exists, insert, literal, select, 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
+from planner.api.models import DEFAULT_TENANT, Base, GraphRow, JobRow, SweepRow
+from planner.api.store_db import StoreBase
 from planner.core.errors import InputError
-from planner.service.models import DEFAULT_TENANT, Base, GraphRow, JobRow, SweepRow
-from planner.service.store_db import StoreBase
 
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 KEY_PREFIX = "plk_"

@@ -5,7 +5,7 @@ build step) and the API docs at `/docs` and `/redoc` with their assets served fr
 `install_web(app)` mounts the files, serves the docs and adds the security headers to every
 response (SecurityHeadersMiddleware); the page's routes (`/`, its config,
 the memory timeline of a finished plan as JSON, drawn client-side) are the router
-planner.service.routers.page. The page reads the /v1 API with the key the user typed
+planner.api.routers.page. The page reads the /v1 API with the key the user typed
 (localStorage, sent as Bearer).
 """
 
@@ -90,7 +90,7 @@ def _drop_routes(app: FastAPI, paths: set[str]) -> None:
 
 def install_web(app: FastAPI) -> None:
     """Serve the page's files (`/web/static`, `/web/examples`) and the API docs (`/docs`,
-    `/redoc`, their assets offline); the page's routes are planner.service.routers.page."""
+    `/redoc`, their assets offline); the page's routes are planner.api.routers.page."""
     docs_url = app.docs_url or "/docs"
     redoc_url = app.redoc_url or "/redoc"
     openapi_url = app.openapi_url or "/openapi.json"

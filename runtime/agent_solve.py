@@ -125,7 +125,7 @@ def ask_service(
 ) -> Plan:
     """POST /v1/plans and poll until the job finishes; ServiceRefused when the service refuses
     the key (`token`, else $PLANNER_API_KEY), ServiceUnavailable on any other failure."""
-    from planner.service.client import PlannerClient, ServiceError, ServiceTimeout
+    from planner.api.client import PlannerClient, ServiceError, ServiceTimeout
 
     token = api_key(token)
     body = {

@@ -161,7 +161,7 @@ def fresh_postgres_database() -> Iterator[str]:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError
 
-    from planner.service.store import Store, normalise_url
+    from planner.api.store import Store, normalise_url
 
     url = make_url(normalise_url(base))
     name = f"planner_test_{uuid.uuid4().hex[:10]}"

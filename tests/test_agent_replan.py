@@ -178,7 +178,7 @@ class _StubClient:
 def test_the_agent_asks_the_service_without_a_log_line_per_poll(
         mlp: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
-    import planner.service.client as client
+    import planner.api.client as client
 
     model, inputs, budget, _ = mlp
     graph = trace(model, inputs, level="op", dropout_masks="graph").graph

@@ -224,7 +224,7 @@ def test_the_claim_takes_the_tenant_with_the_fewest_running_and_never_twice(
 ) -> None:
     """Store.claim_next: the oldest queued job of the tenant running the fewest; two claimers
     on one database (two instances) claim 120 jobs between them, none twice."""
-    from planner.service.store import Store
+    from planner.api.store import Store
 
     with database_url(backend, tmp_path) as url:
         store = Store(url)

@@ -22,16 +22,16 @@ from api_server import REPO_ROOT, SLOW_METHOD, TESTS_DIR, free_port
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
+from planner.api.jobs import SPAWN_BACKOFF_S
 from planner.core.synthetic import training_graph
-from planner.service.jobs import SPAWN_BACKOFF_S
 
 DOC = training_graph(4, seed=3).model_dump(mode="json")
 
 
 @pytest.fixture()
 def api(tmp_path: Path) -> Iterator[TestClient]:
-    from planner.service.app import create_app
-    from planner.service.settings import Settings
+    from planner.api.app import create_app
+    from planner.api.settings import Settings
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 's.db'}", workers=2,
                         max_time_limit_s=30, extra_methods=SLOW_METHOD,
@@ -112,7 +112,7 @@ def test_a_store_refusing_writes_answers_503_with_its_cause_and_loses_no_job(
 
 
 def test_storage_errors_are_classified_from_the_driver() -> None:
-    from planner.service.errors import classify_storage_error
+    from planner.api.errors import classify_storage_error
 
     def wrapped(orig: Exception) -> OperationalError:
         return OperationalError("SELECT 1", {}, orig)
@@ -129,7 +129,7 @@ def test_storage_errors_are_classified_from_the_driver() -> None:
 
 
 def test_one_log_line_per_cause_per_minute(caplog: pytest.LogCaptureFixture) -> None:
-    from planner.service.errors import StorageHealth
+    from planner.api.errors import StorageHealth
 
     now = [0.0]
     health = StorageHealth(clock=lambda: now[0])
@@ -192,7 +192,7 @@ def _serve(port: int, database_url: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_serve_on_a_read_only_database_is_one_line_exit_5(tmp_path: Path) -> None:
-    from planner.service.store import Store
+    from planner.api.store import Store
 
     path = tmp_path / "s.db"
     store = Store(f"sqlite:///{path}")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from planner.api.web import SECURITY_HEADERS
 from planner.core.budget import MIN_FRACTION, parse_budget_spec
 from planner.core.errors import InputError
 from planner.core.synthetic import training_graph
-from planner.service.web import SECURITY_HEADERS
 
 DOC = training_graph(4, seed=3).model_dump(mode="json")
 PARTITION = {"graph": DOC, "devices": 2, "microbatches": 4, "device_memory": "80GiB"}
@@ -24,8 +24,8 @@ PARTITION = {"graph": DOC, "devices": 2, "microbatches": 4, "device_memory": "80
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    from planner.service.app import create_app
-    from planner.service.settings import Settings
+    from planner.api.app import create_app
+    from planner.api.settings import Settings
 
     app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 's.db'}", workers=1))
 
@@ -95,7 +95,7 @@ def test_the_budget_grammar_keeps_every_sensible_form() -> None:
 @pytest.mark.parametrize(("option", "value"), [("slots", 10**12), ("segments", 10**9),
                                                ("refine", 10**6)])
 def test_rotor_table_sizes_have_a_maximum(client: TestClient, option: str, value: int) -> None:
-    from planner.service.caps import OPTION_CAPS
+    from planner.api.caps import OPTION_CAPS
 
     body = {"graph": DOC, "budget": 0.8, "method": "rotor", "options": {option: value}}
     message = refused(client.post("/v1/plans", json=body), f"options.{option}")

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import sessionmaker
 from test_api_tenants import PLAN, add_key, bearer, make_client
 
-from planner.service.store import Store, make_engine
+from planner.api.store import Store, make_engine
 
 
 @contextmanager

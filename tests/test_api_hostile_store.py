@@ -18,7 +18,7 @@ from pathlib import Path
 from api_server import ServerProcess, free_port
 from test_api_tenants import PLAN, add_key, bearer, make_client
 
-from planner.service.auth_state import marker_path
+from planner.api.auth_state import marker_path
 
 START_GUARD_S = 90  # a hang guard, not a timing
 
@@ -97,7 +97,7 @@ def test_a_key_added_while_running_is_remembered(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     with make_client(url) as client:
         assert client.get("/v1/methods").status_code == 200  # open: no key yet
-        from planner.service.store import Store
+        from planner.api.store import Store
 
         store = Store(url)
         try:

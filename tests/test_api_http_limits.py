@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from api_server import ServerProcess, database_url, running_server
 
-from planner.service.server import MAX_HEADER_BYTES
+from planner.api.server import MAX_HEADER_BYTES
 
 
 @pytest.fixture(scope="module")

@@ -114,7 +114,7 @@ def _instance(server: ServerProcess) -> str:
 
 
 def _instances(server: ServerProcess) -> list[str]:
-    from planner.service.store import Store
+    from planner.api.store import Store
 
     store = Store(server.database_url)
     try:

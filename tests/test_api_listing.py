@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from api_server import ServerProcess, database_url, running_server, wait_finished
 
+from planner.api.schemas import JobSummary, SweepSummary
+from planner.api.store import Store
 from planner.core.resources import Resources, preset_names, resources_preset
 from planner.core.synthetic import training_graph
-from planner.service.schemas import JobSummary, SweepSummary
-from planner.service.store import Store
 
 DOC = training_graph(10, skip=3, seed=5).model_dump(mode="json")
 REPORT = {"peak_bytes": 123_456, "overhead_percent": 4.5, "notes": ["a long summary"]}

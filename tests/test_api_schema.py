@@ -127,9 +127,9 @@ def test_the_document_states_this_servers_caps_and_exact_bounds(tmp_path: Path) 
     1152921504606846976, not FastAPI's float 1.152921504606847e+18 (24 bytes more)."""
     import json
 
-    from planner.service.app import create_app
-    from planner.service.request_documents import install_server_schema
-    from planner.service.settings import Settings
+    from planner.api.app import create_app
+    from planner.api.request_documents import install_server_schema
+    from planner.api.settings import Settings
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 's.db'}", max_time_limit_s=2,
                         max_sweep_budgets=5, max_nodes=7, max_edges=9)
@@ -153,8 +153,8 @@ def test_every_budget_string_the_schema_allows_parses() -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    from planner.api.request_documents import BUDGET_PATTERN
     from planner.core.budget import parse_budget_spec
-    from planner.service.request_documents import BUDGET_PATTERN
 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.from_regex(BUDGET_PATTERN, fullmatch=True))
@@ -172,8 +172,8 @@ def test_every_budget_string_the_schema_allows_parses() -> None:
 def test_integers_written_with_a_zero_fraction_are_integers() -> None:
     """JSON Schema's "integer" admits 4.0: a graph, resources document, method options and
     partition fields read it as 4; 4.5 still reaches the strict parsers (a 422 there)."""
-    from planner.service.routers.partitions import PartitionRequest
-    from planner.service.schemas import PlanRequest
+    from planner.api.routers.partitions import PartitionRequest
+    from planner.api.schemas import PlanRequest
 
     node = {"id": 3.0, "phase": "loss", "compute_ms": 1.0, "output_bytes": 8.0}
     body = PlanRequest(graph={"nodes": [node, {**node, "id": 4.5}],

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from planner.api.settings import DEFAULT_DATABASE_URL, load_settings
+from planner.api.store import normalise_url
 from planner.core.errors import InputError
-from planner.service.settings import DEFAULT_DATABASE_URL, load_settings
-from planner.service.store import normalise_url
 
 
 def test_defaults_are_the_embedded_store(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,7 +58,7 @@ def test_postgres_urls_use_psycopg3() -> None:
 
 def test_service_imports_without_torch() -> None:
     code = (
-        "import sys, planner.service.app, planner.service.worker, planner.cli.service_cmds\n"
+        "import sys, planner.api.app, planner.api.worker, planner.cli.service_cmds\n"
         "import planner.engine.solve\n"
         "from planner.engine.reports import plan_summary\n"
         "assert 'torch' not in sys.modules, 'the service imported torch'\n"

@@ -15,7 +15,7 @@ import pytest
 from api_server import database_url
 from sqlalchemy.exc import IntegrityError
 
-from planner.service.store import Store
+from planner.api.store import Store
 
 LEASE_S = 0.6
 JOB: dict[str, Any] = dict(graph_hash="sha256:g", budget_bytes=1000, method="chen-greedy",

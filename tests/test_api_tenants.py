@@ -40,8 +40,8 @@ def add_key(url: str, tenant: str, *extra: str) -> dict[str, Any]:
 
 
 def make_client(url: str, **settings: Any) -> TestClient:
-    from planner.service.app import create_app
-    from planner.service.settings import Settings
+    from planner.api.app import create_app
+    from planner.api.settings import Settings
 
     settings.setdefault("api_key_cache_s", 0)
     return TestClient(create_app(Settings(database_url=url, workers=1,
@@ -151,7 +151,7 @@ def test_keys_add_list_revoke_without_restart(tmp_path: Path) -> None:
 def test_old_store_rows_belong_to_the_default_tenant(tmp_path: Path) -> None:
     """A store made before tenants (no tenant columns, no owners table) opens; its jobs,
     sweeps and graphs are the default tenant's: a server without keys still sees them."""
-    from planner.service.store import Store
+    from planner.api.store import Store
 
     path = tmp_path / "old.db"
     url = f"sqlite:///{path}"

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-import planner.service.client as client_module
-from planner.service.client import POLL_FIRST_S, POLL_MAX_S, PlannerClient, ServiceTimeout
+import planner.api.client as client_module
+from planner.api.client import POLL_FIRST_S, POLL_MAX_S, PlannerClient, ServiceTimeout
 
 
 def _client(answers: list[dict[str, Any]], seen: list[str]) -> PlannerClient:

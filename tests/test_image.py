@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner.service.settings import Settings
+from planner.api.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO_ROOT / "Dockerfile"

@@ -40,7 +40,7 @@ def test_one_top_level_import_package(tmp_path: Path) -> None:
     top-level `api`, `runtime` or `solvers` that would shadow a user's own packages."""
     code = (
         "import importlib.util as u, json\n"
-        "names = ['api', 'runtime', 'solvers', 'planner', 'planner.solvers', 'planner.service',"
+        "names = ['api', 'runtime', 'solvers', 'planner', 'planner.solvers', 'planner.api',"
         " 'planner.runtime', 'planner.sim', 'planner.core']\n"
         "print(json.dumps({n: u.find_spec(n) is not None for n in names}))\n"
     )
@@ -49,7 +49,7 @@ def test_one_top_level_import_package(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     assert found == {"api": False, "runtime": False, "solvers": False, "planner": True,
-                     "planner.solvers": True, "planner.service": True, "planner.runtime": True,
+                     "planner.solvers": True, "planner.api": True, "planner.runtime": True,
                      "planner.sim": True, "planner.core": True}
 
 

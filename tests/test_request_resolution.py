@@ -167,8 +167,8 @@ def test_the_cli_resolves_once_and_says_flags(tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    from planner.service.app import create_app
-    from planner.service.settings import Settings
+    from planner.api.app import create_app
+    from planner.api.settings import Settings
 
     workdir = tmp_path_factory.mktemp("resolution")
     settings = Settings(database_url=f"sqlite:///{workdir / 's.db'}", workers=1,

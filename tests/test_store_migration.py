@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from planner.service.store import Store
+from planner.api.store import Store
 
 
 def test_old_sqlite_store_gains_new_columns(tmp_path: Path) -> None:

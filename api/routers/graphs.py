@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 
-from planner.service.deps import AUTH_ERRORS, COMMON_ERRORS, Identity, Parts, error_responses
-from planner.service.request_documents import GraphBody
-from planner.service.schemas import EXAMPLE_GRAPH, GraphCreated, GraphDocument
+from planner.api.deps import AUTH_ERRORS, COMMON_ERRORS, Identity, Parts, error_responses
+from planner.api.request_documents import GraphBody
+from planner.api.schemas import EXAMPLE_GRAPH, GraphCreated, GraphDocument
 
 router = APIRouter(prefix="/v1")
 

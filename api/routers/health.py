@@ -11,9 +11,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from planner.service.deps import Parts, error_responses
-from planner.service.errors import ApiError, error_response, storage_error_response
-from planner.service.schemas import Health, Ready
+from planner.api.deps import Parts, error_responses
+from planner.api.errors import ApiError, error_response, storage_error_response
+from planner.api.schemas import Health, Ready
 
 router = APIRouter()
 log = logging.getLogger("planner.api")

@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from planner.service.caps import option_cap
-from planner.service.deps import AUTH_ERRORS, error_responses
+from planner.api.caps import option_cap
+from planner.api.deps import AUTH_ERRORS, error_responses
 
 router = APIRouter(prefix="/v1")
 

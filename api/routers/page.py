@@ -1,7 +1,7 @@
 """The page at `/` (static HTML + JS from api/web_assets, no build step), what it needs to know
 before its first call (/web/config.json), and the memory timeline of a finished plan as JSON
 (it draws it client-side); none of them in the API document. Its files and the offline API docs
-are mounted by planner.service.web.install_web."""
+are mounted by planner.api.web.install_web."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from planner.service.deps import Identity, Parts, StoreDep
-from planner.service.errors import ApiError
-from planner.service.store import Store
-from planner.service.web import ASSETS_DIR, PAGE_CSP, PAGE_PREFIX
+from planner.api.deps import Identity, Parts, StoreDep
+from planner.api.errors import ApiError
+from planner.api.store import Store
+from planner.api.web import ASSETS_DIR, PAGE_CSP, PAGE_PREFIX
 
 TIMELINE_CACHE_ENTRIES = 32
 

@@ -11,7 +11,7 @@ or 200 with the plan (kind pipeline, simulated per rank) once it is done or solv
 `details.smallest_feasible_bytes` the least device memory that works. Bad input (0 devices, more
 stages than layers, micro-batches an interleaved schedule cannot divide, a device memory below
 one layer's model state, a split naming an unknown layer) is a 422 at submission naming this
-body's field, as is a number over its cap (planner.service.caps: devices, micro-batches, dp,
+body's field, as is a number over its cap (planner.api.caps: devices, micro-batches, dp,
 bytes; stated in the schema).
 """
 
@@ -33,11 +33,9 @@ from pydantic import (
     field_validator,
 )
 
-from planner.core.budget import MIN_PLAIN_BYTES
-from planner.core.errors import InputError
-from planner.service.caps import MAX_BYTES, MAX_DATA_PARALLEL, MAX_DEVICES, MAX_MICROBATCHES
-from planner.service.deps import Identity, Parts
-from planner.service.request_documents import (
+from planner.api.caps import MAX_BYTES, MAX_DATA_PARALLEL, MAX_DEVICES, MAX_MICROBATCHES
+from planner.api.deps import Identity, Parts
+from planner.api.request_documents import (
     BUDGET_PATTERN,
     GraphBody,
     PresetName,
@@ -45,8 +43,10 @@ from planner.service.request_documents import (
     integral,
     resources_as_json_schema_reads,
 )
-from planner.service.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
-from planner.service.schemas import JobAccepted, PlanRequest
+from planner.api.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
+from planner.api.schemas import JobAccepted, PlanRequest
+from planner.core.budget import MIN_PLAIN_BYTES
+from planner.core.errors import InputError
 from planner.solvers.pipeline.schedules import SCHEDULES
 
 MAX_TIME_LIMIT_S = 30.0

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from planner.service.deps import (
+from planner.api.deps import (
     AUTH_ERRORS,
     COMMON_ERRORS,
     Identity,
@@ -23,10 +23,10 @@ from planner.service.deps import (
     ServiceParts,
     error_responses,
 )
-from planner.service.job_views import job_view
-from planner.service.models import FINISHED, JOB_STATUSES, Job
-from planner.service.schemas import JobAccepted, JobList, JobSummary, JobView, PlanRequest
-from planner.service.security import Caller
+from planner.api.job_views import job_view
+from planner.api.models import FINISHED, JOB_STATUSES, Job
+from planner.api.schemas import JobAccepted, JobList, JobSummary, JobView, PlanRequest
+from planner.api.security import Caller
 
 router = APIRouter(prefix="/v1")
 MAX_WAIT_S = 60.0

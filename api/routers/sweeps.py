@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
-from planner.service.deps import (
+from planner.api.deps import (
     AUTH_ERRORS,
     COMMON_ERRORS,
     Identity,
@@ -12,9 +12,9 @@ from planner.service.deps import (
     StoreDep,
     error_responses,
 )
-from planner.service.errors import ApiError
-from planner.service.schemas import SweepEntry, SweepList, SweepRequest, SweepSummary, SweepView
-from planner.service.store import Store
+from planner.api.errors import ApiError
+from planner.api.schemas import SweepEntry, SweepList, SweepRequest, SweepSummary, SweepView
+from planner.api.store import Store
 
 router = APIRouter(prefix="/v1")
 
@@ -53,7 +53,7 @@ def submit_sweep(body: SweepRequest, parts: Parts, who: Identity) -> SweepView:
 )
 def list_sweeps(store: StoreDep, who: Identity,
                 limit: int = Query(default=50, ge=1, le=200)) -> SweepList:
-    from planner.service.job_views import iso
+    from planner.api.job_views import iso
 
     return SweepList(sweeps=[
         SweepSummary(url=f"/v1/sweeps/{row['id']}", **{**row,

@@ -25,8 +25,8 @@ from planner.cli.output import (
 from planner.core.errors import InputError, NoPlanFits
 
 if TYPE_CHECKING:
-    from planner.service.client import PlannerClient
-    from planner.service.store import Store
+    from planner.api.client import PlannerClient
+    from planner.api.store import Store
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOpt = Annotated[
@@ -77,9 +77,9 @@ def serve(
     Exit 4: the port is in use (nothing else is touched); exit 5: the service could not start."""
     from pydantic import ValidationError
 
+    from planner.api.server import serve as run_service
+    from planner.api.settings import load_settings
     from planner.core.errors import describe_validation_error
-    from planner.service.server import serve as run_service
-    from planner.service.settings import load_settings
 
     overrides: dict[str, Any] = {
         k: v
@@ -115,7 +115,7 @@ def _redact(url: str) -> str:
 
 
 def _client(server: str, token: str | None) -> PlannerClient:
-    from planner.service.client import PlannerClient
+    from planner.api.client import PlannerClient
 
     return PlannerClient(server, token)
 
@@ -123,7 +123,7 @@ def _client(server: str, token: str | None) -> PlannerClient:
 def _call(
     client: PlannerClient, method: str, path: str, **kwargs: Any
 ) -> tuple[int, dict[str, Any]]:
-    from planner.service.client import ServiceError
+    from planner.api.client import ServiceError
 
     try:
         return client.request(method, path, **kwargs)
@@ -192,8 +192,8 @@ def _budget_value(text: str) -> str:
 def _poll(client: PlannerClient, plan_id: str, quiet: bool, *, base_cost: float | None = None,
           time_limit_s: float | None = None) -> dict[str, Any]:
     """Wait for the job, its status and progress on stderr as they change (progress_view)."""
+    from planner.api.client import ServiceError
     from planner.cli.progress_view import work_status
-    from planner.service.client import ServiceError
 
     with work_status(f"plan {plan_id}", quiet=quiet, limit_s=time_limit_s,
                      detail="submitted") as line:
@@ -296,8 +296,8 @@ def _key_store(database_url: str | None) -> Store:
     service's settings. An unusable database: one line, exit 5 (as `serve`)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from planner.service.settings import load_settings
-    from planner.service.store import Store
+    from planner.api.settings import load_settings
+    from planner.api.store import Store
 
     url = database_url or load_settings().database_url
     try:
@@ -318,7 +318,7 @@ def keys_add(
     as_json: JsonFlag = False,
 ) -> None:
     """Make a key for a tenant and print it once (only its sha256 is stored)."""
-    from planner.service.auth_state import remember_auth
+    from planner.api.auth_state import remember_auth
 
     store = _key_store(database_url)
     try:
@@ -339,7 +339,7 @@ def keys_list(database_url: DatabaseUrlOpt = None, as_json: JsonFlag = False) ->
     """Every key: id, tenant, prefix, created, admin, revoked (never the key itself)."""
     from rich.table import Table
 
-    from planner.service.job_views import iso
+    from planner.api.job_views import iso
 
     store = _key_store(database_url)
     try:
