@@ -59,11 +59,6 @@ def read_block_plan(block_plan: Any) -> BlockPlan:
         raise BlockPlanError(why if why.startswith("block ") else f"block plan {why}") from None
 
 
-def parse_modes(block_plan: Any) -> str:
-    """'KCRR...' of anything `read_block_plan` reads."""
-    return read_block_plan(block_plan).modes
-
-
 def check_simulates(block_plan: Any, graph: Graph) -> None:
     """Refuse a block plan whose one-level application does not simulate on `graph` (the
     module-level trace's), with the simulator's message."""

@@ -16,10 +16,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 
 from planner.core.graph import Graph, Phase, paused_gc
 from planner.core.plan import Action, compute, free
-from planner.sim.simulator import SimulationResult, simulate
+from planner.sim.simulator import simulate
 from planner.solvers.order import schedule_order
-
-BASELINE_METHODS = ("store-all", "recompute-all", "chen-sqrt", "chen-greedy")
 
 
 class ScheduleAbandoned(Exception):
@@ -359,7 +357,3 @@ def store_all_peak_bytes(graph: Graph) -> int:
         memo["store_all_peak_bytes"] = simulate(graph, store_all(graph)).peak_bytes
     peak: int = memo["store_all_peak_bytes"]
     return peak
-
-
-def run_baseline(graph: Graph, method: str, budget_bytes: int | None) -> SimulationResult:
-    return simulate(graph, BASELINES[method](graph, budget_bytes))

@@ -112,7 +112,7 @@ class Graph(BaseModel):
     @property
     def fixed_bytes(self) -> int:
         """Bytes resident for the whole step: `fixed`, plus with model_state its weights,
-        optimizer state and (gradient_lifetime 'step') gradients; see memory_model.step_memory."""
+        optimizer state and (gradient_lifetime 'step') gradients; see planner.sim.step_memory."""
         if self.model_state is None:
             return self.fixed.total_bytes
         return self.fixed.total_bytes + self.index.model_state_resident[0]

@@ -1,4 +1,4 @@
-"""The memory ledger: the simulator's memory rules, once, for every accounting of a graph.
+"""The memory ledger: the simulator's memory rules for a graph, as primitives others build on.
 
 In the spirit of Checkmate's ScheduleBuilder: a `MemoryLedger` holds the per-node facts every
 live-bytes accounting needs (storage roots and bytes with views resolved to their base, the
@@ -17,6 +17,12 @@ node's first computation to the end of the step; a view adds no bytes but keeps 
 storage alive (`ViewRule.share_base`). Solvers whose memory must be a sum over nodes (MILP
 rows, CP-SAT cumulatives, stage sums) charge a view its base's bytes instead
 (`ViewRule.charge_base`): never below the simulator's figure, exact without views.
+
+It is not the only accounting: the staged-schedule model (planner.solvers.remat.problem)
+replays with it, but the chain model (planner.solvers.chain.sequence, `ChainLiveBytes`), the
+MILP rows, the interval model's cumulative and the pipeline stage sums write their own live/peak
+arithmetic (over these facts or their own model's) for the same rules; the property tests of
+tests/test_memory_model_props.py hold each to the simulator.
 """
 
 from __future__ import annotations

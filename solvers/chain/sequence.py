@@ -12,10 +12,12 @@ Operations (stage i is 1-based; text form in brackets):
   and δ^i. Peak: resident + δ_{i-1} + backward_tmp_i. a^{i-1} stays resident.
 - D i [`D3`]: discard the checkpoint a^i (not part of a kept ā^i).
 
-`ChainLiveBytes` holds these memory rules once (the chain model's ledger: the same rules the
-graph mapping in `planner.solvers.chain.layout` gives the simulator's ledger); `run_sequence`
-replays a sequence with them, rejecting an invalid operation with its index, and returns the
-exact peak (fixed memory included) and compute cost; POFO's replay adds its host copies to them.
+`ChainLiveBytes` holds these memory rules for the chain model (its own arithmetic, not
+planner.sim.ledger's: the same rules, as the graph mapping in `planner.solvers.chain.layout`
+gives them to the simulator; tests/test_memory_model_props.py checks the two agree).
+`run_sequence` replays a sequence with them, rejecting an invalid operation with its index, and
+returns the exact peak (fixed memory included) and compute cost; POFO's replay adds its host
+copies to them.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ a smaller budget.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -288,8 +287,3 @@ def _rebuild(choice: np.ndarray, x: np.ndarray, xbar: np.ndarray, avail: int, s:
 
 def items_text(items: Sequence[Item]) -> str:
     return " ".join(str(i) for i in items)
-
-
-def model_cost_lower_bound(chain: Chain) -> float:
-    """Every stage's forward and backward once: no sequence costs less."""
-    return math.fsum(s.forward_ms + s.backward_ms for s in chain.stages)

@@ -30,7 +30,6 @@ among the loss nodes and the steps where store-all in the graph's order peaks.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -191,8 +190,3 @@ def _cut_model(graph: Graph, cut: _Cut, budget_bytes: int) -> LinearModel:
         if cost > 0:
             m.objective[r[v]] = cost
     return m
-
-
-def bound_total_ms(graph: Graph, bound: CutBound) -> float:
-    """The bound as a total compute time: every node once plus the proven extra."""
-    return math.fsum(n.compute_ms for n in graph.nodes) + bound.extra_ms

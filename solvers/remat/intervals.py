@@ -26,12 +26,6 @@ from planner.solvers.remat.problem import RematProblem
 from planner.solvers.remat.stop import Progress, SearchStop, solve_unless_stopped
 
 
-@dataclass(frozen=True)
-class IntervalSolution:
-    actions: list[Action]
-    peak_bytes: int
-
-
 def plan_peak_and_cost(problem: RematProblem, actions: list[Action]) -> tuple[int, float]:
     """Peak bytes (the simulator's accounting, views charged as in the problem) and cost:
     the problem's memory ledger."""

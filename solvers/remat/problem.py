@@ -6,8 +6,10 @@ recomputing (in ascending position, each at most once) the earlier nodes in `com
 `retained[t]` is what is resident when stage t begins. Frees are implied: a value is freed right
 after its last use in the stage unless it is retained into the next stage; a value retained into
 stage t that stage t neither uses nor passes on is freed at the end of the stage. This module
-turns staged schedules into actions and accounts memory exactly as the simulator does, so that
-every formulation built on it can be checked against `planner.sim.simulator`.
+turns staged schedules into actions and accounts their memory with the simulator's ledger
+(planner.sim.ledger: `replay`), so that every formulation built on it can be checked against
+`planner.sim.simulator`; the formulations' own memory rows and cumulatives are separate
+arithmetic, held to the simulator by tests/test_memory_model_props.py.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class RematProblem:
     mem_bytes: tuple[int, ...]  # bytes of a position's output (views: their base's)
     workspace_bytes: tuple[int, ...]
     recomputable: tuple[bool, ...]
-    fixed_bytes: int  # resident for the whole step (memory_model.step_memory's start_bytes)
+    fixed_bytes: int  # resident for the whole step (planner.sim.step_memory's start_bytes)
     budget_bytes: int
     # position -> bytes that become resident at the node's first computation and stay to the
     # end of the step (gradient buffers, gradient_lifetime 'backward'); () when there are none
@@ -133,7 +135,6 @@ class StageBytes:
         self.load = [m + w for m, w in zip(self.out, self.ws, strict=True)]  # while it runs
         self.out_np = np.array(self.out, dtype=np.int64)
         self.first_np = np.array(self.first, dtype=np.int64)
-        self.load_np = np.array(self.load, dtype=np.int64)
         # store-all steps are first computations: held bytes count while the node runs
         self.first_load = [f + w for f, w in zip(self.first, self.ws, strict=True)]
         self.first_load_np = np.array(self.first_load, dtype=np.int64)
