@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from planner.runtime.agent_solve import (
     ServiceRefused,
     ServiceUnavailable,
     ask_service,
+    cache_name,
     plan_outcome,
     solve_here,
 )
@@ -108,6 +109,7 @@ def plan_for(
     *,
     loss_fn: Any = None,
     method: str = "auto",
+    options: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     timeout_s: float = 60.0,
     time_limit_s: float = 30.0,
@@ -128,7 +130,11 @@ def plan_for(
     warning with the numbers, or NoPlanFits with `strict`.
 
     `gradient_lifetime` / `grad_accumulation_steps` as for planner.tracing.trace; neither given,
-    parameters that already hold gradients mean "step" (the loop keeps them)."""
+    parameters that already hold gradients mean "step" (the loop keeps them).
+
+    `options`: the method's options (`planner-cli methods`), checked as every entry point
+    checks them (planner.engine.request) and sent to the service with the request; a plan
+    made with options is cached apart from the method's default one."""
     from planner.tracing.api import trace as trace_fn
 
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
@@ -140,11 +146,12 @@ def plan_for(
                       grad_accumulation_steps=grad_accumulation_steps)
     graph = traced.graph
     try:  # a method only the service knows is checked there
-        request = resolve_request(graph, budget, method=method, time_limit=time_limit_s,
-                                  method_here=server is None)
+        request = resolve_request(graph, budget, method=method, options=options,
+                                  time_limit=time_limit_s, method_here=server is None)
     except InputError as e:
         raise e.renamed(AGENT_FIELDS) from None
     cache = PlanCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    cached_as = cache_name(request)  # the method, and its options when given
 
     def planned(planning_budget: int) -> tuple[PlannedModule, AgentReport]:
         report = _obtain(replace(request, budget_bytes=planning_budget), server, cache,
@@ -158,7 +165,7 @@ def plan_for(
                 smallest,
             )
         if report.source not in STAND_INS:
-            cache.put(graph, planning_budget, method, plan)
+            cache.put(graph, planning_budget, cached_as, plan)
         module = apply(model, plan, inputs, trace=traced)
         object.__setattr__(module, "agent_report", report)
         module.gradient_lifetime_check.say = _both(report.say, warn)
@@ -179,7 +186,7 @@ def plan_for(
             module, report = _replan(planned, module, report, model, inputs)
             kept_retry = report.budget_bytes != request.budget_bytes
             if kept_retry and report.source not in STAND_INS:
-                cache.put(graph, request.budget_bytes, method, report.plan)
+                cache.put(graph, request.budget_bytes, cached_as, report.plan)
         _judge_fit(report, strict)
     if log_steps > 0:
         _StepTimer(module, report, log_steps).install()
@@ -301,6 +308,7 @@ def _obtain(
     token: str | None,
 ) -> AgentReport:
     graph, budget_bytes, method = request.graph, request.budget_bytes, request.method
+    cached_as = cache_name(request)
 
     def report(source: str, plan: Plan) -> AgentReport:
         return AgentReport(source, plan, graph, budget_bytes)
@@ -309,17 +317,17 @@ def _obtain(
         started = time.monotonic()
         try:
             plan = ask_service(server, graph, budget_bytes, method, timeout_s,
-                               request.time_limit_s, token)
+                               request.time_limit_s, token, options=request.options)
             out = report("service", plan)
             out.say(f"plan from the service at {server}: "
                     f"{plan_outcome(plan, time.monotonic() - started)}")
             return out
         except ServiceUnavailable as e:
             reason = str(e)
-        cached = cache.get(graph, budget_bytes, method)
+        cached = cache.get(graph, budget_bytes, cached_as)
         if cached is not None:
             out = report("fallback-cache", cached)
-            path = cache.path_of(graph, budget_bytes, method)
+            path = cache.path_of(graph, budget_bytes, cached_as)
             out.say(f"service unavailable ({reason}); using the cached plan {path}")
             return out
         baseline = replace(request, method=FALLBACK_METHOD, options={})
@@ -330,10 +338,10 @@ def _obtain(
             f"{FALLBACK_METHOD} ({plan.details.get('backend', plan.backend)})"
         )
         return out
-    cached = cache.get(graph, budget_bytes, method)
+    cached = cache.get(graph, budget_bytes, cached_as)
     if cached is not None:
         out = report("cache", cached)
-        out.say(f"cached plan {cache.path_of(graph, budget_bytes, method)}")
+        out.say(f"cached plan {cache.path_of(graph, budget_bytes, cached_as)}")
         return out
     plan, outcome = solve_here(request, f"solving in-process with {method}")
     out = report("local", plan)

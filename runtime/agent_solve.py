@@ -11,10 +11,13 @@ request is kept to WARNING while the agent polls, unless its level was set.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -119,12 +122,24 @@ def solve_here(request: ResolvedRequest, label: str) -> tuple[Plan, str]:
     return plan, plan_outcome(plan, progress.elapsed_s)
 
 
+def cache_name(request: ResolvedRequest) -> str:
+    """What the agent's plan cache files a request's plan under: its method, and with options
+    the method and a digest of them (`rotor_1a2b3c4d5e`), so a plan made with options never
+    answers the method's default request, nor the default plan an optioned one."""
+    if not request.options:
+        return request.method
+    text = json.dumps(dict(request.options), sort_keys=True, separators=(",", ":"))
+    return f"{request.method}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
 def ask_service(
     server: str, graph: Graph, budget_bytes: int, method: str, timeout_s: float,
-    time_limit_s: float, token: str | None = None,
+    time_limit_s: float, token: str | None = None, *,
+    options: Mapping[str, Any] | None = None,
 ) -> Plan:
-    """POST /v1/plans and poll until the job finishes; ServiceRefused when the service refuses
-    the key (`token`, else $PLANNER_API_KEY), ServiceUnavailable on any other failure."""
+    """POST /v1/plans (with the method's `options`) and poll until the job finishes;
+    ServiceRefused when the service refuses the key (`token`, else $PLANNER_API_KEY),
+    ServiceUnavailable on any other failure."""
     from planner.api.client import PlannerClient, ServiceError, ServiceTimeout
 
     token = api_key(token)
@@ -135,6 +150,8 @@ def ask_service(
         "method": method,
         "time_limit": time_limit_s,
     }
+    if options:
+        body["options"] = dict(options)
     for name in ("httpx", "httpcore"):  # a line per poll at INFO, unless the user chose
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
