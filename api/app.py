@@ -24,6 +24,7 @@ from planner.api.errors import BodyLimitMiddleware, install_error_handlers
 from planner.api.request_documents import install_server_schema
 from planner.api.routers import graphs, health, methods, page, partitions, plans, sweeps
 from planner.api.settings import Settings, load_settings
+from planner.api.uploads import UploadPool, UploadPoolMiddleware
 from planner.api.web import install_web
 
 DESCRIPTION = (
@@ -57,6 +58,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        app.state.upload_pool.shutdown()
         parts.manager.stop()
         parts.store.dispose()
 
@@ -70,6 +72,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     parts = ServiceParts.build(settings)
     app = FastAPI(title="Planner service", version="1", description=DESCRIPTION,
                   lifespan=lifespan)
+    # Large bodies are parsed in the upload pool; the body limit is checked outside it.
+    app.state.upload_pool = UploadPool(settings)
+    app.add_middleware(UploadPoolMiddleware, pool=app.state.upload_pool)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     install_server_schema(app, settings)  # /openapi.json states this server's caps

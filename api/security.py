@@ -160,6 +160,15 @@ class RateLimiter:
     def check(self, caller: Caller, cost: int = 1) -> None:
         if self._limiter.hit(self._item, caller.identity, cost=cost):
             return
+        self._refuse(caller)
+
+    def peek(self, caller: Caller, cost: int = 1) -> None:
+        """The 429 `check` would answer now, without counting a submission (a large upload is
+        refused before it is read and parsed; its route counts it)."""
+        if not self._limiter.test(self._item, caller.identity, cost=cost):
+            self._refuse(caller)
+
+    def _refuse(self, caller: Caller) -> None:
         stats = self._limiter.get_window_stats(self._item, caller.identity)
         retry_s = max(1, math.ceil(stats.reset_time - time.time()))
         who = "tenant " + caller.tenant if caller.identity.startswith("tenant:") else \

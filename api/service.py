@@ -47,6 +47,98 @@ def request_key(
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def parse_graph(settings: Settings, data: Any) -> Graph:
+    """Validate a graph document within the size limits (422 naming the limit)."""
+    if isinstance(data, dict):
+        nodes = data.get("nodes")
+        edges = data.get("edges", data.get("links"))
+        s = settings
+        if isinstance(nodes, list) and len(nodes) > s.max_nodes:
+            raise ApiError(
+                422,
+                f"graph: {len(nodes)} nodes, over this server's limit of "
+                f"max_nodes={s.max_nodes}",
+                details={"limit": "max_nodes", "max": s.max_nodes, "got": len(nodes)},
+            )
+        if isinstance(edges, list) and len(edges) > s.max_edges:
+            raise ApiError(
+                422,
+                f"graph: {len(edges)} edges, over this server's limit of "
+                f"max_edges={s.max_edges}",
+                details={"limit": "max_edges", "max": s.max_edges, "got": len(edges)},
+            )
+    from planner.engine.inputs import graph_from_dict
+
+    graph = graph_from_dict(data, where="graph")
+    check_graph_bounds(graph)
+    check_graph_caps(graph)
+    return graph
+
+
+def resolve(
+    settings: Settings,
+    source: RequestGraph,
+    budget: int | float | str | None,
+    *,
+    method: str,
+    options: dict[str, Any],
+    resources: dict[str, Any] | str | None,
+    time_limit: float | None,
+) -> ResolvedRequest:
+    """One request resolution (planner.engine.request), once per request: InputError (422)
+    naming the body's field; then this server's cap on the time limit. Reads only `settings`:
+    the upload pool's processes run it too (planner.api.uploads)."""
+    from planner.engine.request import resolve_request, resolve_resources
+
+    try:  # the caps first: no check below runs on a machine of 2**63 devices
+        machine = resolve_resources(resources)
+    except InputError:
+        machine = None  # a bad document: resolve_request says so, in its order of fields
+    check_resource_caps(machine)
+    check_option_caps(method, options)
+    cap = settings.max_time_limit_s
+    request = resolve_request(
+        source, budget, resources=resources, method=method, options=options,
+        time_limit=min(settings.default_time_limit_s, cap) if time_limit is None
+        else time_limit,
+        threads=settings.solver_threads,
+    )
+    if request.time_limit_s > cap:
+        raise ApiError(
+            422,
+            f"time_limit {request.time_limit_s:g} s: over this server's cap of "
+            f"max_time_limit_s={cap:g}",
+            details={"limit": "max_time_limit_s", "max": cap},
+        )
+    return request
+
+
+def resolve_plan(settings: Settings, source: RequestGraph, body: PlanRequest) -> ResolvedRequest:
+    return resolve(settings, source, body.budget, method=body.method, options=body.options,
+                   resources=body.resources, time_limit=body.time_limit)
+
+
+def resolve_sweep(settings: Settings, source: RequestGraph,
+                  body: SweepRequest) -> list[ResolvedRequest]:
+    """One request per distinct budget, smallest first; a budget's errors name it
+    (`budgets[2]`)."""
+    from planner.engine.request import resolve_budget
+
+    try:
+        first = resolve(settings, source, body.budgets[0], method=body.method,
+                        options=body.options, resources=body.resources,
+                        time_limit=body.time_limit)
+    except InputError as e:
+        raise e.renamed({"budget": "budgets[0]"}) from None
+    budgets = {first.budget_bytes}
+    for i, budget in enumerate(body.budgets[1:], start=1):
+        try:
+            budgets.add(resolve_budget(budget, source, first.resources))
+        except InputError as e:
+            raise e.renamed({"budget": f"budgets[{i}]"}) from None
+    return [replace(first, budget_bytes=b) for b in sorted(budgets)]
+
+
 class PlanService:
     def __init__(
         self, store: Store, settings: Settings, metrics: Metrics, manager: JobManager
@@ -64,30 +156,7 @@ class PlanService:
     # -- graphs -------------------------------------------------------------------------------
     def parse_graph(self, data: Any) -> Graph:
         """Validate a graph document within the size limits (422 naming the limit)."""
-        if isinstance(data, dict):
-            nodes = data.get("nodes")
-            edges = data.get("edges", data.get("links"))
-            s = self.settings
-            if isinstance(nodes, list) and len(nodes) > s.max_nodes:
-                raise ApiError(
-                    422,
-                    f"graph: {len(nodes)} nodes, over this server's limit of "
-                    f"max_nodes={s.max_nodes}",
-                    details={"limit": "max_nodes", "max": s.max_nodes, "got": len(nodes)},
-                )
-            if isinstance(edges, list) and len(edges) > s.max_edges:
-                raise ApiError(
-                    422,
-                    f"graph: {len(edges)} edges, over this server's limit of "
-                    f"max_edges={s.max_edges}",
-                    details={"limit": "max_edges", "max": s.max_edges, "got": len(edges)},
-                )
-        from planner.engine.inputs import graph_from_dict
-
-        graph = graph_from_dict(data, where="graph")
-        check_graph_bounds(graph)
-        check_graph_caps(graph)
-        return graph
+        return parse_graph(self.settings, data)
 
     def put_graph(self, graph: Graph, tenant: str = DEFAULT_TENANT) -> tuple[str, bool]:
         graph_hash = graph.content_hash()
@@ -137,57 +206,37 @@ class PlanService:
     ) -> ResolvedRequest:
         """One request resolution (planner.engine.request), once per request: InputError (422)
         naming the body's field; then this server's cap on the time limit."""
-        from planner.engine.request import resolve_request, resolve_resources
-
-        try:  # the caps first: no check below runs on a machine of 2**63 devices
-            machine = resolve_resources(resources)
-        except InputError:
-            machine = None  # a bad document: resolve_request says so, in its order of fields
-        check_resource_caps(machine)
-        check_option_caps(method, options)
-        cap = self.settings.max_time_limit_s
-        request = resolve_request(
-            source, budget, resources=resources, method=method, options=options,
-            time_limit=min(self.settings.default_time_limit_s, cap) if time_limit is None
-            else time_limit,
-            threads=self.settings.solver_threads,
-        )
-        if request.time_limit_s > cap:
-            raise ApiError(
-                422,
-                f"time_limit {request.time_limit_s:g} s: over this server's cap of "
-                f"max_time_limit_s={cap:g}",
-                details={"limit": "max_time_limit_s", "max": cap},
-            )
-        return request
+        return resolve(self.settings, source, budget, method=method, options=options,
+                       resources=resources, time_limit=time_limit)
 
     def resolve_plan(self, body: PlanRequest, tenant: str = DEFAULT_TENANT) -> ResolvedRequest:
-        return self.resolve(
-            self.request_graph(body.graph, body.graph_id, tenant), body.budget,
-            method=body.method,
-            options=body.options, resources=body.resources, time_limit=body.time_limit,
-        )
+        prepared = self._prepared(body.graph, body.graph_id, tenant)
+        if prepared is not None:  # resolved by the upload pool (planner.api.uploads)
+            return prepared[0]
+        return resolve_plan(self.settings, self.request_graph(body.graph, body.graph_id, tenant),
+                            body)
 
     def resolve_sweep(self, body: SweepRequest,
                       tenant: str = DEFAULT_TENANT) -> list[ResolvedRequest]:
         """One request per distinct budget, smallest first; a budget's errors name it
         (`budgets[2]`)."""
-        from planner.engine.request import resolve_budget
+        prepared = self._prepared(body.graph, body.graph_id, tenant)
+        if prepared is not None:
+            return prepared
+        return resolve_sweep(self.settings,
+                             self.request_graph(body.graph, body.graph_id, tenant), body)
 
-        source = self.request_graph(body.graph, body.graph_id, tenant)
-        try:
-            first = self.resolve(source, body.budgets[0], method=body.method,
-                                 options=body.options, resources=body.resources,
-                                 time_limit=body.time_limit)
-        except InputError as e:
-            raise e.renamed({"budget": "budgets[0]"}) from None
-        budgets = {first.budget_bytes}
-        for i, budget in enumerate(body.budgets[1:], start=1):
-            try:
-                budgets.add(resolve_budget(budget, source, first.resources))
-            except InputError as e:
-                raise e.renamed({"budget": f"budgets[{i}]"}) from None
-        return [replace(first, budget_bytes=b) for b in sorted(budgets)]
+    def _prepared(self, graph: object, graph_id: str | None,
+                  tenant: str) -> list[ResolvedRequest] | None:
+        """This request's resolution by the upload pool, when it made one: its graph is stored
+        and held by `tenant`, and is read back (in a handler thread) only if a job needs it."""
+        from planner.api.prepared import PREPARED
+
+        prepared = PREPARED.get()
+        if (prepared is None or graph is not None or graph_id != prepared.graph_hash
+                or prepared.tenant != tenant):
+            return None
+        return prepared.requests(lambda: self.stored_graph(prepared.graph_hash))
 
     def submit(self, request: ResolvedRequest, *, force: bool = False,
                tenant: str = DEFAULT_TENANT) -> tuple[Job, bool]:
@@ -302,10 +351,11 @@ class PlanService:
                       tenant: str = DEFAULT_TENANT) -> bytes | None:
         """The rendered 200 answer of a request solved before, from memory only (no database,
         no thread): graph by id, budget in bytes. None when the slow path must decide."""
-        from planner.core.budget import MAX_BUDGET_BYTES, MIN_PLAIN_BYTES
+        from planner.core.budget import MAX_BUDGET_BYTES
 
+        # An int (never a bool) is bytes in the budget grammar, from 1 byte up.
         if (force or graph_id is None or resources is not None or not isinstance(budget, int)
-                or not MIN_PLAIN_BYTES <= budget <= MAX_BUDGET_BYTES):
+                or isinstance(budget, bool) or not 1 <= budget <= MAX_BUDGET_BYTES):
             return None  # resources are validated (and keyed) on the slow path
         cap = self.settings.max_time_limit_s
         requested_s = min(self.settings.default_time_limit_s, cap) if time_limit is None \

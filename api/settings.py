@@ -47,6 +47,22 @@ class Settings(BaseSettings):
         default=64 * 2**20, ge=0, description="Memory for rendered finished plans."
     )
     max_sweep_budgets: int = Field(default=32, ge=1)
+    # Large bodies are parsed, validated, hashed and resolved in a pool of processes
+    # (planner.api.uploads): the API process only moves their bytes.
+    upload_pool_min_bytes: int = Field(
+        default=256 * 2**10, ge=0,
+        description="Bodies of POST /v1/graphs, /v1/plans, /v1/sweeps, /v1/partitions at least "
+        "this large are parsed in the upload pool, never on the event loop.",
+    )
+    upload_workers: int = Field(default=2, ge=1, le=64, description="Upload pool processes.")
+    upload_queue: int = Field(
+        default=16, ge=0, le=1024,
+        description="Large uploads waiting for the pool at once (beyond: 503, Retry-After).",
+    )
+    upload_queue_per_tenant: int = Field(
+        default=8, ge=1, le=1024,
+        description="A tenant's large uploads in the pool or waiting (beyond: 429).",
+    )
     submissions_per_minute: int = Field(
         default=120, ge=1, description="Per tenant (per client address when auth is off)."
     )
