@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import write_doc
+from results import write_doc
 from service_load import start_server, wait_all
 
 from planner.core.plan import Plan
@@ -132,15 +132,14 @@ def main() -> None:
     finally:
         if server is not None:
             server.kill()
-    table = ["| entry | CPU hogs | run | status | backend | overhead | gap | solver s | "
+    summary = ["| entry | CPU hogs | median overhead | worst |", "|---|---|---|---|",
+               *(f"| {entry} | {hogs} | +{statistics.median(values):.3f} % | "
+                 f"+{max(values):.3f} % |" for (entry, hogs), values in overheads.items())]
+    print("\n".join(summary))
+    table = [*summary, "",  # the summary first, every run below it
+             "| entry | CPU hogs | run | status | backend | overhead | gap | solver s | "
              "start + load s | answer s | overran (anytime answer) | fits (simulator) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-             "| entry | CPU hogs | median overhead | worst |",
-             "|---|---|---|---|"]
-    for (entry, hogs), values in overheads.items():
-        table.append(f"| {entry} | {hogs} | +{statistics.median(values):.3f} % | "
-                     f"+{max(values):.3f} % |")
-    print("\n".join(table[-len(overheads) - 2:]))
+             "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]
     if args.write:
         write_doc(args.write, "Anytime answers under load",
                   [f"Command: `.venv/bin/python benchmarks/anytime_load.py --runs {args.runs} "

@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from _common import machine
+from results import machine, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "graphs" / "checkmate"
@@ -159,8 +159,7 @@ def main() -> int:
             ]
             out += corpus_table(args.methods.split(","), args.time_limit)
     if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text("# Chain solvers benchmark\n\n" + "\n".join(out) + "\n")
+        write_page(args.write, ["# Chain solvers benchmark", "", *out])
     return 0
 
 

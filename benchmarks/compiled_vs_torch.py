@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _common import machine  # noqa: E402
+from results import machine, write_sections  # noqa: E402
 
 from planner import zoo  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
@@ -437,17 +437,14 @@ def main(argv: list[str] | None = None) -> int:
         where = gpu or f"CPU, {torch.get_num_threads()} intra-op thread(s)"
         command = " ".join(["benchmarks/compiled_vs_torch.py",
                             *(argv if argv is not None else sys.argv[1:])])
-        lines = [f"`{command}` on {date.today().isoformat()}: {where}; machine: {machine()}; "
-                 f"torch {torch.__version__}, backend {args.backend}; GPT {size}, fp32; "
-                 f"{minutes:.0f} minutes.", "", *table, "", "Verdict at inductor's levels:", "",
-                 *verdict(rows)]
+        ran = (f"`{command}` on {date.today().isoformat()}: {where}; machine: {machine()}; "
+               f"torch {torch.__version__}, backend {args.backend}; GPT {size}, fp32; "
+               f"{minutes:.0f} minutes.")
         path = REPO / "docs" / name
-        if path.exists() and "<!-- measured -->" in path.read_text():
-            head = path.read_text().split("<!-- measured -->")[0]
-            path.write_text(head + "<!-- measured -->\n\n" + "\n".join(lines) + "\n")
-        else:
-            path.write_text("# Planner compiled against torch.compile\n\n<!-- measured -->\n\n"
-                            + "\n".join(lines) + "\n")
+        write_sections(path, {"summary": ["Verdict at inductor's levels:", "", *verdict(rows),
+                                          "", ran],
+                              "measured": [ran, "", *table]},
+                       title="Planner compiled against torch.compile")
         print(f"wrote {path}")
     return 0
 

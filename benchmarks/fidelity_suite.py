@@ -35,6 +35,7 @@ sys.path[:0] = [str(REPO / "benchmarks")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fidelity_suite_device import DeviceCase, Row, device_rows  # noqa: E402
+from results import write_json, write_page  # noqa: E402
 
 DOCS = REPO / "docs" / "fidelity_suite.md"
 TOLERANCE = 0.02
@@ -187,7 +188,7 @@ def main() -> None:
         print(json.dumps({k: v for k, v in row.items() if k != "traceback"}, default=str),
               flush=True)
         if args.out is not None:
-            args.out.write_text(json.dumps(rows, indent=1, default=str))
+            write_json(args.out, rows)
 
     for case in device_cases(args.full):
         for microbatches in (1, 4):
@@ -201,7 +202,7 @@ def main() -> None:
              f"{time.perf_counter() - started:.0f} s.", "", *summary(rows), "", *table(rows)]
     print("\n".join(lines))
     if args.write:
-        DOCS.write_text("\n".join(lines) + "\n" + NOTES)
+        write_page(DOCS, "\n".join(lines) + "\n" + NOTES)
 
 
 NOTES = """

@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Light at import: solver worker processes (spawned) import this module again; torch is
 # imported by fidelity_run, inside the functions that need it.
 from fidelity_judge import MiB, ordered, rows_table, summary_table, timeline_lines  # noqa: E402
+from results import write_page  # noqa: E402
 
 if TYPE_CHECKING:
     from fidelity_run import ModelCase, RunConfig
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if diagnosed:
         print("\n" + "\n".join(diagnosed))
     if docs is not None:
-        docs.write_text(doc_page(info, rows))
+        write_page(docs, doc_page(info, rows))
         print(f"\nwrote {docs}")
     return 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine  # noqa: E402
+from results import machine  # noqa: E402
 
 from planner.core.budget import format_bytes  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402

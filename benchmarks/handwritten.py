@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import write_doc
+from results import write_doc
 
 ROWS = {"gpt12": 12, "gpt24": 24, "gpt48": 48}
 
@@ -152,8 +152,8 @@ def main() -> int:
             "",
             f"auto's time limit {args.time_limit:g} s, {args.repeats} run(s) per plan (times "
             "are medians). Overheads: the simulator's compute cost over running every node "
-            "once (costs estimated); peak: the simulator's, which is auto's budget.",
-        ], [*HEADER, *map(_line, rows)], [summary, "", *NOTES])
+            "once (costs estimated); peak: the simulator's, which is auto's budget.", "", summary,
+        ], [*HEADER, *map(_line, rows)], NOTES)
     return 0 if not ratios or worst <= 1 + 1e-9 else 1
 
 

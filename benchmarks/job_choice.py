@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import machine  # noqa: E402
+from benchmarks.results import machine, write_sections  # noqa: E402
 from benchmarks.whole_job import traced_gpt  # noqa: E402
 from planner.core.errors import InputError, NoPlanFits  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
@@ -240,13 +240,13 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(run_row(model, graphs, ranks, level, int(least * factor), args))
                 print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    lines = ["## Summary", "", *summary(rows), "", "## Rows", "", *table(rows)]
+    first, rest = ["## Summary", "", *summary(rows)], ["## Rows", "", *table(rows)]
     print(f"Machine: {machine()}.\n")
-    print("\n".join(lines))
-    if args.write_docs:
-        head = DOCS.read_text().split("<!-- measured -->")[0] if DOCS.exists() else ""
-        DOCS.write_text(head + "<!-- measured -->\n\n" + f"Machine: {machine()}.\n\n"
-                        + "\n".join(lines) + "\n")
+    print("\n".join([*first, "", *rest]))
+    if args.write_docs:  # the summary near the top of the page, the rows at its end
+        write_sections(DOCS, {"summary": [*first, "", f"Machine: {machine()}."],
+                              "measured": [f"Machine: {machine()}.", "", *rest]},
+                       title="The schedule and micro-batch count, chosen with the split")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ auto (pure recomputation); "offload+remat" is `improve_with_offload` on auto's p
 and remat plans at larger budgets brought down by offloading, and the pofo DP; auto's plan when
 nothing is faster): what auto returns once it considers offloading.
 
-    .venv/bin/python benchmarks/offload.py --time-limit 2 > docs/offload_benchmark.md
+    .venv/bin/python benchmarks/offload.py --time-limit 2 --write docs/offload_benchmark.md
+
+`--write` replaces the page's summary (the Targets table, at the top) and measured sections
+(every row), keeping its prose (benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import machine  # noqa: E402
+from benchmarks.results import machine, write_sections  # noqa: E402
 from planner.core.budget import format_bytes  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
 from planner.core.plan import Action, ActionOp  # noqa: E402
@@ -98,20 +101,28 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=2.0)
     parser.add_argument("--fractions", default="0.8,0.6,0.4,0.2")
     parser.add_argument("--only", default="", help="comma-separated graph names")
+    parser.add_argument("--write", type=Path, default=None,
+                        help="also write the tables into this markdown page's sections")
     args = parser.parse_args()
+    measured: list[str] = []
+
+    def show(line: str) -> None:
+        print(line, flush=True)
+        measured.append(line)
+
     fractions = [float(f) for f in args.fractions.split(",")]
     graphs = corpus_graphs() + zoo_graphs()
     if args.only:
         keep = set(args.only.split(","))
         graphs = [(n, g) for n, g in graphs if n in keep]
     links = {"gen4": resources_preset("h100-pcie-gen4"), "gen5": resources_preset("h100-pcie-gen5")}
-    print(f"machine: {machine()}\n")
-    print(f"time limit {args.time_limit:g} s per planner; host memory {HOST_BYTES // 2**30} GiB; "
-          "overhead = simulated makespan / store-all compute - 1; moved: bytes copied (both "
-          "ways); OVER would mark a plan beyond a budget (none may)\n")
-    print("| graph | link | budget | planner | overhead | moved | peak device | peak host | "
-          "solve s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    show(f"machine: {machine()}\n")
+    show(f"time limit {args.time_limit:g} s per planner; host memory {HOST_BYTES // 2**30} GiB; "
+         "overhead = simulated makespan / store-all compute - 1; moved: bytes copied (both "
+         "ways); OVER would mark a plan beyond a budget (none may)\n")
+    show("| graph | link | budget | planner | overhead | moved | peak device | peak host | "
+         "solve s |")
+    show("|---|---|---|---|---|---|---|---|---|")
     summary: list[str] = []
     for name, graph in graphs:
         base_ms = graph.total_compute_ms
@@ -125,7 +136,7 @@ def main() -> None:
                 res = preset.model_copy(update={"host_memory_bytes": HOST_BYTES})
                 line, remat_over = row(graph, name, link, frac, "remat (auto)", remat.actions,
                                        res, budget, remat_wall, base_ms)
-                print(line)
+                show(line)
                 overs: dict[str, float | None] = {}
                 plans: dict[str, list[Action] | None] = {}
                 for planner, fn in PLANNERS.items():
@@ -137,7 +148,7 @@ def main() -> None:
                                                budget, wall, base_ms)
                     plans[planner] = r.actions
                     gap = r.details.get("model", {}).get("gap")
-                    print(line + (f" model gap {100 * gap:.2f} %" if gap is not None else ""))
+                    show(line + (f" model gap {100 * gap:.2f} %" if gap is not None else ""))
                 t0 = time.perf_counter()
                 improved = improve_with_offload(graph, budget, res, remat.actions,
                                                 args.time_limit)
@@ -145,14 +156,16 @@ def main() -> None:
                 hybrid = improved if improved is not None else remat.actions
                 line, over = row(graph, name, link, frac, "remat+offload (improve)", hybrid, res,
                                  budget, wall + remat_wall, base_ms)
-                print(line)
+                show(line)
                 summary.append(_summary(name, link, frac, remat_over, over, overs))
-    print("\n## Targets\n")
-    print("| graph | link | budget | remat | offload+remat | reduction | ≤ remat | ≥ 1/3 less "
-          "(remat > 1 %) | ahead of all/greedy |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for line in summary:
-        print(line)
+    targets = ["## Targets", "",
+               "| graph | link | budget | remat | offload+remat | reduction | ≤ remat | ≥ 1/3 less "
+               "(remat > 1 %) | ahead of all/greedy |", "|---|---|---|---|---|---|---|---|---|",
+               *summary]
+    print("", *targets, sep="\n")
+    if args.write:  # the Targets table at the top of the page, every row below
+        write_sections(args.write, {"summary": targets, "measured": measured},
+                       title="Offloading planners vs recomputation: benchmark")
 
 
 def _summary(name: str, link: str, frac: float, remat: float | None, best: float | None,

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import machine
+from results import write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "graphs" / "checkmate"
@@ -72,18 +72,13 @@ def main() -> int:
                 print(row, flush=True)
                 lines.append(row)
     if args.write is not None:
-        text = [
-            "# Remat benchmark (Checkmate corpus)",
-            "",
-            f"Machine: {machine()}.",
+        write_doc(args.write, "Remat benchmark (Checkmate corpus)", [
             f"Command: `.venv/bin/python benchmarks/remat_corpus.py --time-limit "
             f"{args.time_limit:g} --methods {args.methods} --threads {args.threads}`.",
             "Budget = ceil(fraction × store-all peak); duration increase and peak are the "
             "simulator's; bound = best proven lower bound on the plan's cost, as an increase; "
             "gap = (cost − bound) / cost. Timings are noisy: the machine is shared.",
-            "",
-            *lines,
-            "",
+        ], lines, [
             "Notes:",
             "- `auto` = a time-boxed portfolio (store-all in memory-aware orders, incremental",
             "  greedy checkpoint eviction, the baselines, DTR-style dynamic eviction, the chain DP",
@@ -101,9 +96,7 @@ def main() -> int:
             "  any order; the bound reported is the larger of those that cover the plan.",
             "- `timeout` = no plan within budget found in time; `infeasible` = proven: some node's",
             "  inputs + output alone exceed the budget (or, at a cut, what must be resident).",
-            "",
-        ]
-        args.write.write_text("\n".join(text))
+        ])
     return 0
 
 

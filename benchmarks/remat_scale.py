@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import write_doc
+from results import write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 RANDOM_ROWS = {f"random{n}": n for n in (500, 1000, 2000, 5000)}

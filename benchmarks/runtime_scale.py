@@ -24,7 +24,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _common import write_doc  # noqa: E402
+from results import write_doc  # noqa: E402
 
 NOTES = [
     "Tracing and `planner.runtime.apply` grow linearly with the graph: about 4 s and 0.1 s per",

@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.results import write_page  # noqa: E402
 from planner import zoo  # noqa: E402
 from planner.core.budget import format_bytes  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine; 'vs eager' is their ratio.\n\n"
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(header + text + "\n")
+    write_page(Path(args.out), header + text + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import machine
+from results import machine, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -258,7 +258,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.write:
-        args.write.write_text(text)
+        write_page(args.write, text)
 
 
 if __name__ == "__main__":

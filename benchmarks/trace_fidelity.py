@@ -17,6 +17,8 @@ import platform
 import time
 from pathlib import Path
 
+from results import write_page
+
 MODELS = (
     "mlp", "resnet", "unet", "gpt", "vit", "mixer", "densenet", "hf_gpt2", "hf_llama", "hf_bert",
 )
@@ -73,7 +75,7 @@ def main() -> None:
     if args.write:
         doc = Path(__file__).resolve().parents[1] / "docs" / "trace_fidelity.md"
         doc.parent.mkdir(exist_ok=True)
-        doc.write_text(_document(rows, args, torch.__version__))
+        write_page(doc, _document(rows, args, torch.__version__))
         print(f"written {doc}")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import machine  # noqa: E402
+from benchmarks.results import machine, write_sections  # noqa: E402
 from planner.core.errors import InputError  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
 from planner.core.resources import GiB, Resources  # noqa: E402
@@ -294,21 +294,21 @@ def main(argv: list[str] | None = None) -> int:
     rows, graphs = grid(args)
     minutes = (time.time() - started) / 60
     command = " ".join(["benchmarks/whole_job.py", *(argv if argv is not None else sys.argv[1:])])
-    head = [f"`{command}` on {time.strftime('%Y-%m-%d')}: machine {machine()}; whole-job "
-            f"time limit {args.time_limit:g} s, ILP {args.ilp_time_limit:g} s, 1 thread; "
-            f"{minutes:.0f} minutes.", "",
-            "Models: " + ", ".join(f"{k} ({len(g.nodes)} op nodes, "
-                                   f"{UnitChain(g).length} units)" for k, g in graphs.items()),
-            "", "## Summary", "", *summary(rows), "", "## Every row", "",
+    run = (f"`{command}` on {time.strftime('%Y-%m-%d')}: machine {machine()}; whole-job "
+           f"time limit {args.time_limit:g} s, ILP {args.ilp_time_limit:g} s, 1 thread; "
+           f"{minutes:.0f} minutes.")
+    models = "Models: " + ", ".join(f"{k} ({len(g.nodes)} op nodes, {UnitChain(g).length} "
+                                    f"units)" for k, g in graphs.items())
+    first = ["## Summary", "", *summary(rows)]
+    rest = ["## Every row", "",
             "Cells: the simulated step (ms) of a plan that fits every rank; **OVER** with the "
             "largest rank's peak / device memory; none: no plan. Memory: a fraction of the "
             "least any contiguous split needs without recomputation (1F1B, exact).", "",
             *table(rows)]
-    text = "\n".join(head) + "\n"
-    print(text)
-    if args.write_docs:
-        old = DOCS.read_text() if DOCS.exists() else "# Whole-job plans\n\n<!-- measured -->\n"
-        DOCS.write_text(old.split("<!-- measured -->")[0] + "<!-- measured -->\n\n" + text)
+    print("\n".join([run, "", models, "", *first, "", *rest]) + "\n")
+    if args.write_docs:  # the summary near the top of the page, the rows at its end
+        write_sections(DOCS, {"summary": [*first, "", run],
+                              "measured": [run, "", models, "", *rest]}, title="Whole-job plans")
         print(f"wrote {DOCS}", file=sys.stderr)
     return 0
 
