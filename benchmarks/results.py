@@ -4,7 +4,6 @@ A benchmark prints its tables to stdout as it goes; asked to (`--write`, `--writ
 `--out`), it also writes them into its docs page and/or a JSON file, with these helpers:
 
 - `machine()`: what every table states about the machine it ran on;
-- `markdown_table(header, rows)`: a table's lines (cells as `str` gives them);
 - `write_page(path, text)`: a page the script writes whole, as it formats it;
   `write_doc(path, title, preamble, table, notes)`: one in the common form (title, the machine,
   preamble lines, the table, notes);
@@ -23,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -41,12 +40,6 @@ def machine() -> str:
         pass
     return (f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
             f"OR-Tools {version('ortools')}, {platform.system()} {platform.release()}")
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    """A markdown table's lines: the header, its rule, one line per row."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
 def write_page(path: Path, text: str | Sequence[str]) -> None:
@@ -74,7 +67,7 @@ def write_sections(path: Path, sections: Mapping[str, str | Sequence[str]],
         start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
         body = f"{start}\n\n{_lines(text)}\n\n{end}"
         if start not in page:
-            page = page.rstrip("\n") + "\n\n" + body + "\n"
+            page = (page.rstrip("\n") + "\n\n" if page.strip() else "") + body + "\n"
             continue
         before, _, rest = page.partition(start)
         after = rest.partition(end)[2] if end in rest else "\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from results import markdown_table, write_json, write_sections  # noqa: E402
+from results import write_json, write_page, write_sections  # noqa: E402
 
 
 def test_sections_replaced_in_place_and_prose_kept(tmp_path: Path) -> None:
@@ -37,7 +37,8 @@ def test_old_open_marker_runs_to_the_end(tmp_path: Path) -> None:
                                 "<!-- /measured -->\n")
 
 
-def test_table_and_json(tmp_path: Path) -> None:
-    assert markdown_table(["x", "y"], [(1, "a")]) == ["| x | y |", "|---|---|", "| 1 | a |"]
+def test_whole_page_and_json(tmp_path: Path) -> None:
+    write_page(tmp_path / "new" / "page.md", ["# T", "", "| x |"])
+    assert (tmp_path / "new" / "page.md").read_text() == "# T\n\n| x |\n"
     write_json(tmp_path / "r.json", {"path": tmp_path})
     assert json.loads((tmp_path / "r.json").read_text()) == {"path": str(tmp_path)}
