@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from planner.api.auth_state import auth_at_start
 from planner.api.deps import ServiceParts, identity_dependency
 from planner.api.errors import BodyLimitMiddleware, install_error_handlers
+from planner.api.plan_files import install_plan_cap_schema
 from planner.api.request_documents import install_server_schema
 from planner.api.routers import graphs, health, methods, page, partitions, plans, sweeps
 from planner.api.settings import Settings, load_settings
@@ -59,6 +60,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         app.state.upload_pool.shutdown()
+        parts.service.close()
         parts.manager.stop()
         parts.store.dispose()
 
@@ -78,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     install_server_schema(app, settings)  # /openapi.json states this server's caps
+    install_plan_cap_schema(app, settings)
     app.state.parts = parts
     app.state.storage_health = parts.manager.health  # the 503 handler's (errors.py)
     app.state.settings, app.state.store, app.state.manager = settings, parts.store, parts.manager

@@ -144,7 +144,8 @@ class Job:
     tenant: str = DEFAULT_TENANT
 
     @classmethod
-    def from_row(cls, row: JobRow) -> Job:
+    def from_row(cls, row: JobRow, *, parse_plan: bool = True) -> Job:
+        """The row as a job (`parse_plan=False`: without its plan, which may be large)."""
         return cls(
             id=row.id,
             request_key=row.request_key,
@@ -155,7 +156,7 @@ class Job:
             time_limit_s=row.time_limit_s,
             status=row.status,
             attempts=row.attempts,
-            plan=json.loads(row.plan) if row.plan else None,
+            plan=json.loads(row.plan) if row.plan and parse_plan else None,
             report=json.loads(row.report) if row.report else None,
             error=row.error,
             progress_objective=row.progress_objective,

@@ -130,9 +130,10 @@ def serve(settings: Settings, on_ready: Callable[[bool], None] | None = None) ->
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level,
         # h11 bounds a request's head (httptools, uvicorn's pick where installed, took a 64 MB
-        # header before authentication and stalled the event loop 5 s); beyond
-        # MAX_CONNECTIONS at once, a 503 rather than an unbounded queue of sockets
-        http="h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # header before authentication and stalled the event loop 5 s), with read timeouts for
+        # heads and bodies (planner.api.http_timeouts: slowloris, a body that never comes);
+        # beyond MAX_CONNECTIONS at once, a 503 rather than an unbounded queue of sockets
+        http=timed_protocol(settings), h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = uvicorn.Server(config)
@@ -144,6 +145,17 @@ def serve(settings: Settings, on_ready: Callable[[bool], None] | None = None) ->
     finally:
         sock.close()
     return 0 if server.started else EXIT_START_FAILED
+
+
+def timed_protocol(settings: Settings) -> type:
+    """uvicorn's h11 protocol with this server's read timeouts."""
+    from planner.api.http_timeouts import TimedH11Protocol
+
+    return type("PlannerH11Protocol", (TimedH11Protocol,), {
+        "head_timeout_s": settings.head_timeout_s,
+        "body_idle_timeout_s": settings.body_idle_timeout_s,
+        "body_timeout_s": settings.body_timeout_s,
+    })
 
 
 def main() -> None:

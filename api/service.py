@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from planner.api.bounds import check_graph_bounds
 from planner.api.cache import KeyIndex, RenderedCache
@@ -17,6 +18,7 @@ from planner.api.job_views import draw_timeline, job_view
 from planner.api.jobs import JobManager
 from planner.api.metrics import Metrics
 from planner.api.models import CACHEABLE, CANCELLED, DEFAULT_TENANT, FINISHED, RUNNING, Job
+from planner.api.plan_files import LARGE_PLAN_CHARS, RenderedFiles, render_spliced
 from planner.api.settings import Settings
 from planner.api.store import Store
 from planner.core.errors import InputError
@@ -149,6 +151,9 @@ class PlanService:
         self.manager = manager
         # Finished jobs are immutable: their rendered views and request keys are cached.
         self.rendered = RenderedCache(settings.response_cache_bytes)
+        self.files = RenderedFiles(settings.rendered_disk_bytes)  # those too large for memory
+        self._render_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         # request key -> (job id, its time limit, proven): the newest finished answer.
         self.answered: KeyIndex[tuple[str, float, bool]] = KeyIndex(max_entries=100_000)
         self.known_graphs: KeyIndex[str] = KeyIndex(max_entries=100_000)
@@ -373,24 +378,76 @@ class PlanService:
             self.metrics.cache_hits.inc()
         return body
 
-    def render(self, job: Job, *, cached: bool = False) -> bytes:
+    def render(self, job: Job, *, cached: bool = False) -> bytes | BinaryIO:
+        """The job's view: bytes, or for a large finished plan its file (rendered once,
+        planner.api.plan_files)."""
         key = (job.id, cached, job.tenant)
-        if job.status in FINISHED and (body := self.rendered.get(key)) is not None:
-            return body
+        if job.status in FINISHED:
+            if (body := self.rendered.get(key)) is not None:
+                return body
+            if (opened := self.files.open(job.id, cached, job.tenant)) is not None:
+                return opened
         body = job_view(job, cached=cached).model_dump_json().encode()
         if job.status in FINISHED:
-            self.rendered.put(key, body)
+            return self._keep(job, cached, body)
         return body
 
+    def _keep(self, job: Job, cached: bool, body: bytes) -> bytes | BinaryIO:
+        """A finished view kept: in memory, or in a file when too large for memory."""
+        if len(body) <= self.rendered.max_bytes // 4:
+            self.rendered.put((job.id, cached, job.tenant), body)
+            return body
+        return self.files.put(job.id, cached, job.tenant, body) or body
+
+    def view(self, job_id: str, tenant: str | None) -> bytes | BinaryIO:
+        """GET /v1/plans/{id}: the job's view, if `tenant` (None: any) may see it. A large
+        finished plan is never parsed: its stored text is spliced into its view once, kept in
+        a file and streamed from it; one render of a job at a time."""
+        with self._render_lock(job_id):
+            opened = self.files.open(job_id, False, tenant)
+            if opened is not None:
+                return opened
+            found = self.store.get_job_text(job_id, tenant)
+            if found is None:
+                raise ApiError(404, f"plan {job_id!r}: no such plan job")
+            job, text = found
+            if text is None or len(text) < LARGE_PLAN_CHARS or job.status not in FINISHED:
+                return self.render(self.get(job_id, tenant))
+            if job.status == CANCELLED:
+                self.get(job_id, tenant)  # raises its 404
+            return self._keep(job, False, render_spliced(job, text))
+
+    def _render_lock(self, job_id: str) -> threading.Lock:
+        with self._locks_lock:
+            lock = self._render_locks.get(job_id)
+            if lock is None:
+                if len(self._render_locks) > 1000:
+                    self._render_locks.clear()
+                lock = self._render_locks[job_id] = threading.Lock()
+            return lock
+
     def remember_finished(self, job_id: str) -> None:
-        """Warm the in-memory answers with a job that just finished (dispatcher thread), so the
-        next identical request and the next poll are served without the database."""
-        job = self.store.get_job(job_id)
-        if job is None or job.status not in FINISHED or job.status == CANCELLED:
+        """Warm the answers with a job that just finished (dispatcher thread), so the next
+        identical request and the next poll are served without the database: in memory, or
+        a large plan's views spliced into files (its plan never parsed here)."""
+        found = self.store.get_job_text(job_id)
+        if found is None:
+            return
+        job, text = found
+        if job.status not in FINISHED or job.status == CANCELLED:
             return  # a cancelled job is deleted: reads answer 404, never a remembered view
-        self.render(job)
+        large = text is not None and len(text) >= LARGE_PLAN_CHARS
+        if large and text is not None:
+            for cached in (False, True) if job.status in CACHEABLE else (False,):
+                kept = self._keep(job, cached, render_spliced(job, text, cached=cached))
+                if not isinstance(kept, bytes):
+                    kept.close()
+        else:
+            job = replace(job, plan=json.loads(text) if text else None)
+            self.render(job)
+            if job.status in CACHEABLE:
+                self.render(job, cached=True)
         if job.status in CACHEABLE:
-            self.render(job, cached=True)
             # The stored key is the request's (its tenant's): the question it answers.
             self._remember_answer(job.request_key, job)
 
@@ -398,3 +455,6 @@ class PlanService:
         """A finished job of `tenant` from memory, or None (then ask the store; an admin's
         reads, tenant None, always do)."""
         return None if tenant is None else self.rendered.get((job_id, False, tenant))
+
+    def close(self) -> None:
+        self.files.close()

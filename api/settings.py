@@ -41,8 +41,27 @@ class Settings(BaseSettings):
     # A job that outlives its time limit by this margin is killed and marked failed.
     kill_grace_s: float = Field(default=15.0, ge=0)
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
+    # Read timeouts (planner.api.http_timeouts): past one, 408 and the connection is closed.
+    head_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="A request's line and headers complete within this of the connection's "
+        "start (or of the previous response, kept alive).")
+    body_idle_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="At most this long without a byte of a body.")
+    body_timeout_s: float = Field(
+        default=120.0, gt=0, le=86400, description="A whole body within this of its head.")
     max_nodes: int = Field(default=20_000, ge=1)
     max_edges: int = Field(default=200_000, ge=0)
+    max_plan_bytes: int = Field(
+        default=64 * 2**20, ge=1024,
+        description="A plan's JSON at most this large, for every method: a larger one fails its "
+        "job with the reason (its solver process checks it before sending it).",
+    )
+    rendered_disk_bytes: int = Field(
+        default=2 * 2**30, ge=0,
+        description="Disk for rendered finished plans too large for response_cache_bytes: "
+        "rendered once, streamed from a file on every read.",
+    )
     response_cache_bytes: int = Field(
         default=64 * 2**20, ge=0, description="Memory for rendered finished plans."
     )

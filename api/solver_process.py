@@ -55,6 +55,7 @@ def start_solver(
         "time_limit_s": job.time_limit_s,
         "threads": settings.solver_threads,
         "nice": settings.solver_nice,
+        "max_plan_bytes": settings.max_plan_bytes,
         "options": job.options,
         "resources": job.resources,
         "started_monotonic": time.monotonic(),  # its start and load are measured from here

@@ -111,6 +111,16 @@ class JobQueue(StoreBase):
             job = None if row is None else Job.from_row(row)
             return None if job is None or tenant not in (None, job.tenant) else job
 
+    def get_job_text(self, job_id: str,
+                     tenant: str | None = None) -> tuple[Job, str | None] | None:
+        """The job without its plan parsed, and the plan's stored JSON text (a large plan is
+        spliced into its view, never parsed: planner.api.plan_files)."""
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or tenant not in (None, row.tenant or DEFAULT_TENANT):
+                return None
+            return Job.from_row(row, parse_plan=False), row.plan
+
     def job_visible(self, job_id: str, tenant: str | None = None) -> bool:
         """Whether the job exists and `tenant` may see it (None: any tenant's), without reading
         its plan: the access check before a cached answer."""

@@ -126,7 +126,14 @@ def run_job(
         report = plan_report(plan, graph)
         report["startup_seconds"] = {"process_start": round(entered - began, 3),
                                      "graph_load": round(loaded - entered, 3)}
-        reporter.answer(("result", plan.model_dump_json(), report))
+        plan_json = plan.model_dump_json()
+        cap = spec.get("max_plan_bytes")
+        if cap is not None and len(plan_json) > int(cap):  # every method's plan is bounded
+            reporter.answer(("error", f"plan: {len(plan_json)} bytes ({len(plan.actions)} "
+                             f"actions), over this server's limit of max_plan_bytes={cap}; a "
+                             "larger budget or another method makes a smaller plan"))
+            return
+        reporter.answer(("result", plan_json, report))
         from planner.engine.deadline import abandoned_methods
 
         if abandoned_methods():  # the answer is out (send returns once it is written): a method

@@ -25,6 +25,7 @@ from planner.api.deps import (
 )
 from planner.api.job_views import job_view
 from planner.api.models import FINISHED, JOB_STATUSES, Job
+from planner.api.plan_files import json_response
 from planner.api.schemas import JobAccepted, JobList, JobSummary, JobView, PlanRequest
 from planner.api.security import Caller
 
@@ -72,8 +73,8 @@ async def submit_plan(
         delay = min(2 * delay, 0.5)
         job = await run_in_threadpool(service.get, job.id, who.scope)
     if cached or job.status in FINISHED:
-        answer = await run_in_threadpool(service.render, job, cached=cached)
-        return Response(answer, status_code=200, media_type="application/json")
+        rendered = await run_in_threadpool(service.render, job, cached=cached)
+        return json_response(rendered)  # a large plan: streamed from its file
     accepted = JobAccepted(id=job.id, status=job.status, url=f"/v1/plans/{job.id}")
     return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": accepted.url})
 
@@ -112,9 +113,10 @@ def list_plans(
 )
 async def get_plan(service: Service, who: Identity, plan_id: str) -> Response:
     answer = service.rendered_finished(plan_id, who.scope)
-    if answer is None:
-        answer = await run_in_threadpool(lambda: service.render(service.get(plan_id, who.scope)))
-    return Response(answer, media_type="application/json")
+    if answer is not None:
+        return Response(answer, media_type="application/json")
+    # A large finished plan is rendered once and streamed from its file (plan_files).
+    return json_response(await run_in_threadpool(service.view, plan_id, who.scope))
 
 
 @router.delete(
