@@ -155,10 +155,11 @@ def main() -> None:
     print("# Pipeline partitioning benchmark\n")
     print("Command: `.venv/bin/python benchmarks/pipeline.py > docs/pipeline_benchmark.md` "
           f"(ILP time limit {args.ilp_time_limit:g} s, 1 thread).\n")
-    print(f"machine: {machine()}\n")
-    print("Models (units = pipeline-able layers; model state Adam bf16-mixed, 16 B/parameter):\n")
-    print("| model | units | parameters | model state | activations / micro-batch |")
-    print("|---|---|---|---|---|")
+    print(f"machine: {machine()}")  # then the summary; the models below it
+    model_lines = ["Models (units = pipeline-able layers; model state Adam bf16-mixed, "
+                   "16 B/parameter):", "",
+                   "| model | units | parameters | model state | activations / micro-batch |",
+                   "|---|---|---|---|---|"]
     chains = {}
     for name, g in graphs.items():
         ch = UnitChain(g)
@@ -166,8 +167,8 @@ def main() -> None:
         params = sum(u.parameter_bytes for u in ch.units)
         state = sum(u.model_state_bytes for u in ch.units)
         act = ch.range_costs(0, ch.length, 0, 1).saved_bytes
-        print(f"| {name} | {ch.length} | {params / 2 / 1e6:.0f} M | {state / GiB:.2f} GiB | "
-              f"{act / GiB:.2f} GiB |")
+        model_lines.append(f"| {name} | {ch.length} | {params / 2 / 1e6:.0f} M | "
+                           f"{state / GiB:.2f} GiB | {act / GiB:.2f} GiB |")
     rows = []
     lines = []
     for name, g in graphs.items():
@@ -228,6 +229,7 @@ def main() -> None:
                         lines.append("| " + " | ".join(cells) + " |")
                         print(".", end="", file=sys.stderr, flush=True)
     summary(rows)
+    print("", *model_lines, sep="\n")
     print("\n## Every row\n")
     print("Cells: fits or **OVER**, largest rank peak / device memory, simulated step time (ms); "
           "`r2`: the ILP recomputes (some micro-batches of) 2 stages; `none (infeasible)`: "
