@@ -66,6 +66,20 @@ SPAWN_BACKOFF_S = 3.0
 SPAWN_BACKOFF_MAX_S = 60.0
 
 
+def _shutdown_fault(exc: Exception, what: str, then: str) -> None:
+    """One line for a store that refuses a write at shutdown (read-only, full, gone): the
+    cause, the driver's words, what happens instead. Anything else is a bug: its traceback."""
+    from planner.api.errors import STORAGE_CAUSES, classify_storage_error
+
+    cause = classify_storage_error(exc)
+    if cause is None:
+        log.exception("%s", what)
+        return
+    orig = getattr(exc, "orig", None) or exc
+    detail = " ".join(str(orig).split())[:200]
+    log.error("%s: %s (%s); %s", what, STORAGE_CAUSES[cause], detail, then)
+
+
 class JobManager:
     def __init__(
         self,
@@ -130,12 +144,14 @@ class JobManager:
             try:
                 self.store.requeue(r.job.id, "the server shut down during this attempt; "
                                    "re-queued", self.instance_id, count_attempt=False)
-            except Exception:  # the database is gone: the lease expires and others take it
-                log.exception("could not re-queue job %s at shutdown", r.job.id)
+            except Exception as e:  # the database is gone: the lease expires and others take it
+                _shutdown_fault(e, f"could not re-queue job {r.job.id} at shutdown",
+                                "it is re-queued once this instance's lease expires")
         try:
             self.store.deregister_instance(self.instance_id)
-        except Exception:
-            log.exception("could not give up the lease of instance %s", self.instance_id)
+        except Exception as e:
+            _shutdown_fault(e, f"could not give up the lease of instance {self.instance_id}",
+                            "it expires by itself")
         self._thread = None  # wake() is a no-op from here on: the pipe is closed
         os.close(self._wake_r)
         os.close(self._wake_w)
