@@ -73,22 +73,29 @@ def error_response(
 
 
 # Storage faults: cause -> what it means to a person. Classified from the driver's own error.
-DISK_FULL, READ_ONLY, UNREACHABLE, BUSY, FAILING = (
-    "disk_full", "read_only", "unreachable", "busy", "failing")
+DISK_FULL, READ_ONLY, UNREACHABLE, BUSY, NO_TABLES, FAILING = (
+    "disk_full", "read_only", "unreachable", "busy", "no_tables", "failing")
 STORAGE_CAUSES = {
     DISK_FULL: "the database's disk is full",
     READ_ONLY: "the database is read-only",
     UNREACHABLE: "the database cannot be opened or reached",
     BUSY: "the database is locked by another writer",
+    # A PostgreSQL database dropped and created again under the service (or its tables
+    # dropped): each statement failed with UndefinedTable, a 500 before.
+    NO_TABLES: "the database has lost the service's tables (dropped and created again?); "
+    "restore it, or restart the service to make them anew",
     FAILING: "the database failed",
 }
 STORAGE_RETRY_AFTER_S = 5
 # sqlite3's messages and PostgreSQL's SQLSTATEs (psycopg puts them on `sqlstate`).
 _SQLITE_TEXT = (("database or disk is full", DISK_FULL), ("no space left", DISK_FULL),
                 ("readonly database", READ_ONLY), ("read-only", READ_ONLY),
-                ("unable to open", UNREACHABLE), ("database is locked", BUSY))
+                ("unable to open", UNREACHABLE), ("database is locked", BUSY),
+                ("no such table", NO_TABLES))
+# 3D000: the database does not exist (dropped); 42P01: a table does not exist.
 _SQLSTATES = {"53100": DISK_FULL, "25006": READ_ONLY, "57P01": UNREACHABLE,
-              "57P02": UNREACHABLE, "57P03": UNREACHABLE}
+              "57P02": UNREACHABLE, "57P03": UNREACHABLE, "3D000": UNREACHABLE,
+              "42P01": NO_TABLES}
 
 
 def public_detail(exc: BaseException) -> str:
