@@ -7,7 +7,8 @@ gradients included). For each lifetime the table gives the store-all peak above 
 the `auto` plan at start + 26.0 MiB (start: what is resident before the step's first op:
 parameters, buffers, inputs, optimizer state, and gradients when they live all step).
 
-    .venv/bin/python benchmarks/gradient_lifetime.py [--time-limit 30] [--above-mib 26.0]
+    .venv/bin/python benchmarks/gradient_lifetime.py [--time-limit 30] [--above-mib 26.0] \
+        [--write docs/gradient_lifetime.md]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import machine  # noqa: E402
+from results import machine, write_sections  # noqa: E402
 
 from planner.core.budget import format_bytes  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
@@ -33,7 +34,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--above-mib", default="26,32", help="budgets: MiB above the start")
+    parser.add_argument("--write", type=Path, default=None,
+                        help="also write the table into this page's measured section")
     args = parser.parse_args()
+    lines: list[str] = []
+
+    def show(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     above = [float(x) for x in args.above_mib.split(",")]
 
     import torch
@@ -45,10 +54,10 @@ def main() -> None:
     from planner.zoo import gpt
 
     torch.set_num_threads(1)
-    print(f"machine: {machine()}")
-    print("6-layer GPT (batch 8, context 128, dim 256, SGD); start = what is resident before "
-          "the step under zero_grad(set_to_none=True): parameters, buffers, inputs")
-    print(f"auto with --time-limit {args.time_limit:g}; peaks and budgets in MiB above the start\n")
+    show(f"machine: {machine()}")
+    show("6-layer GPT (batch 8, context 128, dim 256, SGD); start = what is resident before "
+         "the step under zero_grad(set_to_none=True): parameters, buffers, inputs")
+    show(f"auto with --time-limit {args.time_limit:g}; peaks and budgets in MiB above the start\n")
     graphs = {}
     for lifetime in ("step", "backward"):
         model, inputs = gpt(batch_size=8, context=128, dim=256, layers=6)
@@ -58,8 +67,8 @@ def main() -> None:
     cols = " | ".join(f"auto at +{a:g}" for a in above)
     header = (f"| gradient lifetime | charged from the first op | held from backward | "
               f"store-all peak | least baseline peak | {cols} |")
-    print(header)
-    print("|---" * (header.count("|") - 1) + "|")
+    show(header)
+    show("|---" * (header.count("|") - 1) + "|")
     for lifetime, graph in graphs.items():
         memory = step_memory(graph)
         least = min(simulate(graph, fn(graph, None)).peak_bytes for fn in BASELINES.values())
@@ -74,10 +83,12 @@ def main() -> None:
             else:
                 cells.append(f"{plan.status.value} ({wall:.0f} s)")
         label = f"{lifetime} (default)" if lifetime == default else lifetime
-        print(f"| {label} | {format_bytes(memory.start_bytes - start)} | "
-              f"{format_bytes(sum(memory.held_from_node.values()))} | "
-              f"{(store_all_peak_bytes(graph) - start) / MIB:.2f} | "
-              f"{(least - start) / MIB:.2f} | {' | '.join(cells)} |")
+        show(f"| {label} | {format_bytes(memory.start_bytes - start)} | "
+             f"{format_bytes(sum(memory.held_from_node.values()))} | "
+             f"{(store_all_peak_bytes(graph) - start) / MIB:.2f} | "
+             f"{(least - start) / MIB:.2f} | {' | '.join(cells)} |")
+    if args.write:  # the table (the page's summary) in place, the notes around it kept
+        write_sections(args.write, {"measured": lines}, title="Gradient lifetime on a traced GPT")
 
 
 if __name__ == "__main__":
