@@ -40,6 +40,7 @@ from fidelity_solve import (
     store_all_peak_bytes,
     with_least,
 )
+from results import write_json
 
 Row = dict[str, Any]
 
@@ -100,7 +101,7 @@ def run_fidelity(config: RunConfig, out_path: Path | None = None, argv: list[str
         rows.append(row)
         info["wall_s"] = round(time.perf_counter() - started, 1)
         if out_path is not None:
-            out_path.write_text(json.dumps({"info": info, "rows": rows}, indent=1, default=str))
+            write_json(out_path, {"info": info, "rows": rows})
         if on_row is not None:
             on_row(row)
         else:
@@ -126,7 +127,7 @@ def run_fidelity(config: RunConfig, out_path: Path | None = None, argv: list[str
         pool.shutdown(wait=False, cancel_futures=True)
     info["wall_s"] = round(time.perf_counter() - started, 1)
     if out_path is not None:
-        out_path.write_text(json.dumps({"info": info, "rows": rows}, indent=1, default=str))
+        write_json(out_path, {"info": info, "rows": rows})
     return {"info": info, "rows": rows}
 
 

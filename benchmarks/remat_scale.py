@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from results import write_doc
+from results import append_json_line, write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 RANDOM_ROWS = {f"random{n}": n for n in (500, 1000, 2000, 5000)}
@@ -324,8 +324,7 @@ def main() -> int:
             if r is None:
                 graph = graph or load_row_graph(name, args.cache)
                 r = run_row(graph, name, frac, args.time_limit, args.threads)
-                with results_path.open("a") as f:
-                    f.write(json.dumps(r) + "\n")
+                append_json_line(results_path, r)
             lines.append(format_row(r))
             print(lines[-1], flush=True)
     if args.write is not None:

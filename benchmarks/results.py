@@ -14,7 +14,9 @@ A benchmark prints its tables to stdout as it goes; asked to (`--write`, `--writ
   `summary` section, near the top of the page. A section the page lacks is appended; a missing
   page is created with `title`. An old page's `<!-- NAME -->` without its closing marker runs to
   the end of the page;
-- `write_json(path, data)`: results as JSON (indent 1; what JSON lacks written as `str`).
+- `write_json(path, data)`: results as JSON (indent 1; what JSON lacks written as `str`);
+  `append_json_line(path, record)`: one record more in a JSON-lines file, written as it comes
+  (a long run that stops keeps what it measured and can resume).
 """
 
 from __future__ import annotations
@@ -78,3 +80,9 @@ def write_sections(path: Path, sections: Mapping[str, str | Sequence[str]],
 def write_json(path: Path, data: Any) -> None:
     """Results as JSON, for scripts that read them back or for a run's record."""
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def append_json_line(path: Path, record: Any) -> None:
+    """One record more at the end of a JSON-lines file."""
+    with path.open("a") as f:
+        f.write(json.dumps(record, default=str) + "\n")

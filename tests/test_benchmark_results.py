@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from results import write_json, write_page, write_sections  # noqa: E402
+from results import append_json_line, write_json, write_page, write_sections  # noqa: E402
 
 
 def test_sections_replaced_in_place_and_prose_kept(tmp_path: Path) -> None:
@@ -42,3 +42,7 @@ def test_whole_page_and_json(tmp_path: Path) -> None:
     assert (tmp_path / "new" / "page.md").read_text() == "# T\n\n| x |\n"
     write_json(tmp_path / "r.json", {"path": tmp_path})
     assert json.loads((tmp_path / "r.json").read_text()) == {"path": str(tmp_path)}
+    for k in (1, 2):
+        append_json_line(tmp_path / "r.jsonl", {"row": k})
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [{"row": 1}, {"row": 2}]
