@@ -90,7 +90,7 @@ def test_each_entry_point_says_the_field_in_its_own_words() -> None:
     assert str(in_cli_words(_error(budget="1GiB", time_limit="inf"))).startswith(
         "--time-limit: inf: must be a finite number")
     backend = _error(budget="1GiB", method="milp", options={"backend": "bogus"})
-    assert str(in_cli_words(backend)).startswith("--backend: 'bogus' is not one of")
+    assert str(in_cli_words(backend)).startswith("--option backend: 'bogus' is not one of")
     # JSON's words are the request's; a sweep names the budget of its list.
     assert str(_error(budget="1.5").renamed({"budget": "budgets[2]"})).startswith(
         "budgets[2]: '1.5'")

@@ -2,9 +2,10 @@
 POST /v1/plans.
 
 The body says the pipeline in its own words (devices, device_memory, microbatches, schedule,
-method dp / ilp / a balanced split, chunks, split, ZeRO sharding); the route translates it into
-a plan request (method `pipeline-<method>`, the machine as resources, the device memory as the
-budget, chunks and split as options; with `zero`/`dp` the graph's model state is sharded first,
+method dp / ilp / a balanced split, chunks, split, ZeRO sharding, and the method's `options` as
+/v1/plans takes them); the route translates it into a plan request (method `pipeline-<method>`,
+the machine as resources, the device memory as the budget, chunks and split as options, beside
+the options given; with `zero`/`dp` the graph's model state is sharded first,
 so the plan is for the sharded graph) and submits it as /v1/plans does: 202 with the job's url,
 or 200 with the plan (kind pipeline, simulated per rank) once it is done or solved before
 (`?wait=`). When nothing fits, the plan's status is infeasible and its
@@ -47,10 +48,13 @@ from planner.api.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
 from planner.api.schemas import JobAccepted, PlanRequest
 from planner.core.budget import MIN_PLAIN_BYTES
 from planner.core.errors import InputError
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.solvers.pipeline.schedules import SCHEDULES
 
 MAX_TIME_LIMIT_S = 30.0
-DEFAULT_TIME_LIMIT_S = 10.0  # or the server's cap (max_time_limit_s) when that is lower
+# A pipeline plan's default (planner.core.limits), or the server's cap when that is lower.
+DEFAULT_TIME_LIMIT_S = DEFAULT_PIPELINE_TIME_LIMIT_S
+MAX_CHUNKS = 16
 PARTITIONERS = ("dp", "ilp", "param-balanced", "layer-balanced", "compute-balanced")
 # Names the schema lists; validation keeps plain strings, so a wrong one gets the route's own
 # message with the list (`method: no partitioner ...`).
@@ -121,7 +125,7 @@ class PartitionRequest(BaseModel):
     method: PartitionerName = Field(default="dp", description="dp, ilp, param-balanced, "
                               "layer-balanced or compute-balanced (or the method's own name: "
                               "pipeline-dp, ...).")
-    chunks: StrictInt = Field(default=2, ge=2, le=16, description="Stages per rank "
+    chunks: StrictInt = Field(default=2, ge=2, le=MAX_CHUNKS, description="Stages per rank "
                               "(interleaved).")
     split: list[StrictStr] | None = Field(default=None, description="Your own split: the layers "
                                           "that start stages 1.. (checked and simulated).")
@@ -131,6 +135,11 @@ class PartitionRequest(BaseModel):
     time_limit: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=MAX_TIME_LIMIT_S,
                               allow_inf_nan=False, description="Seconds for the ILP (default "
                               f"{DEFAULT_TIME_LIMIT_S:g}, or the server's cap when lower).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="The pipeline method's options, as in POST /v1/plans "
+        "(GET /v1/methods: chunks, split, schedules), checked at submission by the same "
+        "resolution; one the body's own field gives too (chunks, split, schedule auto) is a "
+        "422.")
 
     _resources = field_validator("resources", mode="before")(resources_as_json_schema_reads)
     # 4.0 is 4 (a JSON Schema integer); 4.5, "4" and true are still refused.
@@ -226,11 +235,7 @@ def plan_request(body: PartitionRequest) -> PlanRequest:
             resources[key] = value
     if "device_count" not in resources and "preset" not in resources:
         raise InputError("how many devices (pipeline ranks)? e.g. 4", field="devices")
-    options: dict[str, Any] = {"chunks": body.chunks}
-    if body.split is not None:
-        options["split"] = ",".join(body.split)
-    if auto:
-        options["schedules"] = "auto"
+    options = _options(body, auto)
     try:
         return PlanRequest(graph=_sharded(body), budget=body.device_memory, resources=resources,
                            method=pipeline_method(body.method).name, time_limit=body.time_limit,
@@ -240,6 +245,28 @@ def plan_request(body: PartitionRequest) -> PlanRequest:
         field = ".".join(str(p) for p in first.get("loc", ()))
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         raise InputError(message, field=field or "body") from None
+
+
+def _options(body: PartitionRequest, auto: bool) -> dict[str, Any]:
+    """The plan request's options: the body's `options` with chunks, split and schedule auto of
+    its own fields (chunks always: the request's key is as before); an option given both ways
+    is an error naming it."""
+    options = dict(body.options)
+    given = {"chunks": ("chunks", body.chunks if "chunks" in body.model_fields_set else None),
+             "split": ("split", None if body.split is None else ",".join(body.split)),
+             "schedules": ("schedule", "auto" if auto else None)}
+    for key, (name, value) in given.items():
+        if value is None:
+            continue
+        if key in options:
+            raise InputError(f"given twice, as {name} and as options.{key}; give one",
+                             field=f"options.{key}")
+        options[key] = value
+    options.setdefault("chunks", body.chunks)
+    chunks = options["chunks"]
+    if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > MAX_CHUNKS:
+        raise InputError(f"{chunks} is above {MAX_CHUNKS}", field="options.chunks")
+    return options
 
 
 def _sharded(body: PartitionRequest) -> dict[str, Any]:

@@ -1,15 +1,20 @@
 """Options shared by several commands: the machine a plan is for (`--resources`), the memory
-budget (`--budget`, one grammar with the REST API) and the solver's time limit (`--time-limit`,
-validated once by `planner.core.limits`); and the CLI's words for the request's fields
-(`planner.engine.request`): an error about field `budget` says `--budget` here."""
+budget (`--budget`, one grammar with the REST API), the solver's time limit (`--time-limit`,
+validated once by `planner.core.limits`) and the method's options (`--option KEY=VALUE`, typed
+from the method's spec by `planner.engine.options`); and the CLI's words for the request's
+fields (`planner.engine.request`): an error about field `budget` says `--budget` here, one about
+`options.slots` says `--option slots`."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S, DEFAULT_TIME_LIMIT_S
 
 if TYPE_CHECKING:
     from planner.core.errors import InputError
@@ -36,16 +41,16 @@ CLI_FIELDS = {
     "precision": "--precision",
     "config_overrides": "--config",  # trace: a Hugging Face model's config fields
 }
-# Whole fields with a flag of their own: `solve --backend` gives options.backend.
-CLI_WHOLE_FIELDS = {"options.backend": "--backend"}
+OPTION_FLAG = "--option"
 
 
 def in_cli_words(err: InputError) -> InputError:
-    """`err` with its request field said as the flag that gives it (`budget` -> `--budget`)."""
-    if err.field in CLI_WHOLE_FIELDS:
+    """`err` with its request field said as the flag that gives it (`budget` -> `--budget`,
+    `options.slots` -> `--option slots`)."""
+    if err.field is not None and err.field.startswith("options."):
         from planner.core.errors import InputError
 
-        return InputError(err.detail, field=CLI_WHOLE_FIELDS[err.field])
+        return InputError(err.detail, field=f"{OPTION_FLAG} {err.field.removeprefix('options.')}")
     return err.renamed(CLI_FIELDS)
 
 
@@ -85,6 +90,52 @@ TimeLimitPerBudgetOpt = Annotated[
 OptionalTimeLimitOpt = Annotated[
     float | None, _time_limit_option(TIME_LIMIT_HELP + "; default: the server's")
 ]
+# The request's default when not given (planner.engine.request.default_time_limit_s).
+RequestTimeLimitOpt = Annotated[
+    float | None, _time_limit_option(
+        TIME_LIMIT_HELP + f"; default {DEFAULT_TIME_LIMIT_S:g} (a pipeline method: "
+        f"{DEFAULT_PIPELINE_TIME_LIMIT_S:g})")
+]
+
+
+OptionsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        OPTION_FLAG, "-O", metavar="KEY=VALUE",
+        help="A method option, repeatable, typed as the method's spec says (`planner-cli "
+        "methods` lists each method's options and values): e.g. --option space=compiled, "
+        "--option slots=100, --option hint=false, --option max_computations=null",
+    ),
+]
+
+
+def method_options(items: list[str] | None, method: str,
+                   flags: Mapping[str, tuple[str, object]] | None = None) -> dict[str, Any]:
+    """`--option KEY=VALUE` items as `method`'s options, typed from its spec
+    (planner.engine.options.options_from_text); `flags`: option -> (flag, value) for options a
+    flag of their own gives (`{"backend": ("--backend", "highs")}`), taken when the value is not
+    None. InputError naming `--option KEY` (in_cli_words): a malformed item, an unknown key
+    (with the method's options), a bad value (with the values it takes), a key given twice."""
+    from planner.core.errors import InputError
+    from planner.engine.options import options_from_text
+
+    pairs: list[tuple[str, str]] = []
+    for item in items or []:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise InputError(f"{item!r}: expected KEY=VALUE, e.g. {OPTION_FLAG} space=compiled "
+                             "(each method's options: planner-cli methods)", field=OPTION_FLAG)
+        pairs.append((key, text))
+    options = options_from_text(method, pairs)
+    for key, (flag, value) in (flags or {}).items():
+        if value is None:
+            continue
+        if key in options:
+            raise InputError(f"given twice, as {flag} and as {OPTION_FLAG} {key}=...; give one",
+                             field=f"options.{key}")
+        options[key] = value
+    return options
 
 
 def resources_input(value: str | None) -> Path | str | None:

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 
-from planner.cli.options import ResourcesOpt, resolve_resources
+from planner.cli.options import OptionsOpt, ResourcesOpt, method_options, resolve_resources
 from planner.cli.output import console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.core.model_state import Optimizer, Precision
 from planner.core.resources import PipelineSchedule
 
@@ -32,9 +33,6 @@ FLAGS = {"global_batch": "--global-batch", "devices": "--devices", "microbatches
          "schedule": "--schedule", "chunks": "--chunks", "zero": "--zero", "dp": "--dp",
          "optimizer": "--optimizer", "precision": "--precision", "plan": "--plan",
          "host_memory": "--host-memory"}
-
-
-DEFAULT_TIME_LIMIT_S = 10.0
 
 
 def _flags(graph_path: Path) -> dict[str, str]:
@@ -82,7 +80,9 @@ def partition_cmd(
     device_memory: Annotated[
         str | None, typer.Option("--device-memory", help="Memory per device: 80GiB, 40GB, bytes")
     ] = None,
-    microbatches: Annotated[int | None, typer.Option("--microbatches", "-m")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option("--microbatches", help="Micro-batches a step")
+    ] = None,
     schedule: Annotated[
         str | None,
         typer.Option("--schedule", metavar=SCHEDULE_METAVAR, callback=_schedule_choice,
@@ -95,21 +95,26 @@ def partition_cmd(
                      "size b) runs global batch / b micro-batches; the fastest is chosen"),
     ] = None,
     method: Annotated[
-        str, typer.Option("--method", help="dp, ilp, whole (split + per-stage remat/offload), "
-                          "param-balanced, layer-balanced, compute-balanced")
+        str, typer.Option("--method", "-m", help="dp, ilp, whole (split + per-stage "
+                          "remat/offload), param-balanced, layer-balanced, compute-balanced "
+                          "(or pipeline-dp, ...)")
     ] = "dp",
-    chunks: Annotated[int, typer.Option("--chunks", help="Stages per rank (interleaved)")] = 2,
+    option: OptionsOpt = None,
+    chunks: Annotated[int | None, typer.Option(
+        "--chunks", help="Stages per rank (interleaved; default 2): --option chunks=...")
+    ] = None,
     split: Annotated[
         str | None,
         typer.Option("--split", help="Your own split: the layers that start stages 1.., "
-                     "e.g. h.4,h.8,h.12 (checked and simulated)"),
+                     "e.g. h.4,h.8,h.12 (checked and simulated): --option split=..."),
     ] = None,
     resources: ResourcesOpt = None,
     zero: ZeroOpt = None,
     dp: DpOpt = None,
     time_limit: Annotated[float | None, typer.Option(
-        "--time-limit", help="Solver seconds (default 10; choosing the schedule or micro-batch "
-        "count: for the whole choice, default 2 an option)")] = None,
+        "--time-limit", help=f"Solver seconds (default {DEFAULT_PIPELINE_TIME_LIMIT_S:g}; "
+        "choosing the schedule or micro-batch count: for the whole choice, default 2 an "
+        "option)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="plan.json")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Schedule grid picture")] = None,
     csv_out: Annotated[
@@ -132,7 +137,10 @@ def partition_cmd(
 
     The graph is one micro-batch's training step: trace the model at the micro-batch size
     (batch / --microbatches). With --schedule auto (or a list) the schedule is chosen too; with
-    --global-batch and one graph per micro-batch size, the micro-batch count as well."""
+    --global-batch and one graph per micro-batch size, the micro-batch count as well.
+
+    The method's options (`planner-cli methods`, pipeline-<method>) may be given with --option
+    KEY=VALUE as for `solve`: chunks, split (comma-separated), schedules (as --schedule)."""
     from planner.core.out_files import check_figure_path, check_output_path
     from planner.engine.inputs import load_graph
     from planner.engine.partition import parse_device_memory, partition_plan
@@ -143,6 +151,7 @@ def partition_cmd(
         check_output_path(path, what)  # before the search, not after it
     check_figure_path(plot, "schedule grid")
     graph_path = graph_paths[0]
+    chunks, split, schedule = _with_options(method, option, chunks, split, schedule)
     graphs = [(str(path), load_graph(path)) for path in graph_paths]
     graph = graphs[0][1]
     memory = parse_device_memory(device_memory, "device_memory")
@@ -165,7 +174,8 @@ def partition_cmd(
                                flags=_flags(graph_path), time_limit_s=time_limit, **common)
         _write_and_print(graph, report, output, csv_out, plot, as_json)
         return
-    common["time_limit_s"] = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S
+    common["time_limit_s"] = time_limit if time_limit is not None else \
+        DEFAULT_PIPELINE_TIME_LIMIT_S
     if sweep:
         rows = sweep_partitions(
             graph, microbatch_counts=_csv(sweep_microbatches, "--sweep-microbatches", int),
@@ -182,6 +192,31 @@ def partition_cmd(
     except InputError as e:
         raise e.renamed(_flags(graph_path)) from None
     _write_and_print(graph, report, output, csv_out, plot, as_json)
+
+
+def _with_options(method: str, items: list[str] | None, chunks: int | None, split: str | None,
+                  schedule: str | None) -> tuple[int, str | None, str | None]:
+    """(chunks, split, schedule) from their flags and `--option` items, typed from the
+    pipeline method's spec (planner.engine.options); an option its own flag gives too, or a
+    `schedules` no schedule list allows, is one line naming it."""
+    from planner.engine.partition import pipeline_method
+
+    try:
+        spec = pipeline_method(method)
+    except InputError as e:
+        raise e.renamed(FLAGS) from None
+    flags = {"chunks": ("--chunks", chunks), "split": ("--split", split),
+             "schedules": ("--schedule", schedule)}
+    options = method_options(items, spec.name, flags)
+    defaults = {o.name: o.default for o in spec.option_specs()}
+    chosen = options.get("schedules")
+    if chosen is not None and schedule is None:  # --schedule's own callback checked that one
+        try:
+            _schedule_choice(chosen)
+        except typer.BadParameter as e:
+            raise InputError(str(e), field="options.schedules") from None
+    return (int(options.get("chunks", defaults.get("chunks", 2))), options.get("split"),
+            chosen)
 
 
 def _write_and_print(graph: Graph, report: PartitionReport, output: Path | None,

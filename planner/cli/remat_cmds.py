@@ -9,9 +9,17 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from planner.cli.options import TimeLimitOpt, TimeLimitPerBudgetOpt
+from planner.cli.options import (
+    OptionsOpt,
+    ResourcesOpt,
+    TimeLimitOpt,
+    TimeLimitPerBudgetOpt,
+    method_options,
+    resources_input,
+)
 from planner.cli.output import bytes_text, console, key_value_table, print_json
 from planner.core.budget import format_bytes
+from planner.core.limits import DEFAULT_SWEEP_TIME_LIMIT_S
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 # The MILP backends that minimise a peak (solvers/remat/backends: MIP_BACKENDS less pulp-cbc);
@@ -127,8 +135,17 @@ def sweep_cmd(
         "--budgets", help="start:stop:step fractions of the store-all peak, or a comma list of "
         "budgets (80%, 0.8, 11GiB, bytes ≥ 1000)"
     )] = "0.3:1.0:0.05",
-    method: Annotated[str, typer.Option("--method", "-m")] = "auto",
-    time_limit: TimeLimitPerBudgetOpt = 20.0,
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="See `planner-cli methods`")
+    ] = "auto",
+    option: OptionsOpt = None,
+    resources: ResourcesOpt = None,
+    host_memory: Annotated[
+        str | None,
+        typer.Option("--host-memory", help="Host memory for offloaded tensors, e.g. 256GiB "
+                     "(sets host_memory_bytes of --resources)"),
+    ] = None,
+    time_limit: TimeLimitPerBudgetOpt = DEFAULT_SWEEP_TIME_LIMIT_S,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Parallel processes")] = 2,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Table as CSV")] = None,
     json_path: Annotated[Path | None, typer.Option("--json-out", help="Table as JSON")] = None,
@@ -137,18 +154,23 @@ def sweep_cmd(
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Solve a range of budgets in parallel; overhead never rises with the budget."""
+    """Solve a range of budgets in parallel; overhead never rises with the budget.
+
+    One request as `solve` makes it (method, --option, --resources, --host-memory), solved at
+    each budget."""
     from rich.table import Table
 
     from planner.core.errors import InputError
     from planner.core.out_files import check_figure_path, check_output_path, write_text
     from planner.engine.inputs import load_graph
-    from planner.engine.request import check_method
-    from planner.engine.sweep import parse_budgets, run_sweep
+    from planner.engine.request import check_method, resolve_resources
+    from planner.engine.sweep import parse_budgets, run_sweep, sweep_request
     from planner.solvers.baselines import store_all_peak_bytes
 
+    options = method_options(option, method)
+    check_method(method, options)  # unknown method or option: one line, before any process
+    machine = resolve_resources(resources_input(resources))  # before the graph is read
     graph = load_graph(graph_path)
-    check_method(method)  # unknown method: one line, before any process starts
     check_output_path(csv_path, "CSV")  # bad output paths too, before the sweep's work
     check_output_path(json_path, "JSON table")
     check_figure_path(png_path, "Pareto plot")
@@ -157,9 +179,11 @@ def sweep_cmd(
         points_in = parse_budgets(budgets, store_all)
     except InputError as e:  # each budget of the list is said as the field `budget`
         raise e.renamed({"budget": "--budgets"}) from None
+    request = sweep_request(graph, points_in, method=method, options=options, resources=machine,
+                            host_memory=host_memory, time_limit=time_limit,
+                            graph_where=str(graph_path))
     with sweep_progress(len(points_in), time_limit, jobs, quiet=as_json) as on_done:
-        points = run_sweep(graph, points_in, method=method, time_limit_s=time_limit, jobs=jobs,
-                           on_done=on_done)
+        points = run_sweep(request, points_in, jobs=jobs, on_done=on_done)
     rows = _sweep_rows(points)
     if csv_path is not None:
         import csv
@@ -174,6 +198,8 @@ def sweep_cmd(
         import json
 
         write_text(json_path, json.dumps({"graph": str(graph_path), "method": method,
+                                          "options": options,
+                                          "resources": request.resources_document(),
                                           "store_all_peak_bytes": store_all, "points": rows},
                                          indent=1))
     if png_path is not None:

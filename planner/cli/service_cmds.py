@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from planner.cli.options import BUDGET_HELP, OptionalTimeLimitOpt
+from planner.cli.options import BUDGET_HELP, OptionalTimeLimitOpt, OptionsOpt, method_options
 from planner.cli.output import (
     bytes_text,
     console,
@@ -136,17 +136,24 @@ def submit(
     budget: Annotated[str, typer.Option("--budget", "-b", help=BUDGET_HELP)],
     server: ServerOpt = DEFAULT_SERVER,
     method: Annotated[str, typer.Option("--method", "-m")] = "auto",
+    option: OptionsOpt = None,
     time_limit: OptionalTimeLimitOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Poll until the plan is finished.")] = False,
     output: OutputOpt = None,
     token: TokenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Send a graph and a budget to the service; with --wait, poll and print the plan summary."""
+    """Send a graph and a budget to the service; with --wait, poll and print the plan summary.
+
+    --option KEY=VALUE as for `solve`: typed from the method's spec here (the service checks
+    them again), a method only the service knows (a plugin) takes JSON values."""
     from planner.core.io import read_json
 
+    options = method_options(option, method)  # a typo is one line before anything is sent
     document = read_json(graph_path)
     body: dict[str, Any] = {"graph": document, "budget": _budget_value(budget), "method": method}
+    if options:
+        body["options"] = options
     if time_limit is not None:
         body["time_limit"] = time_limit
     with _client(server, token) as client:

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from planner.cli.options import BUDGET_HELP, ResourcesOpt, TimeLimitOpt, resources_input
+from planner.cli.options import (
+    BUDGET_HELP,
+    OptionsOpt,
+    RequestTimeLimitOpt,
+    ResourcesOpt,
+    TimeLimitOpt,
+    method_options,
+    resources_input,
+)
 from planner.cli.output import console, key_value_table, print_json
 from planner.core.budget import format_bytes
 from planner.core.errors import InputError, NoPlanFits
@@ -195,7 +203,7 @@ def solve_cmd(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="plan.json to write")
     ] = None,
-    time_limit: TimeLimitOpt = 60.0,
+    time_limit: RequestTimeLimitOpt = None,
     threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: JsonFlag = False,
@@ -204,9 +212,11 @@ def solve_cmd(
         typer.Option(
             "--backend",
             help="Solver for milp (cpsat, scip, highs, cbc, pulp-cbc), lp-rounding "
-            "(highs-lp, glop, pdlp) or offload-milp (scip, highs, cbc, cpsat)",
+            "(highs-lp, glop, pdlp) or offload-milp (scip, highs, cbc, cpsat): the same as "
+            "--option backend=...",
         ),
     ] = None,
+    option: OptionsOpt = None,
     resources: ResourcesOpt = None,
     host_memory: Annotated[
         str | None,
@@ -217,18 +227,27 @@ def solve_cmd(
         ),
     ] = None,
 ) -> None:
-    """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does)."""
+    """Find a plan within the budget; exit 3 when none fits (with the smallest budget that does).
+
+    The method's options (`planner-cli methods`) are given with --option KEY=VALUE, e.g.
+    `--method auto --option space=compiled`."""
     from planner.core.out_files import check_output_path
     from planner.engine.inputs import load_graph
     from planner.engine.request import resolve_request, resolve_resources
 
     check_output_path(output, "plan")  # said before the solve, not after it
-    machine = resolve_resources(resources_input(resources))  # said before the graph is read
-    request = resolve_request(
-        load_graph(graph_path), budget, resources=machine,
-        host_memory=host_memory, method=method, options={"backend": backend} if backend else None,
-        time_limit=time_limit, threads=threads, seed=seed, graph_where=str(graph_path),
-    )
+    try:
+        options = method_options(option, method, {"backend": ("--backend", backend)})
+        machine = resolve_resources(resources_input(resources))  # before the graph is read
+        request = resolve_request(
+            load_graph(graph_path), budget, resources=machine, host_memory=host_memory,
+            method=method, options=options, time_limit=time_limit, threads=threads, seed=seed,
+            graph_where=str(graph_path),
+        )
+    except InputError as e:  # options.backend given by --backend: said as that flag
+        if backend is not None and e.field == "options.backend":
+            raise InputError(e.detail, field="--backend") from None
+        raise
     run_solve(request, str(graph_path), output, as_json)
 
 

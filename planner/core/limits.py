@@ -3,6 +3,16 @@
 A limit must be a finite number of seconds, more than 0 and at most `MAX_TIME_LIMIT_S` (one
 day): `inf` would overflow the solver back-ends' integer clocks, `nan` compares false with
 everything (so no deadline would ever pass), and 0 leaves no time to find any plan.
+
+The default when a request gives none is one constant per plan kind, all of them here (every
+entry point and the solvers read them; `planner.engine.request.default_time_limit_s` picks by
+the method). A remat or offload method searches until its limit, its exact models proving a
+bound as they go: `DEFAULT_TIME_LIMIT_S`. A pipeline partitioner's limit is a budget of counted
+work that decides which splits it tries (the same request gives the same plan), its search
+settles within seconds and `partition` is interactive: `DEFAULT_PIPELINE_TIME_LIMIT_S` (one
+60 s default would make a partition that uses its whole budget six times slower and change the
+plans that requests without a time limit get today). A sweep solves many budgets:
+`DEFAULT_SWEEP_TIME_LIMIT_S` each.
 """
 
 from __future__ import annotations
@@ -11,9 +21,13 @@ import math
 
 from planner.core.errors import InputError
 
-__all__ = ["MAX_TIME_LIMIT_S", "check_time_limit"]
+__all__ = ["DEFAULT_PIPELINE_TIME_LIMIT_S", "DEFAULT_SWEEP_TIME_LIMIT_S",
+           "DEFAULT_TIME_LIMIT_S", "MAX_TIME_LIMIT_S", "check_time_limit"]
 
 MAX_TIME_LIMIT_S = 86_400.0  # one day; a server may cap it lower (max_time_limit_s)
+DEFAULT_TIME_LIMIT_S = 60.0  # a plan of kind remat, offload or remat+offload
+DEFAULT_PIPELINE_TIME_LIMIT_S = 10.0  # a plan of kind pipeline (a partition)
+DEFAULT_SWEEP_TIME_LIMIT_S = 20.0  # each budget of a sweep (many solves, jobs at a time)
 
 
 def check_time_limit(value: object, name: str = "time_limit") -> float:

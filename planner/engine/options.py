@@ -4,16 +4,25 @@ Each built-in method declares its options as a dataclass next to its function
 (planner.solvers.spec); the service checks them at submission (a bad option is a 422 then,
 not a failed job a minute later) and the CLI before solving. Plugin methods (registered
 "module:function") define their own and are not checked.
+
+Options written as text (the CLI's `--option KEY=VALUE`) are typed here from the method's spec
+(`options_from_text`): `true`/`false` for a boolean, digits for an integer, the text for a
+string or a choice, `null` where null is a value of its own; a plugin's values are read as JSON
+(`12`, `true`, `"x"`), else kept as text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from planner.core.errors import InputError
 from planner.engine.registry import method_spec, method_specs
 from planner.solvers.spec import OptionSpec
 
-__all__ = ["METHOD_OPTIONS", "OptionSpec", "check_options", "describe_options"]
+__all__ = ["METHOD_OPTIONS", "OptionSpec", "check_options", "describe_options",
+           "option_from_text", "options_from_text"]
 
 
 def _method_options() -> dict[str, tuple[OptionSpec, ...]]:
@@ -41,3 +50,61 @@ def describe_options(method: str) -> dict[str, str]:
     options or a plugin)."""
     spec = method_spec(method)
     return {} if spec is None else spec.option_help()
+
+
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+NULL_WORDS = ("null", "none")
+
+
+def option_from_text(spec: OptionSpec, text: str, where: str) -> object:
+    """`text` as the value option `spec` takes (checked: range, choices), or InputError with
+    field `where` saying what it expected."""
+    word = text.strip()
+    if spec.nullable and word.lower() in NULL_WORDS:
+        return None
+    value: object
+    if spec.kind == "bool":
+        if word.lower() in TRUE_WORDS:
+            value = True
+        elif word.lower() in FALSE_WORDS:
+            value = False
+        else:
+            raise InputError(f"{text!r} is not a boolean; {spec.expected()}", field=where)
+    elif spec.kind == "int":
+        try:
+            value = int(word.replace("_", ""))
+        except ValueError:
+            raise InputError(f"{text!r} is not an integer; {spec.expected()}",
+                             field=where) from None
+    else:
+        value = word
+    spec.check(value, where)
+    return value
+
+
+def options_from_text(method: str, items: Iterable[tuple[str, str]],
+                      where: str = "options") -> dict[str, Any]:
+    """(key, text) pairs as `method`'s options, each typed from its spec; InputError (field
+    "options.<key>") naming an unknown key with the method's options, a bad value with the
+    values it takes, or a key given twice. A plugin's (or an unknown method's, refused later
+    by the method check) values are read as JSON, else kept as text."""
+    spec = method_spec(method)
+    specs = {} if spec is None else {s.name: s for s in spec.option_specs()}
+    out: dict[str, Any] = {}
+    for key, text in items:
+        field = f"{where}.{key}"
+        if key in out:
+            raise InputError("given twice", field=field)
+        if spec is None:
+            try:
+                out[key] = json.loads(text)
+            except ValueError:
+                out[key] = text
+            continue
+        option = specs.get(key)
+        if option is None:
+            spec.check_options({key: None}, where)  # "method 'x' has no option 'k' (...)"
+        assert option is not None
+        out[key] = option_from_text(option, text, field)
+    return out

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from planner.core.budget import format_bytes, parse_budget_spec
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.core.pipeline_actions import PipelineOp, PipelineStage
 from planner.core.plan import Plan, PlanKind, PlanStatus, graph_reference, relative_gap
 from planner.core.resources import Resources
@@ -268,7 +269,7 @@ def partition_plan(
     resources: Resources | None = None,
     zero_stage: int | None = None,
     dp: int | None = None,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = DEFAULT_PIPELINE_TIME_LIMIT_S,
     split: list[str] | None = None,
     threads: int = 2,
     problems: dict[tuple[object, ...], PipelineProblem] | None = None,

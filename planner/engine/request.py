@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from planner.core.budget import MAX_BUDGET_BYTES, parse_budget_spec
 from planner.core.errors import InputError
-from planner.core.limits import check_time_limit
+from planner.core.limits import (
+    DEFAULT_PIPELINE_TIME_LIMIT_S,
+    DEFAULT_TIME_LIMIT_S,
+    check_time_limit,
+)
 from planner.core.resources import Resources, load_resources, resources_from_dict
 
 if TYPE_CHECKING:
@@ -31,15 +35,15 @@ if TYPE_CHECKING:
     from planner.engine.progress import ProgressFn
 
 __all__ = [
-    "DEFAULT_TIME_LIMIT_S", "REQUEST_FIELDS", "RequestGraph", "ResolvedRequest", "ResourcesInput",
-    "check_method", "request_graph", "resolve_budget", "resolve_request", "resolve_resources",
-    "stored_request", "with_host_memory",
+    "DEFAULT_PIPELINE_TIME_LIMIT_S", "DEFAULT_TIME_LIMIT_S", "REQUEST_FIELDS", "RequestGraph",
+    "ResolvedRequest", "ResourcesInput", "check_method", "default_time_limit_s", "request_graph",
+    "resolve_budget", "resolve_request", "resolve_resources", "stored_request",
+    "with_host_memory",
 ]
 
 # The fields a request has, in the request's own words; errors name one of them.
 REQUEST_FIELDS = ("graph", "budget", "resources", "host_memory", "method", "options",
                   "time_limit", "threads", "seed")
-DEFAULT_TIME_LIMIT_S = 60.0
 # A preset name, a resources.json document, a resources.json file, or Resources.
 ResourcesInput = Resources | Mapping[str, Any] | str | Path | None
 
@@ -113,7 +117,7 @@ def resolve_request(
     host_memory: str | int | None = None,
     method: str = "auto",
     options: Mapping[str, Any] | None = None,
-    time_limit: object = DEFAULT_TIME_LIMIT_S,
+    time_limit: object = None,
     threads: int = 2,
     seed: int = 0,
     graph_where: str = "graph",
@@ -121,7 +125,8 @@ def resolve_request(
 ) -> ResolvedRequest:
     """Resolve every field of a request once, in a fixed order (method and options, machine,
     budget, the offload pre-check, time limit): InputError naming the first field at fault.
-    Without a budget the machine's device memory is the budget. `graph_where` names the graph in
+    Without a budget the machine's device memory is the budget; without a time limit, the
+    default of the method's plan kind (`default_time_limit_s`). `graph_where` names the graph in
     errors about it (a path for the CLI); `method_here=False`: the method runs elsewhere (a
     service, which may have plugins) and is checked there."""
     source = request_graph(graph, graph_where)
@@ -139,10 +144,22 @@ def resolve_request(
         method=method,
         options=options,
         resources=machine,
-        time_limit_s=check_time_limit(time_limit, "time_limit"),
+        time_limit_s=default_time_limit_s(method) if time_limit is None
+        else check_time_limit(time_limit, "time_limit"),
         threads=threads,
         seed=seed,
     )
+
+
+def default_time_limit_s(method: str) -> float:
+    """The time limit of a request that gives none (planner.core.limits says why two): a
+    pipeline method's `DEFAULT_PIPELINE_TIME_LIMIT_S`, any other's (a plugin's too)
+    `DEFAULT_TIME_LIMIT_S`."""
+    from planner.engine.registry import method_spec
+
+    spec = method_spec(method)
+    return DEFAULT_PIPELINE_TIME_LIMIT_S if spec is not None and spec.pipeline \
+        else DEFAULT_TIME_LIMIT_S
 
 
 def request_graph(

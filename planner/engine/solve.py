@@ -25,7 +25,11 @@ from typing import Any
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph
-from planner.core.limits import check_time_limit
+from planner.core.limits import (
+    DEFAULT_PIPELINE_TIME_LIMIT_S,
+    DEFAULT_TIME_LIMIT_S,
+    check_time_limit,
+)
 from planner.core.plan import (
     Action,
     Plan,
@@ -77,7 +81,7 @@ def solve(
     budget_bytes: int,
     method: str = "auto",
     *,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     threads: int = 2,
     seed: int = 0,
     options: dict[str, Any] | None = None,
@@ -94,9 +98,14 @@ def solve(
     `progress(best_objective, best_bound)` is called as the method's incumbent or bound
     improves (objective non-increasing, bound non-decreasing, bound ≤ objective; the bound is
     at least every node computed once). `known_plans` ((source, actions), e.g. a sweep's plans
-    at smaller budgets) join the plans a claimed bound is checked against."""
+    at smaller budgets) join the plans a claimed bound is checked against. Without
+    `time_limit_s`, the default of the method's plan kind (planner.core.limits)."""
     if budget_bytes < 0:
         raise InputError(f"budget {budget_bytes}: must be ≥ 0 bytes")
+    if time_limit_s is None:
+        spec = method_spec(method)
+        pipeline = spec is not None and spec.pipeline
+        time_limit_s = DEFAULT_PIPELINE_TIME_LIMIT_S if pipeline else DEFAULT_TIME_LIMIT_S
     time_limit_s = check_time_limit(time_limit_s, "time_limit")
     if (spec := method_spec(method)) is not None and spec.pipeline:
         return _pipeline_plan(graph, budget_bytes, method, time_limit_s, threads, options,

@@ -3,6 +3,10 @@
 A plan that fits a budget fits every larger one, so each budget reports the cheapest plan
 found for it or for any smaller budget: the curve is non-increasing by construction, and a
 larger budget never looks worse because its own solve was unlucky.
+
+A sweep is one request (planner.engine.request: method, options, machine, time limit per
+budget, threads, seed) resolved once and solved at each budget; a worker process rebuilds it
+from its resolved values (`stored_request`), nothing parsed or checked again.
 """
 
 from __future__ import annotations
@@ -11,12 +15,18 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import InputError
 from planner.core.graph import Graph
+from planner.core.limits import DEFAULT_SWEEP_TIME_LIMIT_S
+
+if TYPE_CHECKING:
+    from planner.engine.request import ResolvedRequest, ResourcesInput
+
 
 
 @dataclass(frozen=True)
@@ -77,13 +87,14 @@ def _is_fraction(token: str) -> bool:
         return False
 
 
-def _solve_one(graph_json: str, budget: int, method: str, time_limit_s: float, threads: int,
-               seed: int) -> dict[str, object]:
+def _solve_one(graph_json: str, budget: int, values: dict[str, Any]) -> dict[str, object]:
+    """One budget of a sweep, in a worker: the request from its resolved `values`
+    (`stored_request`) at `budget`."""
     from planner.core.graph import Graph as _Graph
-    from planner.engine.solve import solve
+    from planner.engine.request import stored_request
 
     graph = _Graph.model_validate_json(graph_json)
-    plan = solve(graph, budget, method, time_limit_s=time_limit_s, threads=threads, seed=seed)
+    plan = stored_request(graph, {**values, "budget_bytes": budget}).solve()
     pred = plan.predicted
     fits = plan.status.value in ("optimal", "feasible")
     base = graph.total_compute_ms
@@ -99,33 +110,67 @@ def _solve_one(graph_json: str, budget: int, method: str, time_limit_s: float, t
     }
 
 
-def run_sweep(
+def sweep_request(
     graph: Graph,
     budgets: list[tuple[float | None, int]],
     *,
     method: str = "auto",
-    time_limit_s: float = 20.0,
+    options: Mapping[str, Any] | None = None,
+    resources: ResourcesInput = None,
+    host_memory: str | int | None = None,
+    time_limit: object = DEFAULT_SWEEP_TIME_LIMIT_S,
+    threads_per_job: int = 1,
+    seed: int = 0,
+    graph_where: str = "graph",
+) -> ResolvedRequest:
+    """The sweep's one request (planner.engine.request.resolve_request), resolved at its least
+    budget (the pre-checks that read a budget, such as a pipeline's, see that one); InputError
+    naming the first field at fault."""
+    from planner.engine.request import resolve_request
+
+    least = min((b for _, b in budgets), default=None)
+    return resolve_request(
+        graph, None if least is None else f"{least}B", resources=resources,
+        host_memory=host_memory, method=method, options=options, time_limit=time_limit,
+        threads=threads_per_job, seed=seed, graph_where=graph_where,
+    )
+
+
+def run_sweep(
+    graph: Graph | ResolvedRequest,
+    budgets: list[tuple[float | None, int]],
+    *,
+    method: str = "auto",
+    options: Mapping[str, Any] | None = None,
+    resources: ResourcesInput = None,
+    time_limit_s: float = DEFAULT_SWEEP_TIME_LIMIT_S,
     jobs: int = 2,
     threads_per_job: int = 1,
     seed: int = 0,
     on_done: Callable[[int], None] | None = None,
 ) -> list[SweepPoint]:
-    """Solve every budget (in `jobs` processes) and make overhead non-increasing in budget."""
-    graph_json = graph.model_dump_json()
+    """Solve every budget (in `jobs` processes) and make overhead non-increasing in budget.
+    `graph`: a request resolved by `sweep_request` (its budget is replaced by each of
+    `budgets`), or a graph with the request's fields as keywords (resolved here)."""
+    from planner.engine.request import ResolvedRequest
+
+    request = graph if isinstance(graph, ResolvedRequest) else sweep_request(
+        graph, budgets, method=method, options=options, resources=resources,
+        time_limit=time_limit_s, threads_per_job=threads_per_job, seed=seed)
+    graph_json = request.graph.model_dump_json()
+    values = {"method": request.method, "options": dict(request.options),
+              "resources": request.resources_document(), "time_limit_s": request.time_limit_s,
+              "threads": request.threads, "seed": request.seed}
     raw: dict[int, dict[str, object]] = {}
     if jobs <= 1:
         for _, b in budgets:
-            raw[b] = _solve_one(graph_json, b, method, time_limit_s, threads_per_job, seed)
+            raw[b] = _solve_one(graph_json, b, values)
             if on_done:
                 on_done(b)
     else:
         with ProcessPoolExecutor(max_workers=jobs, initializer=_die_with_parent,
                                  initargs=(os.getpid(),)) as pool:
-            futures = {
-                pool.submit(_solve_one, graph_json, b, method, time_limit_s, threads_per_job,
-                            seed): b
-                for _, b in budgets
-            }
+            futures = {pool.submit(_solve_one, graph_json, b, values): b for _, b in budgets}
             for fut in as_completed(futures):
                 raw[futures[fut]] = fut.result()
                 if on_done:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.solvers.pipeline.chain_dp import Cost, minmax_dp, minsum_dp
 from planner.solvers.pipeline.enumerate import (
     MAX_SPLITS,
@@ -49,7 +50,6 @@ from planner.solvers.pipeline.problem import Candidate, PartitionOutcome, Pipeli
 
 THRESHOLDS = 8
 INTERLEAVED_SHARES = 6
-DEFAULT_TIME_LIMIT_S = 10.0  # when the caller gives none
 ENUMERATION_SHARE = 0.7  # of the time limit; the DP and the local moves get the rest
 DP_S_PER_CELL = 5e-7  # estimated seconds of one DP pass, per (first, end, stage) cell
 
@@ -116,7 +116,7 @@ def dp_partition(
     Deterministic for a given request: the time limit is a budget of counted work
     (planner.solvers.pipeline.enumerate.Work), the wall clock only its safety net."""
     return dp_search(problem, Work.within(
-        DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s), max_splits)
+        DEFAULT_PIPELINE_TIME_LIMIT_S if time_limit_s is None else time_limit_s), max_splits)
 
 
 def dp_search(problem: PipelineProblem, work: Work, max_splits: int = MAX_SPLITS
