@@ -125,17 +125,21 @@ def apply(
 
 def runnable_plan(plan: Plan | dict[str, Any] | str | Path, example_inputs: Any, verb: str,
                   pipeline_note: str) -> tuple[Plan, tuple[Any, ...]]:
-    """The loaded plan and the inputs as a tuple; a plan that is not feasible or optimal, or a
-    pipeline plan, is refused in one line (`verb`: "applied", "compiled")."""
+    """The loaded plan and the inputs as a tuple; a pipeline plan, a plan that is not feasible
+    or optimal, or one without actions, is refused in one line saying which (`verb`:
+    "applied", "compiled")."""
     plan = load(plan)
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    if plan.status not in (PlanStatus.optimal, PlanStatus.feasible) or not plan.actions:
-        raise InputError(
-            f"plan ({plan.method}): status {PlanStatus(plan.status).value} with "
-            f"{len(plan.actions)} actions: only a feasible or optimal plan can be {verb}"
-        )
-    if plan.kind is PlanKind.pipeline:
-        raise InputError(f"plan ({plan.method}): a pipeline plan{pipeline_note}")
+    status = PlanStatus(plan.status).value
+    if plan.kind is PlanKind.pipeline:  # its actions are per rank (rank_actions), never here
+        raise InputError(f"plan ({plan.method}): a pipeline plan (status {status}) cannot be "
+                         f"{verb} here{pipeline_note}")
+    if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
+        raise InputError(f"plan ({plan.method}): status {status}: only a feasible or optimal "
+                         f"plan can be {verb}")
+    if not plan.actions:
+        raise InputError(f"plan ({plan.method}): status {status} but no actions: nothing to "
+                         f"run (the plan file lost its actions?); solve it again")
     return plan, inputs
 
 
