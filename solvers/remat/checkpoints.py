@@ -91,9 +91,6 @@ class CheckpointPlan:
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def _resident(self, u: int, t: int) -> bool:
-        return self.last_use[u] >= t and (u == t - 1 or self.keep[u])
-
     def _closure(self, t: int, cap: int | None = None) -> list[int]:
         """Stage t's nodes: t and its ancestors not resident (raises _Cascade past `cap`)."""
         deps, last_use, keep = self.deps, self.last_use, self.keep
