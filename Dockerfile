@@ -1,6 +1,10 @@
 # syntax=docker/dockerfile:1
 # The planning service image: slim and torch-free (only the `postgres` extra is installed, never
-# `torch`), running as a non-root user, with a health check on /readyz.
+# `torch`), running as a non-root user, with a health check on /readyz. The environment is
+# slimmed before it is copied into the final stage (docker/slim_venv.sh: no pip or setuptools,
+# no packages' test suites, pulp's solver binary for this machine only, byte code only for what
+# the service imports): 529 MB of requirements became 371 MB (python 3.11, x86_64), so the image
+# is about 500 MB on python:3.12-slim (702 MB before).
 #   docker build -t planner-service .
 #   docker run -p 127.0.0.1:8000:8000 -v planner-data:/data planner-service
 # Embedded SQLite store in the /data volume by default; set PLANNER_DATABASE_URL for PostgreSQL
@@ -26,8 +30,11 @@ COPY README.md ./
 COPY planner ./planner
 COPY solvers ./solvers
 COPY api ./api
+COPY docker/slim_venv.sh docker/import_service.py ./docker/
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \
-    && ! /opt/venv/bin/python -c "import torch" 2>/dev/null
+    && ! /opt/venv/bin/python -c "import torch" 2>/dev/null \
+    && sh docker/slim_venv.sh /opt/venv docker/import_service.py \
+    && ! /opt/venv/bin/python -c "import pip" 2>/dev/null
 
 FROM ${BASE}
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/planner planner \
