@@ -137,8 +137,11 @@ def _prepare(settings: Settings, kind: str, body: bytes,
         return _validation_refusal(e.errors())
     if model.graph is None:
         return None  # named by graph_id: nothing large to parse twice
-    if kind == "sweeps" and len(model.budgets) > settings.max_sweep_budgets:
-        return None  # the route says so, before anything else
+    most = settings.max_sweep_budgets
+    if kind == "sweeps" and len(model.budgets) > most:  # as the route says it
+        return Refusal(422, f"budgets: {len(model.budgets)} budgets, over this server's limit "
+                       f"of max_sweep_budgets={most}",
+                       details={"limit": "max_sweep_budgets", "max": most})
     graph = service.parse_graph(settings, model.graph)
     source = RequestGraph.given(graph)
     requests = [service.resolve_plan(settings, source, model)] if kind == "plans" \

@@ -84,6 +84,8 @@ BAD_BODIES = [
     ("/v1/plans", json.dumps({"graph": {"nodes": "x"}, "budget": 0.5}).encode()),
     ("/v1/graphs", json.dumps({"nodes": []}).encode()),
     ("/v1/sweeps", json.dumps({"graph": DOC, "budgets": [0.5, "1e-300"]}).encode()),
+    ("/v1/sweeps", json.dumps({"graph": DOC, "budgets": [0.1 + i / 100 for i in range(33)]
+                               }).encode()),
     ("/v1/partitions", json.dumps({"graph": DOC, "devices": 2, "device_memory": "80GiB",
                                    "schedule": "bogus"}).encode()),
     ("/v1/partitions", json.dumps({"graph": DOC, "devices": 0,
