@@ -216,6 +216,15 @@ def test_submit_sends_typed_options(capsys: pytest.CaptureFixture[str], paths: d
                        "--option", "hint=perhaps")
     assert code == 2 and err.startswith("error: --option hint: 'perhaps' is not a boolean"), err
     assert len(sent) == 1  # nothing sent
+    # The machine too: a preset by name, a resources.json file as its document.
+    machine = paths["graph"].parent / "machine.json"
+    machine.write_text(json.dumps({"preset": "h100-pcie-gen5", "host_memory_bytes": 2**34}))
+    for given, document in (("h100-pcie-gen5", "h100-pcie-gen5"),
+                            (str(machine), json.loads(machine.read_text()))):
+        code, _, err = run(capsys, "submit", paths["graph"], "--budget", "90%", "-m",
+                           "offload-greedy", "--resources", given)
+        assert code == 0, err
+        assert sent[-1]["resources"] == document
 
 
 # -- REST ----------------------------------------------------------------------------------------

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from planner.cli.options import BUDGET_HELP, OptionalTimeLimitOpt, OptionsOpt, method_options
+from planner.cli.options import (
+    BUDGET_HELP,
+    OptionalTimeLimitOpt,
+    OptionsOpt,
+    ResourcesOpt,
+    method_options,
+    resources_input,
+)
 from planner.cli.output import (
     bytes_text,
     console,
@@ -137,6 +144,7 @@ def submit(
     server: ServerOpt = DEFAULT_SERVER,
     method: Annotated[str, typer.Option("--method", "-m")] = "auto",
     option: OptionsOpt = None,
+    resources: ResourcesOpt = None,
     time_limit: OptionalTimeLimitOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Poll until the plan is finished.")] = False,
     output: OutputOpt = None,
@@ -146,7 +154,8 @@ def submit(
     """Send a graph and a budget to the service; with --wait, poll and print the plan summary.
 
     --option KEY=VALUE as for `solve`: typed from the method's spec here (the service checks
-    them again), a method only the service knows (a plugin) takes JSON values."""
+    them again), a method only the service knows (a plugin) takes JSON values. --resources: a
+    preset's name is sent as it is, a resources.json file as its document."""
     from planner.core.io import read_json
 
     options = method_options(option, method)  # a typo is one line before anything is sent
@@ -154,6 +163,9 @@ def submit(
     body: dict[str, Any] = {"graph": document, "budget": _budget_value(budget), "method": method}
     if options:
         body["options"] = options
+    machine = resources_input(resources)
+    if machine is not None:  # the service resolves it, as solve does here
+        body["resources"] = read_json(machine) if isinstance(machine, Path) else machine
     if time_limit is not None:
         body["time_limit"] = time_limit
     with _client(server, token) as client:
