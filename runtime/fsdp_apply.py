@@ -43,7 +43,8 @@ from planner.sim.fsdp import FsdpPlan
 from planner.tracing.allocator_events import allocator_events
 from planner.tracing.fsdp_blocks import apply_policy, find_blocks
 
-__all__ = ["ModelSpec", "RankResult", "apply_fsdp_plan", "build", "run_fsdp_ranks"]
+__all__ = ["ModelSpec", "RankResult", "apply_fsdp_plan", "build", "drain_collectives",
+           "run_fsdp_plans", "run_fsdp_ranks"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(rank: int, world: int, port: int, spec: ModelSpec, plan_text: str,
+def _rank_main(rank: int, world: int, port: int, spec: ModelSpec, plan_texts: list[str],
                out_dir: str, threads: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -169,9 +170,11 @@ def _rank_main(rank: int, world: int, port: int, spec: ModelSpec, plan_text: str
     _register_serial_gloo()
     dist.init_process_group(SERIAL_GLOO, rank=rank, world_size=world)
     try:
-        result = _rank_step(rank, world, spec, FsdpPlan.parse(plan_text))
+        ref_grads, inputs = _reference(spec)
+        results = [_rank_step(rank, world, spec, FsdpPlan.parse(t), ref_grads, inputs).__dict__
+                   for t in plan_texts]
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result.__dict__, f)
+            json.dump(results, f)
     finally:
         dist.destroy_process_group()
 
@@ -186,14 +189,17 @@ def _local(inputs: tuple[Any, ...], rank: int, world: int) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _rank_step(rank: int, world: int, spec: ModelSpec, plan: FsdpPlan) -> RankResult:
+def _reference(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], tuple[Any, ...]]:
+    """One process's gradients on the whole batch, and the batch."""
     reference, inputs = build(spec)
     reference.zero_grad(set_to_none=True)
-    reference(*inputs).backward()  # one process, the whole batch
-    ref_grads = {n: p.grad.detach().clone() for n, p in reference.named_parameters()
-                 if p.grad is not None}
-    del reference
+    reference(*inputs).backward()
+    return ({n: p.grad.detach().clone() for n, p in reference.named_parameters()
+             if p.grad is not None}, inputs)
 
+
+def _rank_step(rank: int, world: int, spec: ModelSpec, plan: FsdpPlan,
+               ref_grads: dict[str, torch.Tensor], inputs: tuple[Any, ...]) -> RankResult:
     model, _ = build(spec)  # the same weights (the factory seeds)
     apply_fsdp_plan(model, plan)
     drain_collectives(model)
@@ -203,30 +209,49 @@ def _rank_step(rank: int, world: int, spec: ModelSpec, plan: FsdpPlan) -> RankRe
     model.zero_grad(set_to_none=True)
     dist.barrier()
     with allocator_events("cpu") as events:
-        started = time.perf_counter()
         loss = model(*local)
         loss.backward()
-        step_ms = (time.perf_counter() - started) * 1e3
     diff = scale = 0.0
+    compared = 0
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
+        compared += 1
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
         ref = ref_grads[name]
         diff = max(diff, float((g - ref).abs().max()))
         scale = max(scale, float(ref.abs().max()))
+    if compared != len(ref_grads):
+        raise RuntimeError(f"{compared} gradients after the FSDP step, {len(ref_grads)} in the "
+                           "reference")
+    times = []
+    for _ in range(2):  # timed apart from the profiler (collectives drained: CPU only)
+        model.zero_grad(set_to_none=True)
+        dist.barrier()
+        started = time.perf_counter()
+        model(*local).backward()
+        times.append((time.perf_counter() - started) * 1e3)
+    step_ms = min(times)
+    model.zero_grad(set_to_none=True)
     return RankResult(rank, events.peak_bytes, events.end_bytes, step_ms,
                       float(loss.detach()), diff, scale)
+
+
+def run_fsdp_plans(spec: ModelSpec, plans: list[FsdpPlan], world: int = 2,
+                   threads: int = 1) -> list[list[RankResult]]:
+    """Run each plan (a fresh model each) on `world` gloo CPU ranks started once; per plan, one
+    RankResult per rank (rank order)."""
+    with tempfile.TemporaryDirectory(prefix="planner-fsdp-") as out_dir:
+        mp.spawn(_rank_main, args=(world, _free_port(), spec, [p.text() for p in plans],
+                                   out_dir, threads), nprocs=world, join=True)
+        per_rank = []
+        for r in range(world):
+            with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+                per_rank.append([RankResult(**row) for row in json.load(f)])
+    return [[per_rank[r][i] for r in range(world)] for i in range(len(plans))]
 
 
 def run_fsdp_ranks(spec: ModelSpec, plan: FsdpPlan, world: int = 2,
                    threads: int = 1) -> list[RankResult]:
     """Run the plan on `world` gloo CPU ranks; one RankResult per rank (rank order)."""
-    with tempfile.TemporaryDirectory(prefix="planner-fsdp-") as out_dir:
-        mp.spawn(_rank_main, args=(world, _free_port(), spec, plan.text(), out_dir, threads),
-                 nprocs=world, join=True)
-        results = []
-        for r in range(world):
-            with open(os.path.join(out_dir, f"rank{r}.json")) as f:
-                results.append(RankResult(**json.load(f)))
-    return results
+    return run_fsdp_plans(spec, [plan], world, threads)[0]
