@@ -2,7 +2,11 @@
 
 A plan solved on a traced graph carries the options it was traced with (`Plan.trace_options`,
 from `graph.metadata.extra["trace_options"]`): the model is traced once with them
-(`trace_as_planned`). Older plans name their graph by hash only: the options that shape a graph
+(`trace_as_planned`), using the capture the plan's graph was traced from when this model's
+fingerprint is the one the plan records (planner.tracing.fingerprint; the capture store keeps
+it): no dynamo, no AOTAutograd, and the graph hash is checked as after any trace; otherwise the
+model is captured again and the log says why (a warning when the model differs from the one the
+plan was traced from). Older plans name their graph by hash only: the options that shape a graph
 (gradient lifetime, optimizer, dropout-mask sizes, autocast) are then tried until the hash
 matches.
 
@@ -16,6 +20,7 @@ runs as solved and holds less than it predicts (each mask is smaller, nothing el
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import torch
@@ -50,7 +55,31 @@ def trace_as_planned(
     kwargs = {k: options[k] for k in TRACE_OPTION_NAMES if k in options}
     # Measured costs are not reproduced by any trace: the structure is checked instead (graph=).
     kwargs.update(dropout_masks="graph", costs="estimate")
-    return trace_fn(model, inputs, loss_fn=loss_fn, **kwargs)
+    # The capture the plan's graph was traced from, when this model is the one it was
+    # (planner.tracing.fingerprint): no dynamo, no AOTAutograd; the graph hash is checked after.
+    fingerprint = options.get("fingerprint")
+    result = trace_fn(model, inputs, loss_fn=loss_fn, reuse_capture=fingerprint or False,
+                      **kwargs)
+    if not fingerprint:
+        _say_capture(result, "the plan records no model fingerprint (traced before they were "
+                     "recorded, or at module level)")
+    else:
+        _say_capture(result, result.details.get("capture_note", ""))
+    return result
+
+
+logger = logging.getLogger("planner.runtime")
+
+
+def _say_capture(result: Any, why: str) -> None:
+    """Log why the model was captured again rather than the plan's recorded capture used: a
+    warning when the model differs from the one the plan was traced from, else a note."""
+    if getattr(result, "level", "op") != "op" or result.details.get("capture_source") != \
+            "captured":
+        return
+    level = logging.WARNING if "differs" in why else logging.INFO
+    logger.log(level, "apply: captured the model again (%s)", why or "no reason recorded")
+    result.details["capture_note"] = why
 
 
 def _guess(

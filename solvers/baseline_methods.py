@@ -5,16 +5,20 @@ from __future__ import annotations
 import time
 
 from planner.core.plan import Action, PlanStatus
-from planner.solvers import baselines
-from planner.solvers.baselines import QUADRATIC_MAX_ACTIONS, ScheduleAbandoned, bounded_baselines
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec
+
+# The baselines (and the graph code under them) load when a method runs: listing the specs
+# (`planner-cli methods`) needs none of them.
 
 
 def _build(name: str, request: SolveRequest, deadline: float) -> list[Action]:
     """The baseline's plan, abandoned past the time limit; recompute-all's (which grows with
     the square of the graph: 18 M actions, a 275 MB plan, at 6,001 nodes) also past
     QUADRATIC_MAX_ACTIONS."""
+    from planner.solvers import baselines
+    from planner.solvers.baselines import QUADRATIC_MAX_ACTIONS
+
     graph = request.graph
     if name == "recompute-all":
         return baselines.recompute_all(graph, max_actions=QUADRATIC_MAX_ACTIONS,
@@ -27,6 +31,8 @@ def _build(name: str, request: SolveRequest, deadline: float) -> list[Action]:
 
 
 def _run(name: str, request: SolveRequest) -> MethodResult:
+    from planner.solvers.baselines import ScheduleAbandoned
+
     try:
         actions = _build(name, request, time.perf_counter() + request.time_limit_s)
     except ScheduleAbandoned as e:
@@ -64,6 +70,7 @@ def best_baseline(request: SolveRequest) -> MethodResult:
     small, nothing started past the time limit); the cheapest plan within budget, else the one
     with the least peak."""
     from planner.sim.simulator import simulate
+    from planner.solvers.baselines import bounded_baselines
 
     deadline = time.perf_counter() + request.time_limit_s
     best: tuple[tuple[int, float, int], str, list[Action]] | None = None

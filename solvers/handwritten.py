@@ -31,15 +31,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import InputError
-from planner.core.graph import Edge, Graph, Phase
+from planner.core.graph_parts import Edge, Phase
 from planner.core.plan import Action, PlanStatus
-from planner.solvers.baselines import ScheduleAbandoned, checkpoint_schedule
-from planner.solvers.order import schedule_order
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec, option, read_options
+
+if TYPE_CHECKING:  # the graph code loads when a method runs: listing the specs needs none
+    from planner.core.graph import Graph
 
 __all__ = ["SPECS", "Blocks", "checkpoint_blocks_plan", "find_blocks", "handwritten_plans",
            "is_matmul", "selective_matmul_plan"]
@@ -147,6 +148,8 @@ def _with_lifetimes(graph: Graph, regions: list[list[int]], block_of: dict[int, 
     cache; an input of the region until the region's last backward reader, as the checkpoint
     frame holds its inputs until its last saved tensor is used. The plan is judged on the
     graph itself."""
+    from planner.solvers.order import schedule_order
+
     index = graph.index
     preds, succs, node = index.predecessors, index.successors, index.node
     order = schedule_order(graph)
@@ -173,6 +176,8 @@ def _policy_schedule(graph: Graph, regions: list[list[int]], saved: set[int],
                      deadline: float | None) -> list[Action]:
     """The shared schedule builder's plan for regions recomputed in the backward, keeping
     `saved` inside them and everything outside them."""
+    from planner.solvers.baselines import checkpoint_schedule
+
     block_of = {v: i for i, members in enumerate(regions) for v in members}
     keep = _keep_set(graph, block_of, saved)
     view = _with_lifetimes(graph, regions, block_of, keep)
@@ -240,6 +245,8 @@ def handwritten_plans(graph: Graph, deadline: float | None = None
     makers = [(f"checkpoint-blocks:every={k}",
                lambda k=k: checkpoint_blocks_plan(graph, blocks, k, deadline=deadline))
               for k in AUTO_EVERY if k <= len(blocks.members)]
+    from planner.solvers.baselines import ScheduleAbandoned
+
     makers += [(f"selective-matmul{':every_other' if other else ''}",
                 lambda other=other: selective_matmul_plan(graph, blocks, other,
                                                           deadline=deadline))
@@ -278,6 +285,8 @@ class SelectiveOptions:
 
 def _result(graph: Graph, make: Callable[[], list[Action]], details: dict[str, Any]
             ) -> MethodResult:
+    from planner.solvers.baselines import ScheduleAbandoned
+
     try:
         actions = make()
     except ScheduleAbandoned as e:

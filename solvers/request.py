@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planner.core.graph import Graph
 from planner.core.plan import Action, BlockPlan, PlanStatus
 from planner.core.resources import Resources
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the graph type for annotations only: the specs load without networkx
+    from planner.core.graph import Graph
     from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem
 
 

@@ -95,9 +95,10 @@ def main() -> None:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    from planner.engine.deadline import abandoned_methods
-
-    if abandoned_methods():
+    # Only a command that ran a method can have abandoned one; the others (methods, info,
+    # --help) need not import the engine's deadline module (and the graph code under it).
+    deadline = sys.modules.get("planner.engine.deadline")
+    if deadline is not None and deadline.abandoned_methods():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -64,13 +64,16 @@ class StatusLine:
         elapsed = time.monotonic() - self.started
         return f"{self.label}: {elapsed_text(elapsed, self.limit_s)} · {self.detail}"
 
-    def update(self, detail: str, *, announce: bool = True) -> None:
-        """New detail; plain output prints it now when it changed (at most once a second)."""
+    def update(self, detail: str, *, announce: bool = True, phase: bool = False) -> None:
+        """New detail; plain output prints it now when it changed (at most once a second; a new
+        `phase` of the work at once, so that a log shows each phase a long command went
+        through)."""
         with self._lock:
             self.detail = detail
         if announce:
+            interval = 0.0 if phase else PLAIN_INTERVAL_S
             self._print(lambda now: self._printed_detail != self.detail
-                        and now - self._printed_at >= PLAIN_INTERVAL_S
+                        and now - self._printed_at >= interval
                         and now - self.started >= self._every_s)
 
     def heartbeat(self) -> None:

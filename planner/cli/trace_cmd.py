@@ -353,48 +353,57 @@ def trace_cmd(
     """Trace one training step (forward, loss, backward) of a PyTorch model into graph.json."""
     import os
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from planner.core.io import write_json
-    from planner.tracing import trace
-    from planner.tracing.api import resolve_gradient_lifetime
+    from planner.cli.progress_view import work_status
 
-    # a contradictory --gradient-lifetime / --grad-accumulation-steps pair: one line, no work
-    resolve_gradient_lifetime(gradient_lifetime, grad_accumulation_steps)
-    call = FactoryCall(
-        parse_assignments(factory_args or [], "--arg"), parse_assignments(config or [], "--config"),
-        batch_size, seq_len,
-    )
-    model, inputs = resolve_model(target, input_spec or [], call)
-    result = _trace_with_status(
-        trace, model, inputs, loss_fn=resolve_loss(loss), level=level, block_pattern=block_pattern,
-        costs=costs, device_profile=device_profile, optimizer=optimizer, fuse=fuse,
-        dropout_masks=dropout_masks, clock=clock, repeats=repeats,
-        model_name=target.split(":")[-1], gradient_lifetime=gradient_lifetime,
-        grad_accumulation_steps=grad_accumulation_steps, autocast=autocast,
-    )
-    if output is not None:
-        write_json(output, result.graph)
-    if chain_out is not None:
-        if result.level != "module":
-            raise InputError("--chain-out needs --level module")
-        write_json(chain_out, result.details["chain"])
-    summary = trace_summary(result)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with work_status("trace", detail="starting") as status:
+        status.update("importing torch", phase=True)
+        from planner.core.io import write_json
+        from planner.tracing import trace
+        from planner.tracing.api import resolve_gradient_lifetime
+
+        # a contradictory --gradient-lifetime / --grad-accumulation-steps pair: one line, no work
+        resolve_gradient_lifetime(gradient_lifetime, grad_accumulation_steps)
+        call = FactoryCall(
+            parse_assignments(factory_args or [], "--arg"),
+            parse_assignments(config or [], "--config"), batch_size, seq_len,
+        )
+        status.update(f"building the model ({target})", phase=True)
+        model, inputs = resolve_model(target, input_spec or [], call)
+        result = trace(
+            model, inputs, progress=_progress_of(status), loss_fn=resolve_loss(loss),
+            level=level, block_pattern=block_pattern, costs=costs,
+            device_profile=device_profile, optimizer=optimizer, fuse=fuse,
+            dropout_masks=dropout_masks, clock=clock, repeats=repeats,
+            model_name=target.split(":")[-1], gradient_lifetime=gradient_lifetime,
+            grad_accumulation_steps=grad_accumulation_steps, autocast=autocast,
+        )
+        if output is not None:
+            status.update(f"writing {output} ({len(result.graph.nodes)} nodes)", phase=True)
+            write_json(output, result.graph)
+        if chain_out is not None:
+            if result.level != "module":
+                raise InputError("--chain-out needs --level module")
+            write_json(chain_out, result.details["chain"])
+        status.update("summary", phase=True)
+        summary = trace_summary(result)
     if as_json:
         print_json(summary)
     else:
         _print_trace(summary, result, target, output)
 
 
-def _trace_with_status(trace: Any, model: Any, inputs: Any, **options: Any) -> Any:
-    """`trace` (planner.tracing.trace) with its progress on stderr (progress_view)."""
-    from planner.cli.progress_view import work_status
+def _progress_of(status: Any) -> Any:
+    """The tracer's progress callback shown on `status`: each new phase (the words before the
+    counts) as it starts, counts as they change."""
+    last: list[str] = [""]
 
-    with work_status("trace", detail="starting") as status:
+    def progress(stage: str, done: int, total: int) -> None:
+        text = f"{stage} {done}/{total}" if total else stage
+        status.update(text, phase=stage != last[0])
+        last[0] = stage
 
-        def progress(stage: str, done: int, total: int) -> None:
-            status.update(f"{stage} {done}/{total}")
-
-        return trace(model, inputs, progress=progress, **options)
+    return progress
 
 
 def _print_trace(summary: dict[str, Any], result: Any, target: str, output: Path | None) -> None:

@@ -42,6 +42,22 @@ output_bytes (x), saved_bytes (x̄), forward_tmp_bytes, backward_tmp_bytes, grad
 Mixed precision (`autocast`, or `trace` called inside a `torch.autocast` block): the joint
 graph holds the casts, `graph.metadata.extra["autocast"]` the setting (planner.tracing.autocast).
 
+Progress (`progress=fn(stage, done, total)`): the phases in words, as they start: "capture:
+forward (dynamo)", "capture: backward (AOTAutograd; ...)", "capture: joint forward+backward
+graph (N fx nodes), partitioning", "op graph: records of N joint-graph ops" (counted),
+"costs: roofline estimate ... of N ops" or "timing N ops: run k/R" (counted), "workspace: ...",
+"op graph: fusing ..."; `total` 0 for a phase without a count.
+
+Recorded captures (op level): every trace records its model's fingerprint
+(`graph.trace_options["fingerprint"]`, planner.tracing.fingerprint: parameter and buffer names,
+shapes, dtypes; module settings and source files; input shapes; loss; autocast; torch's
+version) and keeps its capture in the capture store (planner.tracing.capture_store;
+PLANNER_TRACE_CACHE, default ~/.cache/planner/captures, "off" keeps none). `reuse_capture=`
+a fingerprint (what `planner.runtime.apply` passes: the plan's) or True uses the kept capture
+of a model with that fingerprint instead of capturing again: the same graph, without dynamo or
+AOTAutograd; `result.details["capture_source"]` says "recorded" or "captured", and
+`details["capture_note"]` why a capture asked for was not used.
+
 Memory measurement: `planner.tracing.memory.measure_step_memory(fn)` (live storage bytes during
 fn on CPU, exact at op boundaries; the allocator's peak on CUDA), `measure_training_step`.
 """

@@ -16,6 +16,7 @@ from planner.core.graph import (
     Node,
     Phase,
 )
+from planner.tracing.fingerprint import loss_name as loss_name  # where callers find it
 from planner.tracing.step_state import (
     OPTIMIZER_STATES,
     TraceResult,
@@ -25,7 +26,13 @@ from planner.tracing.step_state import (
     model_state_of,
 )
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+# (stage, done, total): `stage` says the phase in words (with its counts); total 0: a phase
+# without a count (the capture's steps, the workspace measurement).
+Progress = Callable[[str, int, int], None]
+
+
+def _silent(stage: str, done: int, total: int) -> None:
+    """The progress callback of a caller that asked for none."""
 
 
 def trace(
@@ -48,8 +55,17 @@ def trace(
     gradient_lifetime: str | None = None,
     grad_accumulation_steps: int = 1,
     autocast: str | None = None,
+    reuse_capture: bool | str = False,
 ) -> TraceResult:
     """Trace one step (forward, loss, backward) of `model(*inputs)`; see planner.tracing.
+
+    `reuse_capture` (op level): True uses the capture store's joint graph of a model with this
+    model's fingerprint (planner.tracing.fingerprint) instead of capturing again; a fingerprint
+    ("sha256:…", a plan's `trace_options["fingerprint"]`) does so only when the model's
+    fingerprint now is that one. Every op-level trace records its fingerprint in
+    `graph.trace_options` and keeps its capture in the store (planner.tracing.capture_store);
+    `details["capture_source"]` says "recorded" or "captured", and `details["capture_note"]`
+    why a capture asked to be reused was not.
 
     `gradient_lifetime`: "backward" when each gradient is created during backward and released
     by the optimizer step (`zero_grad(set_to_none=True)`, the default of torch optimizers): its
@@ -105,9 +121,11 @@ def trace(
         result = _trace_ops(
             model, inputs, loss_fn, costs, device_profile, optimizer, fuse, dropout_masks,
             repeats, warmup, name, progress, clock, autocast=autocast,
+            reuse_capture=reuse_capture,
         )
     # What the masks were sized as: eager sizes exist on CPU only.
     options["dropout_masks"] = result.graph.metadata.extra.get("dropout_masks", dropout_masks)
+    options["fingerprint"] = result.details.get("fingerprint")
     result = _with_metadata(result, options)
     state = result.graph.model_state
     if state is None:
@@ -126,14 +144,6 @@ TRACE_OPTION_NAMES = (
     "level", "block_pattern", "costs", "device_profile", "optimizer", "fuse", "dropout_masks",
     "gradient_lifetime", "grad_accumulation_steps", "autocast",
 )
-
-
-def loss_name(loss_fn: Any) -> str | None:
-    """'module:qualname' of a loss function (None: the model's own loss), for messages."""
-    if loss_fn is None:
-        return None
-    named = loss_fn if hasattr(loss_fn, "__qualname__") else type(loss_fn)
-    return f"{getattr(named, '__module__', '?')}:{named.__qualname__}"
 
 
 def _with_metadata(result: TraceResult, options: dict[str, Any]) -> TraceResult:
@@ -170,7 +180,9 @@ def _trace_ops(
     model: Any, inputs: tuple[Any, ...], loss_fn: Any, costs: str, device_profile: str,
     optimizer: str, fuse: bool, dropout_masks: str, repeats: int, warmup: int, name: str,
     progress: Progress | None, clock: str = "wall", autocast: str | None = None,
+    reuse_capture: bool | str = False,
 ) -> TraceResult:
+    from planner.tracing import capture_store
     from planner.tracing.capture import capture_joint
     from planner.tracing.costs import (
         estimate_record_ms,
@@ -184,20 +196,42 @@ def _trace_ops(
     from planner.tracing.profiles import load_profile
     from planner.tracing.records import build_records
 
+    say = progress or _silent
     profile = load_profile(device_profile) if costs == "estimate" else None
-    if progress:
-        progress("capture", 0, 1)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     if not on_cpu:  # workspaces measured as the plan's runtime will allocate them
         use_exact_allocator()
-    cap = capture_joint(model, inputs, loss_fn, autocast=autocast)
+    from planner.tracing.fingerprint import model_fingerprint
+
+    fingerprint, parts = model_fingerprint(model, inputs, loss_fn, autocast)
+    cap, note = None, ""
+    if reuse_capture:
+        note = _reuse_note(reuse_capture, fingerprint, parts)
+        if not note:
+            say("capture: loading the recorded capture", 0, 0)
+            cap = capture_store.load(fingerprint)
+            if cap is None:
+                note = f"the recorded capture {fingerprint[7:19]} could not be read"
+    capture_source = "recorded" if cap is not None else "captured"
+    if cap is None:
+        cap = capture_joint(model, inputs, loss_fn, autocast=autocast, progress=progress)
+        say("capture: keeping it in the capture store", 0, 0)
+        capture_store.save(fingerprint, cap, parts)
+    calls = sum(1 for n in cap.gm.graph.nodes if n.op == "call_function")
+    say(f"op graph: records of {calls} joint-graph ops", 0, calls)
     records = build_records(cap, cpu_eager_dropout=dropout_masks == "eager" and on_cpu)
-    if progress:
-        progress("capture", 1, 1)
+    say(f"op graph: records of {calls} joint-graph ops", len(records), calls)
     by_name = {r.name: r for r in records}
     if costs == "measure":
         args = joint_arguments(cap, model, inputs)
-        report = (lambda d, t: progress("measure", d, t)) if progress else None
+        runs = warmup + repeats
+        say(f"timing {len(records)} ops: run 0/{runs} ({warmup} warm-up, median of {repeats})",
+            0, runs)
+
+        def report(done: int, total: int) -> None:
+            say(f"timing {len(records)} ops: run {done}/{total} ({warmup} warm-up, median of "
+                f"{repeats})", done, total)
+
         fx_ms = measure_fx_ms(
             cap, args, warmup=warmup, repeats=repeats, progress=report, clock=clock
         )
@@ -205,14 +239,24 @@ def _trace_ops(
         profile_name = f"measured:{args[0].device.type if args else 'cpu'}"
     else:
         assert profile is not None
-        fx_ms = {r.name: estimate_record_ms(r, profile) for r in records}
+        fx_ms = {}
+        for i, r in enumerate(records):
+            if i % 64 == 0:
+                say(f"costs: roofline estimate ({profile.name}) of {len(records)} ops", i,
+                    len(records))
+            fx_ms[r.name] = estimate_record_ms(r, profile)
+        say(f"costs: roofline estimate ({profile.name}) of {len(records)} ops", len(records),
+            len(records))
         source = CostSource.estimated
         profile_name = profile.name
     # What each op allocates and frees while it runs is memory, not time: measured whichever
     # way the costs are found (on CPU convolutions' and batch norms', one profiler session).
+    say("workspace: measuring what convolutions, batch norms and dropouts allocate while "
+        "they run" if on_cpu else "workspace: one run of the joint graph", 0, 0)
     workspace = measure_cpu_workspace_bytes(
         cap.gm, eager_dropout=dropout_masks == "eager") if on_cpu else measure_fx_workspace_bytes(
         cap, joint_arguments(cap, model, inputs))
+    say(f"op graph: fusing views and in-place ops of {len(records)} records", 0, 0)
     groups = group_records(records, fuse=fuse)
     order = _execution_order(groups, by_name)
     ids = {g.primary: i for i, g in enumerate(order)}
@@ -251,7 +295,31 @@ def _trace_ops(
         ),
         model_state=model_state,
     )
-    return _op_result(graph, cap, order, ids, records, fx_to_id)
+    result = _op_result(graph, cap, order, ids, records, fx_to_id)
+    result.details.update(fingerprint=fingerprint, capture_source=capture_source,
+                          capture_note=note)
+    return result
+
+
+def _reuse_note(wanted: bool | str, fingerprint: str, parts: dict[str, Any]) -> str:
+    """'' when the store holds a capture for `fingerprint` that `wanted` allows; else why not."""
+    from planner.tracing import capture_store
+    from planner.tracing.fingerprint import differences
+
+    folder = capture_store.store_dir()
+    if folder is None:
+        return f"the capture store is off ({capture_store.ENV})"
+    if isinstance(wanted, str) and wanted != fingerprint:
+        recorded = capture_store.recorded_parts(wanted)
+        if recorded is None:
+            return (f"the model's fingerprint differs from the one recorded with the plan "
+                    f"({wanted[7:19]} then, {fingerprint[7:19]} now)")
+        said = "; ".join(differences(recorded, parts)) or "fingerprints differ"
+        return f"the model differs from the one the plan's graph was traced from: {said}"
+    if capture_store.recorded_parts(fingerprint) is None:
+        return (f"no capture of this model is kept in {folder} (traced on another machine, or "
+                "the store was cleared)")
+    return ""
 
 
 def _op_result(graph: Graph, cap: Any, order: list[Any], ids: dict[str, int],

@@ -23,6 +23,12 @@ class CaptureError(InputError):
     """Op-level capture failed; the message is one line with the cause and a suggestion."""
 
 
+class _JointCaptured(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by the partitioner once it holds the joint graph: AOTAutograd's second stage
+    (runtime wrappers), dynamo's guards and bytecode, and running the compiled forward are
+    work the tracer does not use (about a third of a capture's time)."""
+
+
 @dataclass
 class JointCapture:
     """The captured joint graph and what its placeholders and outputs are."""
@@ -102,7 +108,8 @@ def module_path_from_stack(stack: dict[str, Any] | None) -> str:
 
 
 def capture_joint(
-    model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None, autocast: str | None = None
+    model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None, autocast: str | None = None,
+    progress: Any = None,
 ) -> JointCapture:
     """Run one compiled step on `inputs` and return the joint graph; raise CaptureError.
 
@@ -121,7 +128,13 @@ def capture_joint(
             raise CaptureError("the model compiled into more than one graph")
         seen["joint"] = joint
         seen["num_fwd_outputs"] = kwargs.get("num_fwd_outputs", 1)
-        return default_partition(joint, joint_inputs, **kwargs)
+        if progress is not None:
+            progress(f"capture: joint forward+backward graph ({len(joint.graph.nodes)} fx "
+                     "nodes), partitioning", 0, 0)
+        # The default partitioner still runs: it tags the joint graph's nodes as the compiled
+        # step would see them; what follows it is not needed.
+        default_partition(joint, joint_inputs, **kwargs)
+        raise _JointCaptured
 
     def passthrough(gm: torch.fx.GraphModule, _example: Any) -> Any:
         return gm
@@ -135,6 +148,10 @@ def capture_joint(
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        if progress is not None:
+            calls = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+            progress(f"capture: backward (AOTAutograd; forward graph of {calls} torch calls)",
+                     0, 0)
         sources = []
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -144,6 +161,8 @@ def capture_joint(
         return aot(gm, example_inputs)
 
     torch._dynamo.reset()
+    if progress is not None:
+        progress("capture: forward (dynamo)", 0, 0)
     compiled = torch.compile(wrapper, backend=backend, fullgraph=True, dynamic=False)
     # Library warnings (transformers' logger.warning_once) are not part of the step.
     quiet = {
@@ -159,6 +178,8 @@ def capture_joint(
     except InputError:  # CaptureError, or an autocast the device cannot do
         raise
     except Exception as e:  # dynamo/AOT errors are long; keep the first meaningful line
+        if "joint" in seen and _is_captured(e):
+            return _describe(seen["joint"], seen["num_fwd_outputs"], seen.get("sources", []))
         raise CaptureError(f"op-level capture failed: {_one_line(e)}; try --level module") from e
     finally:
         torch._dynamo.reset()
@@ -167,6 +188,18 @@ def capture_joint(
             raise CaptureError("the loss does not require grad: the model has no trainable path")
         raise CaptureError("op-level capture produced no joint graph; try --level module")
     return _describe(seen["joint"], seen["num_fwd_outputs"], seen.get("sources", []))
+
+
+def _is_captured(e: BaseException | None) -> bool:
+    """Whether `e` is (dynamo's wrapper of) the partitioner's `_JointCaptured`."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, _JointCaptured):
+            return True
+        seen.add(id(e))
+        inner = getattr(e, "inner_exception", None)
+        e = inner if isinstance(inner, BaseException) else (e.__cause__ or e.__context__)
+    return False
 
 
 def eager_cpu_dropout_backward(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> Any:

@@ -144,13 +144,16 @@ def _mark(i: int) -> None:
 
 
 def _measure_peaks(todo: dict[_Key, torch.fx.Node]) -> dict[_Key, int]:
-    from torch.profiler import ProfilerActivity, profile
+    # The autograd profiler, not torch.profiler.profile: the same kineto session and memory
+    # records, but torch.profiler's start imports torch._inductor, and with it all of dynamo
+    # (seconds), which a trace reusing a recorded capture has no other use for.
+    from torch.autograd.profiler import profile
 
     if torch.autograd.profiler._is_profiler_enabled:  # a session is open: none nests
         return {}
     jobs = list(todo.items())
     failed: set[int] = set()
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.no_grad(), profile(use_cpu=True, profile_memory=True) as prof:
         for k, (_key, node) in enumerate(jobs):
             args, kwargs = _materialize(node)
             op: Any = node.target
@@ -162,7 +165,7 @@ def _measure_peaks(todo: dict[_Key, torch.fx.Node]) -> dict[_Key, int]:
                 result = None
             _mark(2 * k + 1)
             del result, args, kwargs
-    records = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+    records = [(e.start_ns(), e.nbytes()) for e in prof.kineto_results.events()
                if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
     peaks = window_peaks(delta for _, delta in sorted(records, key=lambda r: r[0]))
     return {key: peaks[k] for k, (key, _node) in enumerate(jobs)

@@ -20,19 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 from planner.core.block_plan import BlockPlan
 from planner.core.errors import InputError
-from planner.core.graph import Graph
 from planner.core.plan import Action, PlanStatus
-from planner.sim.simulator import PlanError, simulate
-from planner.solvers.chain.blocks import block_plan_from_ops, one_level_ops
-from planner.solvers.chain.layout import ChainLayout, chain_graph, chain_of_graph
-from planner.solvers.chain.linearize import MAX_SEGMENTS
-from planner.solvers.chain.model import Chain
-from planner.solvers.chain.sequence import Op, chen_sqrt_ops, ops_text, run_sequence
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec, option, read_options
 
+# The chain code (and the graph code under it) loads when a method runs: listing the specs
+# (`planner-cli methods`) needs none of it. The default length of a linearised chain, as
+# `linearize.MAX_SEGMENTS` (tests/test_method_spec.py holds the two equal).
+MAX_SEGMENTS = 200
+
 if TYPE_CHECKING:
+    from planner.core.graph import Graph
+    from planner.solvers.chain.layout import ChainLayout
+    from planner.solvers.chain.model import Chain
     from planner.solvers.chain.saving import SavingOption
+    from planner.solvers.chain.sequence import Op
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ def chain_problem(graph: Graph, max_segments: int | None = None) -> ChainProblem
 
 
 def _chain_problem(graph: Graph, max_segments: int) -> ChainProblem:
+    from planner.solvers.chain.layout import chain_graph, chain_of_graph
+
     chain = chain_of_graph(graph)
     if chain is not None:
         _, layout = chain_graph(chain)
@@ -95,6 +99,8 @@ def _chain_problem(graph: Graph, max_segments: int) -> ChainProblem:
 
 
 def _forward_runs(ops: tuple[Op, ...] | list[Op], length: int) -> list[int]:
+    from planner.solvers.chain.blocks import block_plan_from_ops
+
     return block_plan_from_ops(length, ops).forward_runs
 
 
@@ -106,6 +112,8 @@ def plan_result(
     extra: dict[str, Any] | None = None,
 ) -> MethodResult:
     """Translate a sequence into actions and report what the chain model predicts."""
+    from planner.solvers.chain.blocks import block_plan_from_ops, one_level_ops
+    from planner.solvers.chain.sequence import ops_text, run_sequence
     from planner.solvers.chain.translate import translate
 
     chain = problem.chain
@@ -151,6 +159,7 @@ def block_plan_actions(graph: Graph, block_plan: BlockPlan) -> list[Action]:
     """The actions of applying `block_plan` with one level of checkpointing, on the chain of
     `graph` (its chain.json layout, or its linearisation): what the simulator judges before a
     block plan is reported or run. Raises ValueError when the plan does not fit the chain."""
+    from planner.solvers.chain.blocks import one_level_ops
     from planner.solvers.chain.translate import translate
 
     problem = chain_problem(graph)
@@ -175,6 +184,7 @@ def _no_plan(problem: ChainProblem, backend: str, smallest: int | None, why: str
 def rotor(request: SolveRequest, *, refine_within_s: float | None = None) -> MethodResult:
     """`refine_within_s`: refinements only within this many seconds (the first DP may use the
     whole time limit)."""
+    from planner.sim.simulator import PlanError, simulate
     from planner.solvers.chain.rotor import RotorTimeout, solve_rotor
 
     started = time.perf_counter()
@@ -277,6 +287,8 @@ def revolve(request: SolveRequest) -> MethodResult:
 
 
 def chain_chen_sqrt(request: SolveRequest) -> MethodResult:
+    from planner.solvers.chain.sequence import chen_sqrt_ops
+
     problem = chain_problem(request.graph)
     ops = chen_sqrt_ops(problem.chain.length)
     return plan_result(request, problem, ops, "chain-chen-sqrt")

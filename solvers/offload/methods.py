@@ -19,14 +19,16 @@ needs when the host is what overflows).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from planner.core.errors import InputError
-from planner.solvers.baselines import store_all
-from planner.solvers.offload.heuristics import HeuristicResult
 from planner.solvers.offload.options import OffloadAllOptions, OffloadMilpOptions, PofoOptions
-from planner.solvers.offload.search import Judge, judged_result, require_host_tier
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec, read_options
+
+if TYPE_CHECKING:  # the solvers load when a method runs: listing the specs needs none of them
+    from planner.solvers.offload.heuristics import HeuristicResult
+    from planner.solvers.offload.search import Judge
 
 
 def _deadline(request: SolveRequest, share: float = 0.9) -> float:
@@ -34,7 +36,9 @@ def _deadline(request: SolveRequest, share: float = 0.9) -> float:
 
 
 def _heuristic(request: SolveRequest, name: str) -> tuple[Judge, HeuristicResult]:
+    from planner.solvers.baselines import store_all
     from planner.solvers.offload import heuristics
+    from planner.solvers.offload.search import Judge, require_host_tier
 
     resources = require_host_tier(request.resources, name)
     judge = Judge(request.graph, request.budget_bytes, resources)
@@ -50,6 +54,8 @@ def _heuristic(request: SolveRequest, name: str) -> tuple[Judge, HeuristicResult
 
 
 def _heuristic_method(request: SolveRequest, name: str) -> MethodResult:
+    from planner.solvers.offload.search import judged_result
+
     judge, r = _heuristic(request, name)
     notes = [] if r.windows else ["no activation is idle between two uses: nothing to offload"]
     return judged_result(request, judge, r.best, r.source, notes, {"windows": r.windows})
@@ -74,6 +80,7 @@ def offload_remat(request: SolveRequest) -> MethodResult:
     """Recomputation and offloading: the best of pure remat (auto, 40 % of the time) and remat
     plans at larger budgets brought down by offloading (the rest)."""
     from planner.solvers.offload.hybrid import remat_offload_search
+    from planner.solvers.offload.search import Judge, judged_result, require_host_tier
     from planner.solvers.remat.auto import solve_auto
 
     resources = require_host_tier(request.resources, "offload-remat")

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from planner.core.errors import InputError
 from planner.core.plan import PlanStatus
 from planner.solvers.remat.backends import LP_BACKENDS, MIP_BACKENDS
-from planner.solvers.remat.exact import RematResult, solve_milp
-from planner.solvers.remat.problem import problem_from_graph, staged_from_actions
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec, option, read_options
+
+if TYPE_CHECKING:  # the solvers load when a method runs: listing the specs needs none of them
+    from planner.solvers.remat.exact import RematResult
 
 _STATUS = {"optimal": PlanStatus.optimal, "feasible": PlanStatus.feasible,
            "infeasible": PlanStatus.infeasible, "unknown": PlanStatus.timeout}
@@ -92,6 +94,7 @@ def _result(request: SolveRequest, r: RematResult, started: float) -> MethodResu
 
 def _baseline_hint(request: SolveRequest, problem):
     from planner.solvers.baseline_methods import best_baseline
+    from planner.solvers.remat.problem import staged_from_actions
 
     base = best_baseline(request)
     if base.actions is None:
@@ -101,6 +104,9 @@ def _baseline_hint(request: SolveRequest, problem):
 
 def milp(request: SolveRequest) -> MethodResult:
     """Checkmate's MILP; options: backend (cpsat, scip, highs, cbc, pulp-cbc), hint (bool)."""
+    from planner.solvers.remat.exact import solve_milp
+    from planner.solvers.remat.problem import problem_from_graph
+
     started = time.perf_counter()
     options = read_options(MilpOptions, request.options)
     backend = _backend(options.backend, MilpOptions.backend, MIP_BACKENDS)
@@ -120,6 +126,7 @@ def lp_rounding(request: SolveRequest) -> MethodResult:
     from planner.sim.simulator import simulate
     from planner.solvers.baseline_methods import best_baseline
     from planner.solvers.remat.lp_rounding import solve_lp_rounding
+    from planner.solvers.remat.problem import problem_from_graph
 
     started = time.perf_counter()
     backend = _backend(read_options(LpRoundingOptions, request.options).backend,
@@ -148,6 +155,7 @@ def cpsat_intervals(request: SolveRequest) -> MethodResult:
     computations: then its bound is not claimed), hint (bool, from the best baseline)."""
     from planner.solvers.baseline_methods import best_baseline
     from planner.solvers.remat.intervals import solve_intervals
+    from planner.solvers.remat.problem import problem_from_graph
 
     options = read_options(IntervalsOptions, request.options)
     cap = options.max_computations

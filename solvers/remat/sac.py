@@ -21,14 +21,16 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import InputError
 from planner.core.plan import PlanStatus
 from planner.solvers.remat.backends import objective_scale, scaled_cost
-from planner.solvers.remat.sac_space import SacRun, SacSpace, compiled_schedule, search
 from planner.solvers.request import MethodResult, SolveRequest
 from planner.solvers.spec import MethodSpec, option, read_options
+
+if TYPE_CHECKING:  # the search loads when the method runs: listing the specs needs none of it
+    from planner.solvers.remat.sac_space import SacRun, SacSpace
 
 HEURISTIC_SHARE = 0.3  # of the time limit, for the heuristic when the exact model follows
 
@@ -219,6 +221,7 @@ def sac(request: SolveRequest) -> MethodResult:
     """Heuristic, then the exact model (options: exact, exact_max_nodes); the plan is the
     compiled schedule of the best recomputed set, its peak the compiled step's prediction."""
     from planner.solvers.remat.auto import final_margin_s
+    from planner.solvers.remat.sac_space import SacSpace, compiled_schedule, search
 
     started = time.perf_counter()
     options = read_options(SacOptions, request.options)
