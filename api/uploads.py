@@ -299,11 +299,13 @@ class UploadPoolMiddleware:
             return
         try:
             who = await self._caller(scope)
-        except ApiError as e:
-            await error_response(e.status, e.message, code=e.code, details=e.details,
-                                 headers=e.headers)(scope, receive, send)
+        except Exception as e:
+            await _error_answer(scope, e)(scope, receive, send)
             return
-        body, small = await _read_body(receive, threshold if declared is None else None)
+        read = await _read_body(receive, threshold if declared is None else None)
+        if read is None:
+            return  # the client left: nothing to answer
+        body, small = read
         if small:  # a chunked body under the threshold: the route reads it as it is
             await self.app(scope, _replay(body, receive), send)
             return
@@ -327,8 +329,7 @@ class UploadPoolMiddleware:
         try:
             self.pool.admit(who.tenant)
         except ApiError as e:
-            await error_response(e.status, e.message, code=e.code, details=e.details,
-                                 headers=e.headers)(scope, receive, send)
+            await _error_answer(scope, e)(scope, receive, send)
             return
         try:
             prepared = await self.pool.prepare(kind, body, who.tenant)
@@ -340,19 +341,8 @@ class UploadPoolMiddleware:
                 created = await run_in_threadpool(
                     parts.store.put_graph, prepared.graph_hash, prepared.document,
                     prepared.nodes, prepared.edges, who.tenant)
-        except ApiError as e:
-            await error_response(e.status, e.message, code=e.code, details=e.details,
-                                 headers=e.headers)(scope, receive, send)
-            return
         except Exception as e:
-            from sqlalchemy.exc import DBAPIError
-
-            health = scope["app"].state.storage_health
-            cause = health.failed(e) if isinstance(e, DBAPIError) else None
-            problem = health.problem()
-            if cause is None or problem is None:
-                raise
-            await storage_error_response(cause, problem[1])(scope, receive, send)
+            await _error_answer(scope, e)(scope, receive, send)
             return
         finally:
             self.pool.release(who.tenant)
@@ -387,14 +377,32 @@ class UploadPoolMiddleware:
             PREPARED.reset(token)
 
 
-async def _read_body(receive: Receive, limit: int | None) -> tuple[bytes, bool]:
-    """(the body, whether it ended under `limit`); reads all of it when `limit` is None."""
+def _error_answer(scope: Scope, exc: Exception) -> Any:
+    """What the app's handlers answer for `exc` (this middleware runs outside them): an
+    ApiError as it says, a storage fault 503 with its cause (planner.api.errors); anything else
+    is re-raised (the app's last handler: a 500)."""
+    from sqlalchemy.exc import DBAPIError
+
+    if isinstance(exc, ApiError):
+        return error_response(exc.status, exc.message, code=exc.code, details=exc.details,
+                              headers=exc.headers)
+    health = scope["app"].state.storage_health
+    cause = health.failed(exc) if isinstance(exc, DBAPIError) else None
+    problem = health.problem()
+    if cause is None or problem is None:
+        raise exc
+    return storage_error_response(cause, problem[1])
+
+
+async def _read_body(receive: Receive, limit: int | None) -> tuple[bytes, bool] | None:
+    """(the body, whether it ended under `limit`), or None when the client left; reads all of
+    it when `limit` is None."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError  # the client left: nothing to answer
+            return None
         chunk = message.get("body", b"")
         chunks.append(chunk)
         size += len(chunk)

@@ -151,3 +151,28 @@ def test_the_pool_is_bounded_per_tenant_and_in_all(
     assert "Retry-After" in again.headers and "Retry-After" in other.headers
     assert anonymous.status_code == 401, anonymous.text
     assert health.status_code == 200
+
+
+def test_a_storage_fault_behind_the_pool_is_a_503(pooled: TestClient) -> None:
+    """The graph is stored by the middleware: a full disk answers as the routes do."""
+    import sqlite3
+    from contextlib import contextmanager
+
+    from sqlalchemy.exc import OperationalError
+
+    @contextmanager
+    def full() -> Iterator[None]:
+        raise OperationalError("INSERT ...", {}, sqlite3.OperationalError(
+            "database or disk is full"))
+        yield  # pragma: no cover
+
+    store = pooled.app.state.parts.store  # type: ignore[attr-defined]
+    store.write_session = full
+    try:
+        for path, body in (("/v1/graphs", DOC), ("/v1/plans", {"graph": DOC, "budget": 0.5})):
+            answer = pooled.post(path, json=body)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "storage_disk_full"
+            assert answer.headers["Retry-After"]
+    finally:
+        del store.write_session
