@@ -34,7 +34,7 @@ from planner.api.caps import (
     RESOURCE_CAPS,
     option_cap,
 )
-from planner.core.budget import MAX_BUDGET_BYTES, MIN_FRACTION, MIN_PLAIN_BYTES
+from planner.core.budget import MAX_BUDGET_BYTES, MIN_FRACTION
 from planner.core.errors import describe_validation_error
 from planner.core.graph import MAX_NODE_ID, Graph
 from planner.core.resources import Resources, preset_names
@@ -220,18 +220,29 @@ def integral(value: object) -> object:
 # A resources preset by name: the schema lists the canonical names (the server also reads
 # them in any case, and refuses an unknown one with the list).
 PresetName = Annotated[StrictStr, WithJsonSchema({"type": "string", "enum": preset_names()})]
-# The budget grammar's forms (planner.core.budget), as far as a schema can say them: a fraction
-# in (0, 1], a byte count from MIN_PLAIN_BYTES up, or a string: a percentage, bytes with a unit,
-# a fraction or a byte count (sizes bounded so that none passes 1 EiB).
+# The budget grammar's forms (planner.core.budget), as far as a schema can say them: a JSON
+# integer is bytes (from 1 up: 1 is one byte), a number with a point a fraction in (0, 1], a
+# string a percentage, bytes with a unit, an integer (bytes) or a fraction (sizes bounded so
+# that none passes 1 EiB). JSON Schema counts 1.0 as an integer too: the descriptions say that
+# the grammar reads the number as written (1 is one byte, 1.0 all of the store-all peak).
+BYTES_PATTERN = (
+    r"[1-9][0-9]{0,5}(\.[0-9]{1,3})?[KMGT]i?B|[1-9][0-9]{0,17}B|[1-9][0-9]{0,17}"
+)
+BYTES_TEXT_PATTERN = f"^({BYTES_PATTERN})$"  # bytes only: device memory
 BUDGET_PATTERN = (
-    r"^([1-9][0-9]{0,5}(\.[0-9]{1,3})?%|[1-9][0-9]{0,5}(\.[0-9]{1,3})?[KMGT]i?B"
-    r"|[1-9][0-9]{0,17}B|0?\.[0-9]{0,5}[1-9]|1(\.0{1,3})?|[1-9][0-9]{3,17})$"
+    rf"^([1-9][0-9]{{0,5}}(\.[0-9]{{1,3}})?%|{BYTES_PATTERN}|0?\.[0-9]{{0,5}}[1-9]|1\.0{{0,3}})$"
 )
 BUDGET_SCHEMA: dict[str, Any] = {
     "anyOf": [
-        {"type": "integer", "minimum": MIN_PLAIN_BYTES, "maximum": MAX_BUDGET_BYTES},
+        {"type": "integer", "minimum": 1, "maximum": MAX_BUDGET_BYTES},
         {"type": "number", "minimum": MIN_FRACTION, "maximum": 1},
         {"type": "string", "pattern": BUDGET_PATTERN},
+    ]
+}
+DEVICE_MEMORY_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_BUDGET_BYTES},
+        {"type": "string", "pattern": BYTES_TEXT_PATTERN},
     ]
 }
 

@@ -8,10 +8,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -21,28 +19,63 @@ from pydantic.json_schema import SkipJsonSchema
 from planner.api.caps import MAX_SWEEP_BUDGETS
 from planner.api.request_documents import (
     BUDGET_SCHEMA,
+    DEVICE_MEMORY_SCHEMA,
     GraphBody,
     PresetName,
     ResourcesDocument,
     int_options,
     resources_as_json_schema_reads,
 )
-from planner.core.budget import MAX_BUDGET_BYTES
+from planner.core.budget import parse_budget_spec
+from planner.core.errors import InputError
 from planner.core.limits import MAX_TIME_LIMIT_S
 from planner.engine.options import METHOD_OPTIONS, describe_options
 
-# Bounded in the schema: a budget over 1 EiB is a 422 naming it, never an int64 overflow. The
-# schema states the grammar's accepted forms (BUDGET_SCHEMA); validation stays wider so an
-# ambiguous budget (12, '5') gets the budget grammar's own message naming the fix.
-Budget = Annotated[
-    Annotated[StrictInt, Field(ge=1, le=MAX_BUDGET_BYTES)]
-    | Annotated[StrictFloat, Field(gt=0, le=MAX_BUDGET_BYTES, allow_inf_nan=False)]
-    | Annotated[StrictStr, Field(min_length=1, max_length=64)],
-    WithJsonSchema(BUDGET_SCHEMA),
-]
+
+def _budget(value: object) -> int | float | str:
+    """A budget as the body gives it, its JSON type kept (1 and 1.0 differ): a JSON integer is
+    bytes (1 is one byte), a number with a point a fraction of the store-all peak in (0, 1],
+    a string the grammar. Only the type is checked here, in one line (never the union of the
+    validation library's complaints); the one budget grammar (planner.core.budget) reads the
+    value when the request is resolved, its error naming the field (`budget`, `budgets[2]`)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        try:
+            parse_budget_spec(value, "budget")
+        except InputError as e:
+            raise ValueError(e.detail) from None
+    assert isinstance(value, int | float | str)
+    return value
+
+
+# The schema states the grammar's accepted forms (BUDGET_SCHEMA); validation is the grammar's.
+Budget = Annotated[int | float | str, PlainValidator(_budget), WithJsonSchema(BUDGET_SCHEMA)]
 BUDGET_DESCRIPTION = (
-    "Bytes (12000000000: a whole number from 1000 up, at most 2**60), a string with units "
-    "('11GiB', '900MB'), or a fraction of the graph's store-all peak (0.8 or '80%')."
+    "A JSON integer is bytes (12000000000; 1 is one byte; at most 2**60); a number with a "
+    "point is a fraction of the graph's store-all peak in (0, 1] (0.8; 1.0 is all of it); or "
+    "a string: '80%' (of the store-all peak), '11GiB' / '900MB' (bytes with a unit), '0.8' or "
+    "'12000000000'. A whole byte count written with a point or an exponent (4e9, 4.0) is "
+    "refused: write it as an integer."
+)
+
+def _device_memory(value: object) -> int | str:
+    """Memory per device as the body gives it: bytes in the one budget grammar (a JSON integer,
+    1 is one byte, or a string such as '80GiB'); a fraction of the store-all peak is refused."""
+    try:
+        spec = parse_budget_spec(value, "device_memory")
+    except InputError as e:
+        raise ValueError(e.detail) from None
+    if spec.needs_reference:
+        raise ValueError(f"{value!r}: device memory is bytes, not a fraction of the store-all "
+                         "peak; give an integer (bytes) or a size with its unit such as '80GiB'")
+    assert isinstance(value, int | str)
+    return value
+
+
+DeviceMemory = Annotated[int | str, PlainValidator(_device_memory),
+                         WithJsonSchema(DEVICE_MEMORY_SCHEMA)]
+DEVICE_MEMORY_DESCRIPTION = (
+    "Memory per device: a JSON integer is bytes (1 is one byte; at most 2**60), or a string "
+    "'80GiB', '40GB', '12000000000'."
 )
 # graph and graph_id exclude each other: exactly one is given (null counts as absent).
 GRAPH_XOR_GRAPH_ID: dict[str, Any] = {

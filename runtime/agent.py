@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.core.budget import format_bytes
+from planner.core.budget import format_bytes, parse_budget_spec
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
 from planner.core.plan import Plan
@@ -121,7 +121,10 @@ def plan_for(
     grad_accumulation_steps: int = 1,
     strict: bool = False,
 ) -> PlannedModule:
-    """A PlannedModule for `model` within `budget` (bytes, '2GiB', or a fraction of store-all).
+    """A PlannedModule for `model` within `budget`, in the one budget grammar
+    (planner.core.budget): an int is bytes (1 is one byte), a float a fraction of the store-all
+    peak in (0, 1] (1.0 is all of it), a string '2GiB', '80%' or '0.8'. Checked before the
+    model is traced: a bad budget is one InputError naming `budget`.
 
     With `calibrate`, one measured step checks the plan; with `replan` as well, a step that
     measured more than the budget plus `replan_tolerance_bytes` is planned once more for
@@ -137,6 +140,7 @@ def plan_for(
     made with options is cached apart from the method's default one."""
     from planner.tracing.api import trace as trace_fn
 
+    parse_budget_spec(budget, "budget")  # before the trace: a bad budget fails at once
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     observed = (gradient_lifetime is None and grad_accumulation_steps == 1
                 and kept_gradients(model))

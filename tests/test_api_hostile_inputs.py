@@ -1,8 +1,8 @@
 """Issue 50, item 7: bad input to the service is one line naming the field, with a 4xx, never a
 500, and every 500 still carries the security headers. `"schedule": "bogus"` on /v1/partitions
-was a 500 without them; `"device_memory": 1` was read as 100 % of the store-all peak (the
-schema's minimum is 1000 bytes); `"budget": "1e-300"` was read as 1 byte; rotor's `slots` and
-`segments` had no maximum (its DP tables grow with segments^2 x slots)."""
+was a 500 without them; `"device_memory": 1` was read as 100 % of the store-all peak (now one
+byte: issue 49 item 2, one budget grammar); `"budget": "1e-300"` was read as 1 byte; rotor's
+`slots` and `segments` had no maximum (its DP tables grow with segments^2 x slots)."""
 
 from __future__ import annotations
 
@@ -58,13 +58,19 @@ def test_every_500_carries_the_security_headers(client: TestClient) -> None:
     assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
 
 
-def test_device_memory_below_the_schemas_minimum_is_refused(client: TestClient) -> None:
-    for tiny in (1, 999):
+def test_device_memory_is_bytes_from_one_byte_up(client: TestClient) -> None:
+    # One budget grammar: a JSON integer is bytes, however small (1 is one byte, never 100 %).
+    for tiny in (0, -1):
         answer = client.post("/v1/partitions", json={**PARTITION, "device_memory": tiny})
-        assert "1000" in refused(answer, "device_memory")
+        assert "more than 0" in refused(answer, "device_memory")
+    for fraction in (0.8, "0.8", 1.0):  # device memory is bytes, never a fraction
+        answer = client.post("/v1/partitions", json={**PARTITION, "device_memory": fraction})
+        refused(answer, "device_memory")
+    answer = client.post("/v1/partitions", json={**PARTITION, "device_memory": 1})
+    assert answer.status_code in (200, 202), answer.text
     schema = client.get("/openapi.json").json()["components"]["schemas"]["PartitionRequest"]
     forms = schema["properties"]["device_memory"]["anyOf"]
-    assert {"type": "integer", "minimum": 1000} in [
+    assert {"type": "integer", "minimum": 1} in [
         {k: f[k] for k in ("type", "minimum") if k in f} for f in forms]
 
 
@@ -83,7 +89,8 @@ def test_a_budget_under_a_byte_or_a_senseless_fraction_is_refused(
 
 
 def test_the_budget_grammar_keeps_every_sensible_form() -> None:
-    for text, fraction, size in (("0.8", 0.8, None), ("80%", 0.8, None), ("1", 1.0, None),
+    for text, fraction, size in (("0.8", 0.8, None), ("80%", 0.8, None), ("1.0", 1.0, None),
+                                 ("1", None, 1),
                                  ("0.000001", MIN_FRACTION, None), ("1B", None, 1),
                                  ("0.5KB", None, 500), ("12GiB", None, 12 * 2**30)):
         spec = parse_budget_spec(text)

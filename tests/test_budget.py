@@ -1,7 +1,8 @@
 """Budget parsing: bytes, units, fractions and percentages of the store-all peak, errors.
 
-The grammar is unambiguous (planner/core/budget.py): a bare number is a fraction up to 1 and bytes
-from 1000 up; anything between is refused with the forms that say what was meant."""
+The grammar is unambiguous (planner/core/budget.py): an integer is bytes (1 is one byte), a
+number with a point a fraction of the store-all peak up to 1 (1.0 is all of it); a number with a
+point above 1 is refused with the forms that say what was meant."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ PEAK = 13_484_795_520  # fcn8's store-all peak: the published budgets are fracti
     [
         ("123456", 123456),
         (123456, 123456),
-        ("1000", 1000),  # the least plain byte count
+        ("1000", 1000),
+        ("1", 1),  # an integer is bytes, however small
+        (1, 1),
+        ("500", 500),
+        (999, 999),
         ("2B", 2),
         ("900MB", 900 * 10**6),
         ("900 mb", 900 * 10**6),
@@ -28,8 +33,7 @@ PEAK = 13_484_795_520  # fcn8's store-all peak: the published budgets are fracti
         ("64B", 64),
         ("2TiB", 2 * 2**40),
         ("1TB", 10**12),
-        ("1e9", 10**9),
-        ("1.5e3", 1500),
+        ("1.5GB", 1_500_000_000),
         ("  4 GiB ", 4 * 2**30),
     ],
 )
@@ -43,8 +47,10 @@ def test_absolute_budgets(text: str | int, expected: int) -> None:
     [
         ("0.9", 12_136_315_968),  # ceil(0.9 * peak), as published (11.3 GiB)
         ("0.8", 10_787_836_416),  # ceil(0.8 * peak), as published (10.05 GiB)
-        ("1", PEAK),
         ("1.0", PEAK),
+        (1.0, PEAK),
+        ("1.", PEAK),
+        ("8e-1", 10_787_836_416),
         (0.5, PEAK // 2),
         ("80%", 10_787_836_416),
         ("100 %", PEAK),
@@ -66,7 +72,7 @@ def test_fractions_round_up() -> None:
     [
         ("", "cannot parse"),
         ("lots", "cannot parse"),
-        ("-5", "cannot parse"),
+        ("-5", "more than 0"),
         ("1.2.3GiB", "cannot parse"),
         ("nan", "cannot parse"),
         ("10 GiB of memory", "cannot parse"),
@@ -74,10 +80,11 @@ def test_fractions_round_up() -> None:
         ("0", "more than 0"),
         ("0%", "more than 0"),
         ("0GiB", "more than 0"),
-        ("1e999", "too large"),
-        ("1.5", "ambiguous"),
-        ("2", "ambiguous"),
-        ("999", "ambiguous"),
+        ("1e999", "at most 1"),
+        ("1" + "0" * 19, "too large"),
+        ("1.5", "150%"),
+        ("2.0", "200%"),
+        ("1e9", "1000000000 (an integer: bytes) or 1GB"),
         ("1.5B", "whole number"),
     ],
 )

@@ -259,7 +259,9 @@ def test_lightning_names_the_module_to_plan() -> None:
 
 # -- the shared parts -------------------------------------------------------------------------
 def test_budgets_in_bytes_or_fractions() -> None:
-    assert checked_budget(4096, "X") == "4096B"
+    assert checked_budget(4096, "X") == 4096  # an int is bytes, as everywhere
+    assert checked_budget(1, "X") == 1  # one byte (no plan fits: said at the first step)
+    assert checked_budget(1.0, "X") == 1.0  # all of the store-all peak
     assert checked_budget(0.5, "X") == 0.5
     assert checked_budget("80%", "X") == "80%"
     for bad in (1.5, True, 0, "2 apples"):

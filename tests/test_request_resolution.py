@@ -62,7 +62,7 @@ def test_every_field_is_resolved_once_into_a_frozen_value() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "field", "fragment"), [
-    ({"budget": "1.5"}, "budget", "ambiguous"),
+    ({"budget": "1.5"}, "budget", "at most 1; write 150%"),
     ({"budget": "80%", "time_limit": 0}, "time_limit", "more than 0"),
     ({}, "budget", "missing"),
     ({"budget": "1GiB", "resources": "tpu-v9"}, "resources", "preset 'tpu-v9': unknown"),
@@ -86,7 +86,8 @@ def test_errors_name_the_request_field(kwargs: dict[str, object], field: str,
 def test_each_entry_point_says_the_field_in_its_own_words() -> None:
     from planner.cli.options import in_cli_words
 
-    assert str(in_cli_words(_error(budget="1.5"))).startswith("--budget: '1.5': ambiguous")
+    assert str(in_cli_words(_error(budget="1.5"))).startswith(
+        "--budget: '1.5': a number with a point")
     assert str(in_cli_words(_error(budget="1GiB", time_limit="inf"))).startswith(
         "--time-limit: inf: must be a finite number")
     backend = _error(budget="1GiB", method="milp", options={"backend": "bogus"})
@@ -161,8 +162,8 @@ def test_the_cli_resolves_once_and_says_flags(tmp_path: Path,
     assert code == 2 and err.startswith("error: --backend: 'bogus' is not one of"), err
     code, err = cli("solve", graph, "--budget", "0.9", "--resources", "tpu-v9")
     assert code == 2 and err.startswith("error: --resources: preset 'tpu-v9'"), err
-    code, err = cli("sweep", graph, "--budgets", "0.5,2", "-m", "store-all")
-    assert code == 2 and err.startswith("error: --budgets: '2': ambiguous"), err
+    code, err = cli("sweep", graph, "--budgets", "0.5,1.5", "-m", "store-all")
+    assert code == 2 and err.startswith("error: --budgets: '1.5': a number with a point"), err
 
 
 @pytest.fixture(scope="module")
@@ -178,15 +179,17 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 
 @pytest.mark.parametrize(("path", "body", "field", "start"), [
-    ("/v1/plans", {"budget": "1.5"}, "budget", "budget: '1.5': ambiguous"),
+    ("/v1/plans", {"budget": "1.5"}, "budget", "budget: '1.5': a number with a point"),
     ("/v1/plans", {"budget": 0.9, "method": "offload-greedy"}, "resources",
      "resources: missing; method offload-greedy offloads"),
     ("/v1/plans", {"budget": 0.9, "method": "rotor", "options": {"slots": 0}}, "options.slots",
      "options.slots: 0 is below 1"),
     ("/v1/plans", {"budget": 0.9, "resources": "tpu-v9"}, "resources",
      "resources: preset 'tpu-v9': unknown"),
-    ("/v1/sweeps", {"budgets": [0.5, "2"]}, "budgets[1]", "budgets[1]: '2': ambiguous"),
-    ("/v1/sweeps", {"budgets": ["12"]}, "budgets[0]", "budgets[0]: '12': ambiguous"),
+    ("/v1/sweeps", {"budgets": [0.5, 1.5]}, "budgets[1]",
+     "budgets[1]: 1.5: a number with a point"),
+    ("/v1/sweeps", {"budgets": ["12.5"]}, "budgets[0]",
+     "budgets[0]: '12.5': a number with a point"),
 ])
 def test_the_service_says_the_body_field(
     api: TestClient, path: str, body: dict[str, object], field: str, start: str

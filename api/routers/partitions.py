@@ -34,10 +34,9 @@ from pydantic import (
     field_validator,
 )
 
-from planner.api.caps import MAX_BYTES, MAX_DATA_PARALLEL, MAX_DEVICES, MAX_MICROBATCHES
+from planner.api.caps import MAX_DATA_PARALLEL, MAX_DEVICES, MAX_MICROBATCHES
 from planner.api.deps import Identity, Parts
 from planner.api.request_documents import (
-    BUDGET_PATTERN,
     GraphBody,
     PresetName,
     ResourcesDocument,
@@ -45,8 +44,12 @@ from planner.api.request_documents import (
     resources_as_json_schema_reads,
 )
 from planner.api.routers.plans import MAX_WAIT_S, SUBMIT_RESPONSES, submit_plan
-from planner.api.schemas import JobAccepted, PlanRequest
-from planner.core.budget import MIN_PLAIN_BYTES
+from planner.api.schemas import (
+    DEVICE_MEMORY_DESCRIPTION,
+    DeviceMemory,
+    JobAccepted,
+    PlanRequest,
+)
 from planner.core.errors import InputError
 from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.solvers.pipeline.schedules import SCHEDULES
@@ -62,14 +65,6 @@ PartitionerName = Annotated[StrictStr, WithJsonSchema(
     {"type": "string", "enum": [*PARTITIONERS, *(f"pipeline-{p}" for p in PARTITIONERS)]})]
 ScheduleName = Annotated[StrictStr, WithJsonSchema(
     {"type": "string", "enum": [*SCHEDULES, "auto"]})]
-# Bytes as a JSON integer (the schema: from MIN_PLAIN_BYTES up, as the budget grammar reads a
-# bare number); the cap is checked by PartitionRequest (one clear error).
-DeviceMemoryBytes = Annotated[StrictInt, WithJsonSchema(
-    {"type": "integer", "minimum": MIN_PLAIN_BYTES, "maximum": MAX_BYTES})]
-# The budget grammar's string forms (it becomes the plan's budget).
-DeviceMemoryText = Annotated[StrictStr, WithJsonSchema(
-    {"type": "string", "pattern": BUDGET_PATTERN})]
-
 
 def _given_or_in_resources(field: str, resources_field: str,
                            preset_says_it: bool) -> dict[str, Any]:
@@ -111,9 +106,8 @@ class PartitionRequest(BaseModel):
     )
     devices: StrictInt | None = Field(default=None, ge=1, le=MAX_DEVICES,
                                       description="Pipeline ranks.")
-    device_memory: DeviceMemoryText | DeviceMemoryBytes | None = Field(
-        default=None, description="Memory per device: '80GiB', '40GB' or bytes (at most 2**60)."
-    )
+    device_memory: DeviceMemory | None = Field(default=None,
+                                               description=DEVICE_MEMORY_DESCRIPTION)
     # At least 2: one micro-batch is what resources.json says by default, i.e. "not given".
     microbatches: StrictInt | None = Field(default=None, ge=2, le=MAX_MICROBATCHES,
                                            description="Micro-batches per step (2 or more).")
@@ -145,28 +139,6 @@ class PartitionRequest(BaseModel):
     # 4.0 is 4 (a JSON Schema integer); 4.5, "4" and true are still refused.
     _integral = field_validator("devices", "microbatches", "zero", "dp", "chunks",
                                 mode="before")(integral)
-
-    @field_validator("device_memory", mode="before")
-    @classmethod
-    def _memory_form(cls, value: object) -> object:
-        # 4.0e9 is 4000000000 (a JSON Schema integer); any other number is no byte count, and
-        # the union's own error would list both branches' complaints.
-        value = integral(value)
-        if isinstance(value, float):
-            raise ValueError(f"{value!r}: give bytes as a whole number from {MIN_PLAIN_BYTES} "
-                             "or a size such as '80GiB'")
-        return value
-
-    @field_validator("device_memory")
-    @classmethod
-    def _memory_within_cap(cls, value: str | int | None) -> str | int | None:
-        # Here, not as le= on the union's int: its error would list the str branch's too. From
-        # MIN_PLAIN_BYTES up, as the schema says: 1 would be read by the budget grammar as a
-        # fraction (100 % of the store-all peak), not as one byte.
-        if isinstance(value, int) and not MIN_PLAIN_BYTES <= value <= MAX_BYTES:
-            raise ValueError(f"{value}: a byte count is from {MIN_PLAIN_BYTES} up to 2**60 "
-                             "(1 EiB); give one, or a size with its unit such as '80GiB'")
-        return value
 
     @field_validator("schedule")
     @classmethod

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from planner.core.budget import BUDGET_GRAMMAR
+
 from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S, DEFAULT_TIME_LIMIT_S
 
 if TYPE_CHECKING:
@@ -63,10 +65,7 @@ ResourcesOpt = Annotated[
     ),
 ]
 
-BUDGET_HELP = (
-    "80% or 0.8 (of the store-all peak; a bare number is a fraction only up to 1), "
-    "11.3GiB / 900MB / 64B, or a plain byte count ≥ 1000; 1.5 or 12 are refused as ambiguous"
-)
+BUDGET_HELP = BUDGET_GRAMMAR + "; a number with a point above 1 (1.5, 1e9) is refused"
 
 
 def _checked_time_limit(value: float | None) -> float | None:

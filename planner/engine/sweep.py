@@ -49,7 +49,7 @@ MAX_SWEEP_BUDGETS = 1000  # each budget is a solve of up to its time limit
 def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, int]]:
     """'0.3:1.0:0.05' (start:stop:step fractions, stop included) or a comma list of
     fractions / byte sizes; returns (fraction or None, bytes) sorted by bytes."""
-    from planner.core.budget import parse_budget
+    from planner.core.budget import parse_budget_spec
 
     items: list[tuple[float | None, int]] = []
     if ":" in spec:
@@ -74,17 +74,9 @@ def parse_budgets(spec: str, store_all_peak: int) -> list[tuple[float | None, in
             raise InputError(f"{spec.count(',') + 1} budgets, at most {MAX_SWEEP_BUDGETS}",
                              field="budget")
         for token in spec.split(","):
-            b = parse_budget(token.strip(), store_all_peak)
-            value = float(token) if _is_fraction(token) else None
-            items.append((value, b))
+            parsed = parse_budget_spec(token.strip())  # '1' is one byte, '1.0' all the peak
+            items.append((parsed.fraction, parsed.resolve(store_all_peak)))
     return sorted(set(items), key=lambda x: x[1])
-
-
-def _is_fraction(token: str) -> bool:
-    try:
-        return float(token) <= 1.0
-    except ValueError:
-        return False
 
 
 def _solve_one(graph_json: str, budget: int, values: dict[str, Any]) -> dict[str, object]:

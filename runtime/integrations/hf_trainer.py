@@ -44,8 +44,9 @@ from planner.runtime.integrations.planned_forward import (
 
 
 class PlannerCallback(TrainerCallback, PlannerCallbackState):
-    """Plans, applies and measures `trainer.model`'s training step under `budget`: bytes (int),
-    a fraction of the store-all peak (float in (0, 1]) or a budget string ('80%', '2GiB').
+    """Plans, applies and measures `trainer.model`'s training step under `budget`: bytes (int;
+    1 is one byte), a fraction of the store-all peak (float in (0, 1]; 1.0 is all of it) or a
+    budget string ('80%', '2GiB'): the one budget grammar (planner.core.budget).
 
     `method`, `time_limit_s`, `cache_dir`, `server` and any further `agent_options` (token,
     timeout_s, replan, ...) are planner.runtime.agent.plan_for's."""

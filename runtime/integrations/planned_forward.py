@@ -46,11 +46,9 @@ PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
 def checked_budget(budget: int | float | str, where: str) -> int | float | str:
-    """An int is bytes (sent as '<n>B': the grammar refuses small bare numbers), a float a
-    fraction of the store-all peak in (0, 1], a string the budget grammar; InputError now
-    rather than at the first training step."""
-    if isinstance(budget, int) and not isinstance(budget, bool):
-        budget = f"{budget}B"
+    """`budget` as given, checked by the budget grammar (planner.core.budget) now rather than
+    at the first training step: an int is bytes (1 is one byte), a float a fraction of the
+    store-all peak in (0, 1], a string the grammar ('80%', '2GiB')."""
     try:
         parse_budget_spec(budget)
     except InputError as e:
