@@ -133,7 +133,7 @@ def sweep_cmd(
     graph_path: GraphArg,
     budgets: Annotated[str, typer.Option(
         "--budgets", help="start:stop:step fractions of the store-all peak, or a comma list of "
-        "budgets (80%, 0.8, 11GiB, bytes ≥ 1000)"
+        "budgets (80%, 0.8, 11GiB, or an integer: bytes, 1 is one byte)"
     )] = "0.3:1.0:0.05",
     method: Annotated[
         str, typer.Option("--method", "-m", help="See `planner-cli methods`")
