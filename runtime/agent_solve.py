@@ -145,7 +145,7 @@ def ask_service(
     token = api_key(token)
     body = {
         "graph": graph.model_dump(mode="json"),
-        # explicit bytes: the budget grammar refuses small bare numbers as ambiguous
+        # bytes with their unit: read the same by servers before the one grammar (issue 49)
         "budget": f"{budget_bytes}B",
         "method": method,
         "time_limit": time_limit_s,
