@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planner.core.limits import DEFAULT_TIME_LIMIT_S
 from planner.core.plan import Action, BlockPlan, PlanStatus
 from planner.core.resources import Resources
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # the graph type for annotations only: the specs load without
 class SolveRequest:
     graph: Graph
     budget_bytes: int
-    time_limit_s: float = 60.0
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
     threads: int = 2
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.core.plan import Plan, PlanStatus, graph_reference
 from planner.core.resources import Resources
 from planner.engine.job_choice import choose_job
@@ -59,7 +60,7 @@ def solve_pipeline(
     budget_bytes: int,
     method: str,
     *,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = DEFAULT_PIPELINE_TIME_LIMIT_S,
     threads: int = 2,
     options: Mapping[str, object] | None = None,
     resources: Resources | None = None,

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.solvers.pipeline.dp import dp_search, improve_by_moves, least_memory_split
 from planner.solvers.pipeline.enumerate import WALL_SAFETY, Work, known_ranges
 from planner.solvers.pipeline.problem import PartitionOutcome, PipelineProblem, Split
@@ -91,7 +92,7 @@ def memory_ladder(problem: PipelineProblem) -> tuple[list[int], Split]:
 
 
 def ilp_partition(
-    problem: PipelineProblem, time_limit_s: float = 10.0, threads: int = 2
+    problem: PipelineProblem, time_limit_s: float = DEFAULT_PIPELINE_TIME_LIMIT_S, threads: int = 2
 ) -> PartitionOutcome:
     """The fastest simulated candidate (module doc). Deterministic for a given request: the DP
     and the boundary moves run on counted work (planner.solvers.pipeline.enumerate.Work),

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
 from planner.solvers.pipeline.enumerate import Work, makespan_ms
 from planner.solvers.pipeline.policy_splits import PolicySplit, WholeJob
 from planner.solvers.pipeline.problem import (
@@ -78,7 +79,8 @@ CHOICE_S_PER_NODE = 1e-4  # one stage knapsack
 SIM_S_PER_NODE_MB = 1e-5  # one pipeline simulation, per node and micro-batch
 
 
-def whole_job_partition(problem: PipelineProblem, time_limit_s: float = 10.0,
+def whole_job_partition(problem: PipelineProblem,
+                        time_limit_s: float = DEFAULT_PIPELINE_TIME_LIMIT_S,
                         threads: int = 2) -> PartitionOutcome:
     from planner.solvers.pipeline.dp import improve_by_moves
 
