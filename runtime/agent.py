@@ -42,6 +42,7 @@ from torch import nn
 from planner.core.budget import format_bytes, parse_budget_spec
 from planner.core.errors import InputError, NoPlanFits
 from planner.core.graph import Graph
+from planner.core.limits import DEFAULT_AGENT_TIME_LIMIT_S
 from planner.core.plan import Plan
 from planner.engine.request import ResolvedRequest, resolve_request
 from planner.runtime.agent_solve import (
@@ -112,7 +113,7 @@ def plan_for(
     options: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     timeout_s: float = 60.0,
-    time_limit_s: float = 30.0,
+    time_limit_s: float = DEFAULT_AGENT_TIME_LIMIT_S,
     token: str | None = None,
     calibrate: bool = True,
     replan: bool = True,

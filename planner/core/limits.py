@@ -12,7 +12,8 @@ work that decides which splits it tries (the same request gives the same plan), 
 settles within seconds and `partition` is interactive: `DEFAULT_PIPELINE_TIME_LIMIT_S` (one
 60 s default would make a partition that uses its whole budget six times slower and change the
 plans that requests without a time limit get today). A sweep solves many budgets:
-`DEFAULT_SWEEP_TIME_LIMIT_S` each.
+`DEFAULT_SWEEP_TIME_LIMIT_S` each. The training-loop agent and the trainer callbacks plan while
+the job waits to start: `DEFAULT_AGENT_TIME_LIMIT_S`.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import math
 
 from planner.core.errors import InputError
 
-__all__ = ["DEFAULT_PIPELINE_TIME_LIMIT_S", "DEFAULT_SWEEP_TIME_LIMIT_S",
+__all__ = ["DEFAULT_AGENT_TIME_LIMIT_S", "DEFAULT_PIPELINE_TIME_LIMIT_S",
+           "DEFAULT_SWEEP_TIME_LIMIT_S",
            "DEFAULT_TIME_LIMIT_S", "MAX_TIME_LIMIT_S", "check_time_limit"]
 
 MAX_TIME_LIMIT_S = 86_400.0  # one day; a server may cap it lower (max_time_limit_s)
 DEFAULT_TIME_LIMIT_S = 60.0  # a plan of kind remat, offload or remat+offload
 DEFAULT_PIPELINE_TIME_LIMIT_S = 10.0  # a plan of kind pipeline (a partition)
 DEFAULT_SWEEP_TIME_LIMIT_S = 20.0  # each budget of a sweep (many solves, jobs at a time)
+DEFAULT_AGENT_TIME_LIMIT_S = 30.0  # plan_for and the trainer callbacks (the job waits on it)
 
 
 def check_time_limit(value: object, name: str = "time_limit") -> float:

@@ -37,6 +37,7 @@ except ImportError as e:  # pragma: no cover - the torch extra installs transfor
         "pip install 'planner[torch,integrations]'"
     ) from None
 
+from planner.core.limits import DEFAULT_AGENT_TIME_LIMIT_S
 from planner.runtime.integrations.planned_forward import (
     PlannedForward,
     PlannerCallbackState,
@@ -56,7 +57,7 @@ class PlannerCallback(TrainerCallback, PlannerCallbackState):
         budget: int | float | str,
         *,
         method: str = "auto",
-        time_limit_s: float = 30.0,
+        time_limit_s: float = DEFAULT_AGENT_TIME_LIMIT_S,
         cache_dir: str | Path | None = None,
         server: str | None = None,
         max_plans: int = 8,

@@ -39,6 +39,7 @@ except ImportError as e:
 from torch import nn
 
 from planner.core.errors import InputError
+from planner.core.limits import DEFAULT_AGENT_TIME_LIMIT_S
 from planner.runtime.integrations.planned_forward import (
     PlannedForward,
     PlannerCallbackState,
@@ -59,7 +60,7 @@ class PlannerCallback(Callback, PlannerCallbackState):
         *,
         module: str | None = None,
         method: str = "auto",
-        time_limit_s: float = 30.0,
+        time_limit_s: float = DEFAULT_AGENT_TIME_LIMIT_S,
         cache_dir: str | Path | None = None,
         server: str | None = None,
         max_plans: int = 8,
