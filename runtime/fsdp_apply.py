@@ -6,7 +6,8 @@ selective-checkpoint context keeping matmul outputs), then `fully_shard(block,
 reshard_after_forward=plan.reshard[i])` per block, then `fully_shard(model)` for the root, and
 the plan's prefetch depth as explicit prefetch lists (`set_modules_to_forward_prefetch` /
 `set_modules_to_backward_prefetch`: the next `prefetch` blocks, in each direction; the root
-prefetches the first blocks in the forward and the last in the backward).
+prefetches the first blocks in the forward and the last in the backward; prefetch 0 turns
+FSDP2's default backward prefetch off).
 
 `run_fsdp_ranks(spec, plan, world)` starts `world` gloo ranks on this machine
 (`torch.multiprocessing.spawn`), each building the model from `spec` (a zoo factory and its
@@ -81,9 +82,11 @@ def apply_fsdp_plan(model: nn.Module, plan: FsdpPlan, mesh: Any = None) -> nn.Mo
     assert isinstance(root, FSDPModule)
     for i, unit in enumerate(sharded):
         unit.set_modules_to_forward_prefetch(sharded[i + 1:i + 1 + d])
-        unit.set_modules_to_backward_prefetch(sharded[max(0, i - d):i][::-1])
+        # an empty backward list means FSDP2's default (prefetch one): for 0 the list names the
+        # block itself, already unsharded when its pre-backward prefetches (a no-op)
+        unit.set_modules_to_backward_prefetch(sharded[max(0, i - d):i][::-1] if d else [unit])
     root.set_modules_to_forward_prefetch(sharded[:d])
-    root.set_modules_to_backward_prefetch(sharded[::-1][:d])
+    root.set_modules_to_backward_prefetch(sharded[::-1][:d] if d else [root])
     return model
 
 
@@ -171,8 +174,16 @@ def _rank_main(rank: int, world: int, port: int, spec: ModelSpec, plan_texts: li
     dist.init_process_group(SERIAL_GLOO, rank=rank, world_size=world)
     try:
         ref_grads, inputs = _reference(spec)
-        results = [_rank_step(rank, world, spec, FsdpPlan.parse(t), ref_grads, inputs).__dict__
-                   for t in plan_texts]
+        local = _local(inputs, rank, world)
+        runs = [_rank_step(rank, world, spec, FsdpPlan.parse(t), ref_grads, local)
+                for t in plan_texts]
+        # times: rounds over the plans, the least per plan (the machine may be shared)
+        times: list[list[float]] = [[] for _ in runs]
+        for _ in range(3):
+            for k, (model, _) in enumerate(runs):
+                times[k].append(_timed_step(model, local))
+        results = [{**r.__dict__, "step_ms": min(t)} for (_, r), t in zip(runs, times,
+                                                                          strict=True)]
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
     finally:
@@ -199,11 +210,11 @@ def _reference(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], tuple[Any, ...
 
 
 def _rank_step(rank: int, world: int, spec: ModelSpec, plan: FsdpPlan,
-               ref_grads: dict[str, torch.Tensor], inputs: tuple[Any, ...]) -> RankResult:
+               ref_grads: dict[str, torch.Tensor], local: tuple[Any, ...]
+               ) -> tuple[nn.Module, RankResult]:
     model, _ = build(spec)  # the same weights (the factory seeds)
     apply_fsdp_plan(model, plan)
     drain_collectives(model)
-    local = _local(inputs, rank, world)
     model.zero_grad(set_to_none=True)
     model(*local).backward()  # warm-up: FSDP2's lazy initialisation
     model.zero_grad(set_to_none=True)
@@ -224,17 +235,20 @@ def _rank_step(rank: int, world: int, spec: ModelSpec, plan: FsdpPlan,
     if compared != len(ref_grads):
         raise RuntimeError(f"{compared} gradients after the FSDP step, {len(ref_grads)} in the "
                            "reference")
-    times = []
-    for _ in range(2):  # timed apart from the profiler (collectives drained: CPU only)
-        model.zero_grad(set_to_none=True)
-        dist.barrier()
-        started = time.perf_counter()
-        model(*local).backward()
-        times.append((time.perf_counter() - started) * 1e3)
-    step_ms = min(times)
     model.zero_grad(set_to_none=True)
-    return RankResult(rank, events.peak_bytes, events.end_bytes, step_ms,
-                      float(loss.detach()), diff, scale)
+    return model, RankResult(rank, events.peak_bytes, events.end_bytes, 0.0,
+                             float(loss.detach()), diff, scale)
+
+
+def _timed_step(model: nn.Module, local: tuple[Any, ...]) -> float:
+    """One step's wall time apart from the profiler (collectives drained: a CPU time only)."""
+    model.zero_grad(set_to_none=True)
+    dist.barrier()
+    started = time.perf_counter()
+    model(*local).backward()
+    ms = (time.perf_counter() - started) * 1e3
+    model.zero_grad(set_to_none=True)
+    return ms
 
 
 def run_fsdp_plans(spec: ModelSpec, plans: list[FsdpPlan], world: int = 2,

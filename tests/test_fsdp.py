@@ -42,7 +42,7 @@ def test_plan_text_round_trip_and_errors() -> None:
     with pytest.raises(ValueError, match="same blocks"):
         FsdpPlan(("keep",), (True, False))
     with pytest.raises(ValueError, match="prefetch"):
-        FsdpPlan(("keep",), (True,), 0)
+        FsdpPlan(("keep",), (True,), -1)
 
 
 def test_walk_counts_fsdp_buffers_by_hand() -> None:
@@ -163,8 +163,9 @@ def test_gpt_on_two_gloo_ranks_measured_peak_matches_prediction_and_gradients() 
     # a budget under every hand setting's need: the search must find a plan that fits
     least = solve_fsdp(m, 0, 2, FAST, backend="gloo")
     assert least.status == "infeasible"
+    assert least.least_peak_bytes < min(hand_peaks.values())  # prefetch 0 saves an all-gather
     tight = solve_fsdp(m, least.least_peak_bytes, 2, FAST, backend="gloo")
-    assert tight.fits
+    assert tight.fits and tight.status == "optimal"
     mid = solve_fsdp(m, hand_peaks["every-other"], 2, FAST, backend="gloo")
     assert mid.fits and mid.result.step_ms <= simulate_fsdp(
         m, hands["every-other"], 2, FAST, backend="gloo").step_ms + 1e-9

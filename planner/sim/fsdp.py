@@ -5,7 +5,8 @@ block (transformer layer) is its own `fully_shard` group, the root holds the res
 final norm, head). A plan (`FsdpPlan`) chooses per block its activation policy (`keep`,
 `selective`: matmul outputs kept and the rest recomputed, `full`: recompute the whole block from
 its input) and whether the block reshards its parameters after the forward, and one prefetch
-depth: how many blocks ahead the all-gathers are issued (forward and backward).
+depth: how many blocks ahead the all-gathers are issued (forward and backward; 0: none, each
+all-gather waits for its own block, the least memory and the most exposed communication).
 
 What the rank computes is summarised by phases measured on one process
 (`planner.tracing.fsdp_blocks.profile_blocks`): the root's head forward (before block 0), every
@@ -101,7 +102,9 @@ class FsdpModel:
 
 @dataclass(frozen=True)
 class FsdpPlan:
-    """Per block: activation policy and reshard-after-forward; one prefetch depth (>= 1).
+    """Per block: activation policy and reshard-after-forward; one prefetch depth (>= 0: 0
+    issues every all-gather at its block's own pre-forward / pre-backward, FSDP2's backward
+    default is 1).
 
     Text form: `policies=KSFK reshard=1101 prefetch=1` (K keep, S selective, F full recompute;
     1 reshard after forward, 0 keep the unsharded parameters until the block's backward)."""
@@ -116,8 +119,8 @@ class FsdpPlan:
         bad = [p for p in self.policies if p not in POLICIES]
         if bad:
             raise ValueError(f"unknown policy {bad[0]!r}; one of {', '.join(POLICIES)}")
-        if self.prefetch < 1:
-            raise ValueError("prefetch is at least 1 (FSDP2 prefetches one block by default)")
+        if self.prefetch < 0:
+            raise ValueError("prefetch is a number of blocks, 0 or more")
 
     @classmethod
     def uniform(cls, blocks: int, policy: str, reshard: bool = True,

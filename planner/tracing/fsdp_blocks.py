@@ -16,7 +16,8 @@ measuring the phases `planner.sim.fsdp` composes (one process, CPU, the allocato
   allocator_events' reading of torch.profiler) are split at the markers into phases: the head's
   forward, each block's forward, the tail's forward (after the last block, the loss included),
   the tail's backward, each block's backward, the head's backward; a phase's peak is above the
-  bytes live at its start. Times come from separate unprofiled runs (the least of `repeats`).
+  bytes live at its start. Times come from unprofiled steps, the policies in turn, `repeats`
+  rounds: the least per phase.
 """
 
 from __future__ import annotations
@@ -185,43 +186,40 @@ def _one_step(model: nn.Module, inputs: Sequence[Any]) -> None:
 _CLOCK: list[list[tuple[str, float]]] = []
 
 
-def _policy_phases(model: nn.Module, inputs: Sequence[Any], policy: str, repeats: int
-                   ) -> tuple[list[tuple[str, Phase]], dict[str, float]]:
-    named = find_blocks(model)
-    blocks = [m for _, m in named]
-    for blk in blocks:
-        apply_policy(blk, policy)
+def _memory_phases(model: nn.Module, inputs: Sequence[Any]) -> list[tuple[str, Phase]]:
+    """The allocator's phases of one step (after a warm-up step), blocks marked."""
+    blocks = [m for _, m in find_blocks(model)]
     handles = _marked(model, blocks, None)
-    model.zero_grad(set_to_none=True)
-    _one_step(model, inputs)  # warm up (lazy allocations, kernels)
-    model.zero_grad(set_to_none=True)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _one_step(model, inputs)
-    model.zero_grad(set_to_none=True)
+    try:
+        model.zero_grad(set_to_none=True)
+        _one_step(model, inputs)  # warm up (lazy allocations, kernels)
+        model.zero_grad(set_to_none=True)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            _one_step(model, inputs)
+        model.zero_grad(set_to_none=True)
+    finally:
+        for h in handles:
+            h.remove()
     records, marks = _allocator_records(prof)
-    phases = _phases_of(records, marks, len(blocks))
-    for h in handles:
-        h.remove()
-    # times: unprofiled runs with wall-clock stamps at the same marks
+    return _phases_of(records, marks, len(blocks))
+
+
+def _timed_phases(model: nn.Module, inputs: Sequence[Any]) -> dict[str, float]:
+    """One unprofiled step with wall-clock stamps at the block marks: ms per phase."""
+    blocks = [m for _, m in find_blocks(model)]
     clock: list[tuple[str, float]] = []
     handles = _marked(model, blocks, clock)
-    runs: list[dict[str, float]] = []
-    for _ in range(repeats):
-        clock.clear()
-        _CLOCK.append(clock)
-        try:
-            t0 = time.perf_counter()
-            _one_step(model, inputs)
-            t1 = time.perf_counter()
-        finally:
-            _CLOCK.pop()
-        model.zero_grad(set_to_none=True)
-        stamps = {"start": t0, "end": t1, **dict(clock)}
-        runs.append(_phase_ms(stamps, len(blocks)))
-    for h in handles:
-        h.remove()
-    ms = {k: min(r[k] for r in runs) for k in runs[0]}  # the least: the machine is shared
-    return phases, ms
+    _CLOCK.append(clock)
+    try:
+        t0 = time.perf_counter()
+        _one_step(model, inputs)
+        t1 = time.perf_counter()
+    finally:
+        _CLOCK.pop()
+        for h in handles:
+            h.remove()
+    model.zero_grad(set_to_none=True)
+    return _phase_ms({"start": t0, "end": t1, **dict(clock)}, len(blocks))
 
 
 def _phase_ms(stamps: dict[str, float], n: int) -> dict[str, float]:
@@ -241,13 +239,22 @@ def profile_blocks(build: Callable[[], tuple[nn.Module, Sequence[Any]]],
                    ) -> FsdpModel:
     """The model's FSDP summary for `planner.sim.fsdp`: `build()` returns a fresh (model,
     inputs) for one rank's micro-batch (the model in training mode on CPU, returning its loss)."""
-    per_policy: dict[str, tuple[list[tuple[str, Phase]], dict[str, float]]] = {}
     template, inputs = build()
     named = find_blocks(template)
     block_names = [n for n, _ in named]
+    models = {}
     for policy in policies:
-        model = copy.deepcopy(template)
-        per_policy[policy] = _policy_phases(model, inputs, policy, repeats)
+        models[policy] = copy.deepcopy(template)
+        for _, blk in find_blocks(models[policy]):
+            apply_policy(blk, policy)
+    memory = {policy: _memory_phases(m, inputs) for policy, m in models.items()}
+    # times: rounds over the policies, the least per phase (a shared machine slows a whole
+    # round, not one policy)
+    rounds = [{policy: _timed_phases(m, inputs) for policy, m in models.items()}
+              for _ in range(repeats)]
+    per_policy = {policy: (memory[policy],
+                           {k: min(r[policy][k] for r in rounds) for k in rounds[0][policy]})
+                  for policy in models}
     in_blocks: set[int] = set()
     block_params: list[list[torch.Tensor]] = []
     for _, blk in named:

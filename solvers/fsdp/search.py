@@ -3,7 +3,7 @@ prefetch depth, for the fastest step `planner.sim.fsdp.simulate_fsdp` predicts w
 budget (the rank's whole peak: sharded state plus the step's peak).
 
 - Exact (`status` "optimal"): every plan of the space when it has at most `exact_limit` plans
-  (6^blocks x depths: four blocks and three depths are 3,888 simulations).
+  (6^blocks x depths: four blocks and the depths 0, 1, 2 are 3,888 simulations).
 - Otherwise a local search ("heuristic"): from each hand setting (planner.sim.fsdp.hand_plans)
   and the all-keep plan at every depth, first the change that saves the most bytes per
   millisecond lost until the plan fits, then single-block changes that make it faster while it
@@ -63,13 +63,13 @@ def lower_bound_ms(model: FsdpModel) -> float:
 
 
 def solve_fsdp(model: FsdpModel, budget_bytes: int, world: int, link: LinkSpec,
-               backend: str = "nccl", depths: Sequence[int] = (1, 2, 3),
+               backend: str = "nccl", depths: Sequence[int] = (0, 1, 2),
                exact_limit: int = 20_000) -> FsdpSolution:
     """The fastest simulated plan within `budget_bytes` per rank (see the module docstring)."""
     nb = len(model.blocks)
     if nb == 0:
         raise ValueError("the model has no blocks to plan")
-    depths = tuple(sorted({d for d in depths if d >= 1})) or (1,)
+    depths = tuple(sorted({d for d in depths if d >= 0})) or (1,)
     policies = tuple(p for p in POLICIES if all(p in b.forward for b in model.blocks))
     choices = tuple((p, r) for p, r in CHOICES if p in policies)
     evaluated = 0
