@@ -42,9 +42,12 @@ PER_RANK_BATCH = 2
 
 
 def profile(name: str, worlds: list[int]) -> FsdpModel:
+    import torch
+
     from planner import zoo
     from planner.tracing.fsdp_blocks import profile_blocks
 
+    torch.set_num_threads(1)  # as each rank runs (a shared machine: no spinning pools)
     kw = {**MODELS[name], "batch_size": PER_RANK_BATCH}
     return profile_blocks(lambda: getattr(zoo, name)(**kw), world_sizes=tuple(worlds))
 

@@ -45,6 +45,16 @@ def test_plan_text_round_trip_and_errors() -> None:
         FsdpPlan(("keep",), (True,), -1)
 
 
+def test_model_json_round_trip() -> None:
+    import json
+
+    m = synthetic(blocks=2)
+    back = FsdpModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back == m
+    with pytest.raises(ValueError, match="schema"):
+        FsdpModel.from_dict({"schema": "other"})
+
+
 def test_walk_counts_fsdp_buffers_by_hand() -> None:
     """One block, keep, world 2: the peak counted by hand from the module's rules.
 
@@ -166,9 +176,11 @@ def test_gpt_on_two_gloo_ranks_measured_peak_matches_prediction_and_gradients() 
     assert least.least_peak_bytes < min(hand_peaks.values())  # prefetch 0 saves an all-gather
     tight = solve_fsdp(m, least.least_peak_bytes, 2, FAST, backend="gloo")
     assert tight.fits and tight.status == "optimal"
+    for name, hand in hands.items():  # at each hand setting's memory, at least as fast
+        sol = solve_fsdp(m, hand_peaks[name], 2, FAST, backend="gloo")
+        assert sol.fits and sol.result.step_ms <= simulate_fsdp(
+            m, hand, 2, FAST, backend="gloo").step_ms + 1e-9, name
     mid = solve_fsdp(m, hand_peaks["every-other"], 2, FAST, backend="gloo")
-    assert mid.fits and mid.result.step_ms <= simulate_fsdp(
-        m, hands["every-other"], 2, FAST, backend="gloo").step_ms + 1e-9
     plans = [hands["none"], hands["full"], hands["selective-op"], tight.plan, mid.plan,
              FsdpPlan(("full", "selective", "keep"), (True, False, False), 2)]
     _check_ranks(m, GPT, "gpt", plans)

@@ -46,10 +46,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 POLICIES = ("keep", "selective", "full")
 POLICY_LETTER = {"keep": "K", "selective": "S", "full": "F"}
 LETTER_POLICY = {v: k for k, v in POLICY_LETTER.items()}
+FSDP_MODEL_SCHEMA = "fsdp-model-1"
 COLLECTIVE_TEMP = {"gloo": 1.0, "nccl": 0.0}  # extra copies of U a collective allocates
 
 
@@ -90,6 +92,45 @@ class FsdpModel:
     @property
     def param_bytes(self) -> int:
         return self.root_param_bytes + sum(b.param_bytes for b in self.blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (`FsdpModel.from_dict` reads it back): what a tracer can store in a
+        graph's metadata for planners without torch."""
+        def ph(p: Phase) -> list[float]:
+            return [p.peak, p.delta, p.ms]
+        return {
+            "schema": FSDP_MODEL_SCHEMA,
+            "root_param_bytes": self.root_param_bytes,
+            "root_padded_bytes": {str(k): v for k, v in self.root_padded_bytes.items()},
+            "head_forward": ph(self.head_forward), "tail_forward": ph(self.tail_forward),
+            "tail_backward": ph(self.tail_backward), "head_backward": ph(self.head_backward),
+            "optimizer_bytes_per_param_byte": self.optimizer_bytes_per_param_byte,
+            "blocks": [{"name": b.name, "param_bytes": b.param_bytes,
+                        "padded_bytes": {str(k): v for k, v in b.padded_bytes.items()},
+                        "forward": {k: ph(v) for k, v in b.forward.items()},
+                        "backward": {k: ph(v) for k, v in b.backward.items()}}
+                       for b in self.blocks],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FsdpModel:
+        if data.get("schema") != FSDP_MODEL_SCHEMA:
+            raise ValueError(f"schema: expected {FSDP_MODEL_SCHEMA!r}, got {data.get('schema')!r}")
+
+        def ph(v: Sequence[float]) -> Phase:
+            return Phase(int(v[0]), int(v[1]), float(v[2]))
+        return cls(
+            root_param_bytes=int(data["root_param_bytes"]),
+            root_padded_bytes={int(k): int(v) for k, v in data["root_padded_bytes"].items()},
+            head_forward=ph(data["head_forward"]), tail_forward=ph(data["tail_forward"]),
+            tail_backward=ph(data["tail_backward"]), head_backward=ph(data["head_backward"]),
+            blocks=tuple(BlockCosts(
+                b["name"], int(b["param_bytes"]),
+                {int(k): int(v) for k, v in b["padded_bytes"].items()},
+                {k: ph(v) for k, v in b["forward"].items()},
+                {k: ph(v) for k, v in b["backward"].items()}) for b in data["blocks"]),
+            optimizer_bytes_per_param_byte=float(data["optimizer_bytes_per_param_byte"]),
+        )
 
     def padded(self, world: int) -> tuple[int, list[int]]:
         """(root, per block) unsharded bytes padded for `world` ranks."""
