@@ -10,7 +10,8 @@ does not describe (a higher-order op, a symbolic size) is not kept: `save` says 
 False, and the next trace captures again.
 
 The directory: PLANNER_TRACE_CACHE, else `$XDG_CACHE_HOME/planner/captures` (`~/.cache/...`);
-PLANNER_TRACE_CACHE=off keeps nothing. The files are pickles written by this user's traces:
+PLANNER_TRACE_CACHE=off keeps nothing. At most KEEP captures are kept (the least recently used
+go first). The files are pickles written by this user's traces:
 the directory is the user's own, as torch's compile caches are.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 
 FORMAT = 1
 ENV = "PLANNER_TRACE_CACHE"
+KEEP = 64  # captures kept; saving one more removes the least recently used
 OFF = ("off", "0", "none", "no", "false")
 _KEPT_META = ("val", "partitioner_tag", "seq_nr", "nn_module_stack", "source_fn_stack", "desc",
               "original_aten", "stack_trace", "is_gradient_acc", "autograd_backward",
@@ -76,7 +78,18 @@ def save(fingerprint: str, cap: Any, parts: dict[str, Any]) -> bool:
         os.replace(tmp, path)  # atomic: concurrent traces of one model write the same bytes
     except OSError:
         return False
+    _prune(path.parent)
     return True
+
+
+def _prune(folder: Path, keep: int = KEEP) -> None:
+    """Remove all but the `keep` most recently used captures (a load touches its file)."""
+    try:
+        files = sorted(folder.glob("*.capture"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in files[keep:]:
+            old.unlink(missing_ok=True)
+    except OSError:  # another process pruned the same file: nothing to do
+        pass
 
 
 def recorded_parts(fingerprint: str) -> dict[str, Any] | None:
@@ -91,6 +104,12 @@ def load(fingerprint: str) -> Any:
     payload = _read(fingerprint)
     if payload is None:
         return None
+    path = capture_path(fingerprint)
+    try:
+        if path is not None:
+            os.utime(path)  # recently used: kept by `_prune`
+    except OSError:
+        pass
     try:
         return _decode_capture(payload)
     except Exception:  # a file of another torch, a missing op: capture again

@@ -9,7 +9,8 @@ The fingerprint covers what the graph depends on and can be read without running
 torch's version; each module's class (and the hash of the source file defining it, for classes
 outside torch) and its plain settings (`p` of a dropout, `eps` of a norm, `training`); every
 parameter's and buffer's name, shape, dtype, device and `requires_grad`; each input's shape,
-dtype and device (a non-tensor input by its value); the loss function; the autocast setting and
+dtype and device (a non-tensor input by its value); a configuration object's fields
+(`to_dict()`, as transformers' configs); the loss function; the autocast setting and
 the grad mode. Values do not count (the capture is data-independent: a data-dependent branch is
 refused at capture). Code outside the model's own classes' files (a helper module the forward
 calls) is not covered: the graph hash that `apply` checks afterwards still catches any change of
@@ -139,6 +140,13 @@ def _settings(module: Any) -> dict[str, Any]:
             out[key] = value
         elif isinstance(value, (tuple, list)) and all(isinstance(v, _PLAIN) for v in value):
             out[key] = list(value)
+        elif callable(getattr(value, "to_dict", None)) and not isinstance(value, type):
+            try:  # a configuration object (transformers' PretrainedConfig): its fields
+                fields = value.to_dict()
+            except Exception:
+                continue
+            if isinstance(fields, dict):
+                out[key] = json.loads(json.dumps(fields, sort_keys=True, default=str))
     return out
 
 
