@@ -179,7 +179,7 @@ def _rank_main(rank: int, world: int, port: int, spec: ModelSpec, plan_texts: li
                 for t in plan_texts]
         # times: rounds over the plans, the least per plan (the machine may be shared)
         times: list[list[float]] = [[] for _ in runs]
-        for _ in range(3):
+        for _ in range(5):
             for k, (model, _) in enumerate(runs):
                 times[k].append(_timed_step(model, local))
         results = [{**r.__dict__, "step_ms": min(t)} for (_, r), t in zip(runs, times,
