@@ -4,7 +4,7 @@ and `Job`, the immutable snapshot of a job row that the rest of the service pass
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, text
@@ -142,6 +142,9 @@ class Job:
     owner_instance: str | None = None
     proven: bool = False
     tenant: str = DEFAULT_TENANT
+    # The plan's stored JSON text where `plan` was left unparsed (a large plan is spliced into
+    # its view, never parsed: planner.api.plan_files).
+    plan_text: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_row(cls, row: JobRow, *, parse_plan: bool = True) -> Job:
@@ -170,4 +173,5 @@ class Job:
             owner_instance=row.owner_instance,
             proven=bool(row.proven),
             tenant=row.tenant or DEFAULT_TENANT,
+            plan_text=None if parse_plan else row.plan,
         )

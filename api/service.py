@@ -300,7 +300,8 @@ class PlanService:
         job_id, solved_with_s, proven = known
         if not proven and solved_with_s < time_limit_s:
             return None
-        return self.store.get_job(job_id)
+        found = self.store.get_job_text(job_id)  # rendered from its text once, if at all
+        return None if found is None else found[0]
 
     def _remember_answer(self, key: str, job: Job) -> None:
         """Keep the answer that serves the most requests: a proven one, else the one solved
@@ -387,6 +388,11 @@ class PlanService:
                 return body
             if (opened := self.files.open(job.id, cached, job.tenant)) is not None:
                 return opened
+        text = job.plan_text
+        if job.plan is None and text is not None:  # read without its plan parsed
+            if job.status in FINISHED and len(text) >= LARGE_PLAN_CHARS:
+                return self._keep(job, cached, render_spliced(job, text, cached=cached))
+            job = replace(job, plan=json.loads(text), plan_text=None)
         body = job_view(job, cached=cached).model_dump_json().encode()
         if job.status in FINISHED:
             return self._keep(job, cached, body)
@@ -410,12 +416,10 @@ class PlanService:
             found = self.store.get_job_text(job_id, tenant)
             if found is None:
                 raise ApiError(404, f"plan {job_id!r}: no such plan job")
-            job, text = found
-            if text is None or len(text) < LARGE_PLAN_CHARS or job.status not in FINISHED:
-                return self.render(self.get(job_id, tenant))
+            job = found[0]
             if job.status == CANCELLED:
                 self.get(job_id, tenant)  # raises its 404
-            return self._keep(job, False, render_spliced(job, text))
+            return self.render(job)  # its plan parsed only if small
 
     def _render_lock(self, job_id: str) -> threading.Lock:
         with self._locks_lock:

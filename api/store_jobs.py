@@ -90,7 +90,8 @@ class JobQueue(StoreBase):
 
     def find_answer(self, request_key: str, time_limit_s: float) -> Job | None:
         """The newest finished answer to this question that no more search could improve:
-        proven (optimal, or infeasible by proof), or solved with at least this time limit."""
+        proven (optimal, or infeasible by proof), or solved with at least this time limit.
+        Its plan is left unparsed (`Job.plan_text`): the answer is rendered from it once."""
         with self.session() as s:
             row = s.scalars(
                 select(JobRow)
@@ -102,7 +103,7 @@ class JobQueue(StoreBase):
                 .order_by(JobRow.created_at.desc())
                 .limit(1)
             ).first()
-            return None if row is None else Job.from_row(row)
+            return None if row is None else Job.from_row(row, parse_plan=False)
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
         """The job; None when there is none (or, with `tenant`, it is another tenant's)."""
