@@ -1,8 +1,8 @@
 """Caps on what one request may ask for: devices, micro-batches, data-parallel degree, sweep
 length and byte counts far above any real machine are refused at submission (422 naming the
 field), before a solver, the simulator or the store sees them. Body fields state them in the
-OpenAPI schema (Field(le=...)); the resources document's fields too (RESOURCES_SCHEMA), and
-they are checked after the document is parsed (a preset with overrides, numbers as strings).
+OpenAPI schema (Field(le=...)); the resources document's fields are checked after it is
+parsed (a preset with overrides, numbers as strings).
 
 Why these numbers: the largest training jobs run on tens of thousands of GPUs and a pipeline
 step has at most a few thousand micro-batches, while the pipeline schedule (and its plan.json)
@@ -35,14 +35,6 @@ RESOURCE_CAPS: dict[str, int] = {
     "device_memory_bytes": MAX_BYTES,
     "host_memory_bytes": MAX_BYTES,
 }
-# The object form of a request's `resources`, as far as the caps go (its own schema, with every
-# field, is `planner-cli schema resources`). Only `maximum`: a schema cannot say more about a
-# field that may also come from a preset.
-RESOURCES_SCHEMA: dict[str, Any] = {
-    "properties": {name: {"maximum": cap} for name, cap in RESOURCE_CAPS.items()},
-}
-
-
 # Integer options (of any built-in method that takes them) -> this server's cap: about 4x and
 # 2x the defaults (rotor's 500 slots, 200 segments; offload's 200 slots), so the worst table
 # stays near 5 GB; refine's binary search needs 3 runs, 16 is plenty.

@@ -1,6 +1,6 @@
 """What every router shares, built once per app (`ServiceParts`: settings, store, metrics, the
 job manager, the plan service, authentication, the rate limit), and the FastAPI dependencies
-that hand them to a route: `Parts`, `Service`, `StoreDep`, `SettingsDep`, `Identity` (the
+that hand them to a route: `Parts`, `Service`, `StoreDep`, `Identity` (the
 `Caller`: its tenant, whether it is an admin).
 
 Routers are module-level (planner.api.routers); `create_app` keeps the parts on
@@ -138,5 +138,4 @@ def identity_dependency(settings: Settings, parts: ServiceParts | None = None) -
 Parts = Annotated[ServiceParts, Depends(get_parts)]
 Service = Annotated[PlanService, Depends(get_service)]
 StoreDep = Annotated[Store, Depends(get_store)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 Identity = Annotated[Caller, Depends(current_identity)]

@@ -33,10 +33,6 @@ def _method_options() -> dict[str, tuple[OptionSpec, ...]]:
 METHOD_OPTIONS: dict[str, tuple[OptionSpec, ...]] = _method_options()
 
 
-def builtin_method(method: str) -> bool:
-    return method_spec(method) is not None
-
-
 def check_options(method: str, options: Mapping[str, object], where: str = "options") -> None:
     """InputError (field "options.<key>") naming the first unknown key or bad value of
     `options` for built-in `method`; plugin methods take whatever they take."""
