@@ -49,6 +49,16 @@ def request_key(
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def default_limit_s(settings: Settings, method: str) -> float:
+    """A request's time limit when it gives none: the server's setting, else the default of
+    the method's plan kind (the CLI's too), within the server's cap."""
+    from planner.engine.request import default_time_limit_s
+
+    chosen = settings.default_time_limit_s
+    return min(default_time_limit_s(method) if chosen is None else chosen,
+               settings.max_time_limit_s)
+
+
 def parse_graph(settings: Settings, data: Any) -> Graph:
     """Validate a graph document within the size limits (422 naming the limit)."""
     if isinstance(data, dict):
@@ -101,8 +111,7 @@ def resolve(
     cap = settings.max_time_limit_s
     request = resolve_request(
         source, budget, resources=resources, method=method, options=options,
-        time_limit=min(settings.default_time_limit_s, cap) if time_limit is None
-        else time_limit,
+        time_limit=default_limit_s(settings, method) if time_limit is None else time_limit,
         threads=settings.solver_threads,
     )
     if request.time_limit_s > cap:
@@ -364,7 +373,7 @@ class PlanService:
                 or isinstance(budget, bool) or not 1 <= budget <= MAX_BUDGET_BYTES):
             return None  # resources are validated (and keyed) on the slow path
         cap = self.settings.max_time_limit_s
-        requested_s = min(self.settings.default_time_limit_s, cap) if time_limit is None \
+        requested_s = default_limit_s(self.settings, method) if time_limit is None \
             else time_limit
         if requested_s > cap:
             return None  # the slow path says why

@@ -36,7 +36,9 @@ class Settings(BaseSettings):
     solver_nice: int = Field(
         default=10, ge=0, le=19, description="Solver processes' niceness: the API stays first."
     )
-    default_time_limit_s: float = Field(default=60.0, gt=0)
+    default_time_limit_s: float | None = Field(
+        default=None, gt=0, description="A job's time limit when its request gives none; unset: "
+        "the default of the method's plan kind (planner.core.limits: 60 s, pipelines 10 s).")
     max_time_limit_s: float = Field(default=600.0, gt=0, description="Cap on a job's time limit.")
     # A job that outlives its time limit by this margin is killed and marked failed.
     kill_grace_s: float = Field(default=15.0, ge=0)

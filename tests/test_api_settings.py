@@ -66,3 +66,19 @@ def test_service_imports_without_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_default_time_limit_follows_the_method_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One default per plan kind (planner.core.limits), as in the CLI: a pipeline method's
+    request without a time limit gets 10 s, not the remat default; the setting overrides both
+    and the server's cap bounds them."""
+    from planner.api.service import default_limit_s
+    from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S, DEFAULT_TIME_LIMIT_S
+
+    monkeypatch.delenv("PLANNER_DEFAULT_TIME_LIMIT_S", raising=False)
+    s = load_settings()
+    assert default_limit_s(s, "auto") == DEFAULT_TIME_LIMIT_S
+    assert default_limit_s(s, "pipeline-dp") == DEFAULT_PIPELINE_TIME_LIMIT_S
+    monkeypatch.setenv("PLANNER_DEFAULT_TIME_LIMIT_S", "7")
+    monkeypatch.setenv("PLANNER_MAX_TIME_LIMIT_S", "5")
+    assert default_limit_s(load_settings(), "auto") == 5.0
