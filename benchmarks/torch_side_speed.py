@@ -122,13 +122,13 @@ def main() -> None:
         timed("apply(): whole process, capturing again", apply_cmd, off)
 
     print(f"\n{args.runs} runs each; {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
-    print(f"| {'what':<42} | code | median wall s | median CPU s | min–max wall s | "
+    print(f"| {'what':<42} | {'code':<6} | median wall s | median CPU s | min–max wall s | "
           "load 1/5/15 min, before -> after |")
-    print(f"|{'-' * 44}|------|---------------|--------------|----------------|"
+    print(f"|{'-' * 44}|--------|---------------|--------------|----------------|"
           "----------------------------------|")
     for name, label, walls, cpus, loads in rows:
         cpu = statistics.median(cpus)
-        print(f"| {name:<42} | {label.split()[0]:<4} | {statistics.median(walls):13.2f} | "
+        print(f"| {name:<42} | {label.split()[0]:<6} | {statistics.median(walls):13.2f} | "
               f"{cpu:12.2f} | {min(walls):6.2f}–{max(walls):<7.2f} | {loads} |")
     print("\n('the call' rows: wall is apply() itself, measured inside the process; CPU is the "
           "whole process's. 'before' code has no recorded captures: it captures in every row.)")
