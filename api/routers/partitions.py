@@ -52,6 +52,7 @@ from planner.api.schemas import (
 )
 from planner.core.errors import InputError
 from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S
+from planner.engine.options import with_option_fields
 from planner.solvers.pipeline.schedules import SCHEDULES
 
 MAX_TIME_LIMIT_S = 30.0
@@ -223,17 +224,10 @@ def _options(body: PartitionRequest, auto: bool) -> dict[str, Any]:
     """The plan request's options: the body's `options` with chunks, split and schedule auto of
     its own fields (chunks always: the request's key is as before); an option given both ways
     is an error naming it."""
-    options = dict(body.options)
     given = {"chunks": ("chunks", body.chunks if "chunks" in body.model_fields_set else None),
              "split": ("split", None if body.split is None else ",".join(body.split)),
              "schedules": ("schedule", "auto" if auto else None)}
-    for key, (name, value) in given.items():
-        if value is None:
-            continue
-        if key in options:
-            raise InputError(f"given twice, as {name} and as options.{key}; give one",
-                             field=f"options.{key}")
-        options[key] = value
+    options = with_option_fields(body.options, given, "options.{key}")
     options.setdefault("chunks", body.chunks)
     chunks = options["chunks"]
     if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > MAX_CHUNKS:

@@ -115,7 +115,7 @@ def method_options(items: list[str] | None, method: str,
     None. InputError naming `--option KEY` (in_cli_words): a malformed item, an unknown key
     (with the method's options), a bad value (with the values it takes), a key given twice."""
     from planner.core.errors import InputError
-    from planner.engine.options import options_from_text
+    from planner.engine.options import options_from_text, with_option_fields
 
     pairs: list[tuple[str, str]] = []
     for item in items or []:
@@ -125,15 +125,8 @@ def method_options(items: list[str] | None, method: str,
             raise InputError(f"{item!r}: expected KEY=VALUE, e.g. {OPTION_FLAG} space=compiled "
                              "(each method's options: planner-cli methods)", field=OPTION_FLAG)
         pairs.append((key, text))
-    options = options_from_text(method, pairs)
-    for key, (flag, value) in (flags or {}).items():
-        if value is None:
-            continue
-        if key in options:
-            raise InputError(f"given twice, as {flag} and as {OPTION_FLAG} {key}=...; give one",
-                             field=f"options.{key}")
-        options[key] = value
-    return options
+    return with_option_fields(options_from_text(method, pairs), flags or {},
+                              OPTION_FLAG + " {key}=...")
 
 
 def resources_input(value: str | None) -> Path | str | None:

@@ -22,7 +22,7 @@ from planner.engine.registry import method_spec, method_specs
 from planner.solvers.spec import OptionSpec
 
 __all__ = ["METHOD_OPTIONS", "OptionSpec", "check_options", "describe_options",
-           "option_from_text", "options_from_text"]
+           "option_from_text", "options_from_text", "with_option_fields"]
 
 
 def _method_options() -> dict[str, tuple[OptionSpec, ...]]:
@@ -104,3 +104,21 @@ def options_from_text(method: str, items: Iterable[tuple[str, str]],
         assert option is not None
         out[key] = option_from_text(option, text, field)
     return out
+
+
+def with_option_fields(options: Mapping[str, Any], fields: Mapping[str, tuple[str, object]],
+                       option_name: str) -> dict[str, Any]:
+    """`options` plus the options an entry point gives a field or flag of its own (option ->
+    (its name, value); None: not given), so that every entry point merges them one way:
+    InputError naming `options.<key>` when one is given both ways. `option_name` says how the
+    caller writes an option in that entry point's words (`--option {key}=...`,
+    `options.{key}`)."""
+    merged = dict(options)
+    for key, (name, value) in fields.items():
+        if value is None:
+            continue
+        if key in merged:
+            raise InputError(f"given twice, as {name} and as {option_name.format(key=key)}; "
+                             "give one", field=f"options.{key}")
+        merged[key] = value
+    return merged
