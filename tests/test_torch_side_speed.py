@@ -232,3 +232,34 @@ def test_the_store_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     assert captures == [1, 1]
     assert "off" in second.details["capture_note"]
     assert first.graph.content_hash() == second.graph.content_hash()
+
+
+def test_a_recorded_capture_under_autocast_gives_the_same_trace(store: Path,
+                                                                captures: list[int]) -> None:
+    model, inputs = _tiny()
+    fresh = trace(model, inputs, autocast="bf16")
+    again = trace(model, inputs, autocast="bf16", reuse_capture=True)
+    assert captures == [1] and again.details["capture_source"] == "recorded"
+    assert again.graph.content_hash() == fresh.graph.content_hash()
+
+
+def test_a_store_file_runs_no_code(store: Path, tmp_path: Path) -> None:
+    """A crafted file in the store is refused, not executed: the store reads plain data."""
+    import pickle
+
+    from planner.tracing import capture_store
+
+    marker = tmp_path / "ran"
+
+    class Crafted:
+        def __reduce__(self) -> Any:
+            return (Path.touch, (marker,))
+
+    path = capture_store.capture_path("sha256:" + "0" * 64)
+    assert path is not None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps({"format": capture_store.FORMAT,
+                                   "fingerprint": "sha256:" + "0" * 64, "x": Crafted()}))
+    assert capture_store.load("sha256:" + "0" * 64) is None
+    assert capture_store.recorded_parts("sha256:" + "0" * 64) is None
+    assert not marker.exists()

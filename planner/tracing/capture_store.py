@@ -11,14 +11,15 @@ False, and the next trace captures again.
 
 The directory: PLANNER_TRACE_CACHE, else `$XDG_CACHE_HOME/planner/captures` (`~/.cache/...`);
 PLANNER_TRACE_CACHE=off keeps nothing. At most KEEP captures are kept (the least recently used
-go first). The files are pickles written by this user's traces:
-the directory is the user's own, as torch's compile caches are.
+go first). The files are pickles of plain data, read back by an
+unpickler that accepts nothing else (no code runs from a store file).
 """
 
 from __future__ import annotations
 
 import builtins
 import importlib
+import io
 import operator
 import os
 import pickle
@@ -121,13 +122,67 @@ def _read(fingerprint: str) -> dict[str, Any] | None:
     if path is None or not path.is_file():
         return None
     try:
-        payload = pickle.loads(path.read_bytes())
-    except Exception:
+        payload = _SafeUnpickler(io.BytesIO(path.read_bytes())).load()
+    except Exception:  # unreadable, another format, or a global the format never writes
         return None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT \
             or payload.get("fingerprint") != fingerprint:
         return None
     return payload
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Loads only what `save` writes: plain data, torch's dtypes, devices, layouts and memory
+    formats, and AOTAutograd's descriptor dataclasses; any other global (a function a crafted
+    file would call) is refused, so a store folder others can write to runs no code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module == "builtins" and name in ("slice", "set", "frozenset", "complex"):
+            return getattr(builtins, name)
+        if module in ("torch", "torch._utils"):  # memory formats pickle as torch._utils's
+            value = getattr(torch, name.removeprefix("torch."), None)
+            if value is torch.device or isinstance(
+                    value, torch.dtype | torch.layout | torch.memory_format):
+                return value
+        if (module, name) == ("torch.serialization", "_get_layout"):  # how layouts pickle
+            return _layout
+
+        if module.startswith("torch._functorch._aot_autograd.descriptors") and \
+                not name.startswith("_"):
+            value = getattr(importlib.import_module(module), name, None)
+            if isinstance(value, type):
+                return value
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a capture file")
+
+
+def _layout(name: str) -> Any:
+    """torch.serialization._get_layout, for layouts only ('torch.strided' -> torch.strided)."""
+    import torch
+
+    value = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(value, torch.layout):
+        raise pickle.UnpicklingError(f"{name!r} is not a layout")
+    return value
+
+
+def _raw_tensor(t: Any) -> tuple[Any, ...]:
+    """A constant tensor as plain data: dtype, shape and its bytes."""
+    import torch
+
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return ("raw", t.dtype, tuple(t.shape), data)
+
+
+def _tensor_from_raw(raw: tuple[Any, ...]) -> Any:
+    import torch
+
+    _, dtype, shape, data = raw
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -142,7 +197,7 @@ def _encode_capture(cap: Any) -> dict[str, Any]:
             value = getattr(gm, node.target)
             if not isinstance(value, torch.Tensor) or "." in node.target:
                 raise _Unsupported(f"get_attr {node.target}")
-            attrs[node.target] = value.detach().clone()
+            attrs[node.target] = _raw_tensor(value)
         elif node.op not in ("placeholder", "output", "call_function"):
             raise _Unsupported(node.op)
         meta = {}
@@ -249,7 +304,7 @@ def _decode_capture(payload: dict[str, Any]) -> Any:
         env[nd["name"]] = node
     root = torch.nn.Module()
     for name, value in payload["attrs"].items():
-        root.register_buffer(name, value)
+        root.register_buffer(name, _tensor_from_raw(value))
     gm = torch.fx.GraphModule(root, graph)
     return JointCapture(
         gm=gm, num_fwd_outputs=payload["num_fwd_outputs"],

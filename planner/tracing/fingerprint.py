@@ -58,7 +58,7 @@ def fingerprint_parts(model: Any, inputs: tuple[Any, ...], loss_fn: Any = None,
             sources[owner] = source
     return {
         "version": FINGERPRINT_VERSION,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "model": _qualname(type(model)),
         "modules": modules,
         "parameters": {n: _tensor(p) for n, p in model.named_parameters(remove_duplicate=False)},
