@@ -1,6 +1,6 @@
 """The GPU fidelity benchmark's targets, its rows' columns, the judging of a row and its tables.
 
-No torch here: the judging is tested on fabricated rows (tests/test_gpu_fidelity_cpu.py).
+No torch here: the judging is tested on fabricated rows (tests/runtime/test_gpu_fidelity_cpu.py).
 
 Targets (issue 25): for every plan, measured peak <= predicted peak <= budget, the predicted
 peak within `PEAK_TOLERANCE` of the measured one, the measured step within `TIME_TOLERANCE` of

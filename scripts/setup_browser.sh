@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A headless browser for tests/test_web_page.py: Debian's chromium, driven by Playwright (the
+# A headless browser for tests/api/test_web_page.py: Debian's chromium, driven by Playwright (the
 # `playwright` Python package comes with the test extras). Playwright never downloads a browser
 # here: the test hands it this chromium through `executable_path`.
 # Prints the browser's path (last line of stdout) when there is one. When it cannot install it

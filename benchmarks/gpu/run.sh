@@ -40,8 +40,8 @@ torch.cuda.get_device_name(), 'pydantic', pydantic.__version__, 'ortools', ortoo
         || rc=1 ;;
     pytest)
       timeout "${PYTEST_S:-170}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
-        tests/test_runtime_gpu.py tests/test_runtime_offload_gpu.py \
-        $(ls tests/test_autocast.py 2>/dev/null) >"$O/pytest.txt" 2>&1
+        tests/runtime/test_runtime_gpu.py tests/runtime/test_runtime_offload_gpu.py \
+        $(ls tests/runtime/test_autocast.py 2>/dev/null) >"$O/pytest.txt" 2>&1
       code=$?
       grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|error" "$O/pytest.txt" | tail -30
       echo "pytest exit $code"; [ "$code" = 0 ] || rc=1 ;;
