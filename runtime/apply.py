@@ -131,6 +131,10 @@ def runnable_plan(plan: Plan | dict[str, Any] | str | Path, example_inputs: Any,
     plan = load(plan)
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     status = PlanStatus(plan.status).value
+    if plan.kind is PlanKind.fsdp:  # one FSDP2 rank's settings: applied before fully_shard
+        raise InputError(f"plan ({plan.method}): an fsdp plan cannot be {verb} as a "
+                         "one-device plan: apply it on every rank with "
+                         "planner.runtime.fsdp_apply.apply_fsdp_plan(model, plan, mesh)")
     if plan.kind is PlanKind.pipeline:  # its actions are per rank (rank_actions), never here
         raise InputError(f"plan ({plan.method}): a pipeline plan (status {status}) cannot be "
                          f"{verb} here{pipeline_note}")

@@ -40,12 +40,14 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 
+from planner.core.errors import InputError
+from planner.core.plan import Plan, PlanStatus
 from planner.sim.fsdp import FsdpPlan
 from planner.tracing.allocator_events import allocator_events
 from planner.tracing.fsdp_blocks import apply_policy, find_blocks
 
 __all__ = ["ModelSpec", "RankResult", "apply_fsdp_plan", "build", "drain_collectives",
-           "run_fsdp_plans", "run_fsdp_ranks"]
+           "fsdp_plan_of", "run_fsdp_plans", "run_fsdp_ranks"]
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,12 @@ def build(spec: ModelSpec) -> tuple[nn.Module, tuple[Any, ...]]:
     return model, tuple(inputs)
 
 
-def apply_fsdp_plan(model: nn.Module, plan: FsdpPlan, mesh: Any = None) -> nn.Module:
-    """Policies per block, then fully_shard per block and the root (see the module docstring)."""
+def apply_fsdp_plan(model: nn.Module, plan: FsdpPlan | Plan | str, mesh: Any = None
+                    ) -> nn.Module:
+    """Policies per block, then fully_shard per block and the root (see the module docstring).
+    `plan`: an FsdpPlan, its text form, or a plan.json Plan of kind fsdp (`planner-cli solve
+    --fsdp N`; its status must be feasible or optimal)."""
+    plan = fsdp_plan_of(plan)
     named = find_blocks(model)
     if len(named) != len(plan.policies):
         raise ValueError(f"plan names {len(plan.policies)} blocks, the model has {len(named)} "
@@ -88,6 +94,21 @@ def apply_fsdp_plan(model: nn.Module, plan: FsdpPlan, mesh: Any = None) -> nn.Mo
     root.set_modules_to_forward_prefetch(sharded[:d])
     root.set_modules_to_backward_prefetch(sharded[::-1][:d] if d else [root])
     return model
+
+
+def fsdp_plan_of(plan: FsdpPlan | Plan | str) -> FsdpPlan:
+    """The FsdpPlan in `plan` (InputError for a Plan that is not a runnable fsdp plan)."""
+    if isinstance(plan, FsdpPlan):
+        return plan
+    if isinstance(plan, str):
+        return FsdpPlan.parse(plan)
+    if plan.fsdp is None:
+        raise InputError(f"plan ({plan.method}): a {plan.kind} plan, not an fsdp plan: apply "
+                         "it with planner.runtime.apply")
+    if plan.status not in (PlanStatus.optimal, PlanStatus.feasible):
+        raise InputError(f"plan ({plan.method}): status {plan.status.value}: only a feasible "
+                         "or optimal plan can be applied")
+    return FsdpPlan.parse(plan.fsdp.text)
 
 
 SERIAL_GLOO = "gloo_serial"  # gloo with one worker thread (see _register_serial_gloo)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.core.limits import DEFAULT_TIME_LIMIT_S
-from planner.core.plan import Action, BlockPlan, PlanStatus
+from planner.core.plan import Action, BlockPlan, FsdpSettings, PlanStatus
 from planner.core.resources import Resources
 
 if TYPE_CHECKING:  # the graph type for annotations only: the specs load without networkx
@@ -64,6 +64,9 @@ class MethodResult:
     # Pipeline partitioners: the split chosen, its rank actions and per-rank peaks; the engine
     # builds the pipeline plan from it and judges it (planner.engine.partition).
     partition: PartitionOutcome | None = None
+    # FSDP planners: the rank's settings (actions None); the engine judges them with the
+    # graph's FSDP model (planner.engine.fsdp_solve).
+    fsdp: FsdpSettings | None = None
 
 
 MethodFn = Callable[[SolveRequest], MethodResult]

@@ -32,7 +32,7 @@ __all__ = ["MethodSpec", "NoOptions", "OptionSpec", "option", "option_specs", "r
 
 T = TypeVar("T")
 OptionKind = Literal["bool", "int", "choice", "str"]
-PLAN_KINDS = ("remat", "offload", "remat+offload", "pipeline")
+PLAN_KINDS = ("remat", "offload", "remat+offload", "pipeline", "fsdp")
 
 
 def option(default: Any, help: str, *, minimum: int | None = None,  # noqa: A002
@@ -179,6 +179,11 @@ class MethodSpec:
     def pipeline(self) -> bool:
         """A pipeline partitioner (plans of kind pipeline only)."""
         return self.plan_kinds == ("pipeline",)
+
+    @property
+    def fsdp(self) -> bool:
+        """An FSDP planner (plans of kind fsdp only: one rank's settings, no actions)."""
+        return self.plan_kinds == ("fsdp",)
 
     def option_specs(self) -> tuple[OptionSpec, ...]:
         return option_specs(self.options)

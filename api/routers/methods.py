@@ -30,7 +30,7 @@ class MethodInfo(BaseModel):
     name: str
     summary: str = ""
     plan_kinds: list[str] = Field(default_factory=list,
-                                  description="remat, offload, remat+offload, pipeline")
+                                  description="remat, offload, remat+offload, pipeline, fsdp")
     needs_host_tier: bool = False
     claims_bounds: bool = Field(default=False, description="reports a proven lower bound")
     options: list[MethodOption] = Field(default_factory=list)

@@ -61,7 +61,8 @@ def run_solve(
         plan = request.solve(progress=progress)
     summary = plan_summary(plan, graph)  # transfer figures included (transfer_summary)
     fits = plan.status in (PlanStatus.optimal, PlanStatus.feasible)
-    known = None if fits else _smallest_known(plan, method, _least_baseline(graph))
+    known = None if fits else _smallest_known(
+        plan, method, None if plan.fsdp is not None else _least_baseline(graph))
     if known is not None:
         summary["smallest_known_budget_bytes"], summary["smallest_known_budget_by"] = known
     written = output if fits else None
@@ -104,6 +105,13 @@ def _print_plan(where: str, plan: Plan, request: ResolvedRequest, written: Path 
     ]
     if request.resources is not None:
         rows.insert(3, ("resources", str(request.resources)))
+    if plan.fsdp is not None:  # one FSDP2 rank: its settings and simulated step
+        step = plan.predicted.makespan_ms if plan.predicted else None
+        rows[2] = ("peak per rank vs budget", rows[2][1])
+        del rows[3]  # the one-device store-all peak says nothing of a rank
+        rows[3:3] = [("fsdp plan", f"{plan.fsdp.text} ({plan.fsdp.ranks} ranks, "
+                                   f"{plan.fsdp.collectives})"),
+                     ("step (simulated)", "-" if step is None else f"{step:.3f} ms")]
     transfers = transfer_figures(plan, request.graph)
     if transfers is not None:
         rows[-1:-1] = transfer_rows(transfers)
@@ -156,9 +164,13 @@ def _least_baseline(graph: Graph) -> tuple[int, str]:
         store_all_peak_bytes(graph), "store-all")
 
 
-def _smallest_known(plan: Plan, method: str, baseline: tuple[int, str]) -> tuple[int, str]:
-    """(bytes, who): the least budget known to work, from the method's report or a baseline."""
+def _smallest_known(plan: Plan, method: str,
+                    baseline: tuple[int, str] | None) -> tuple[int, str]:
+    """(bytes, who): the least budget known to work, from the method's report or a baseline
+    (None: no one-device baseline applies, as for an FSDP rank)."""
     own = plan.details.get("smallest_feasible_bytes")
+    if baseline is None:
+        return (0 if own is None else int(own)), f"method {method}"
     least, name = baseline
     if own is not None and int(own) < least:
         return int(own), f"method {method}"
@@ -217,6 +229,14 @@ def solve_cmd(
         ),
     ] = None,
     option: OptionsOpt = None,
+    fsdp: Annotated[
+        int | None,
+        typer.Option(
+            "--fsdp", min=1,
+            help="Plan an FSDP2 job over N ranks (--budget per rank): the same as --method "
+            "fsdp --option ranks=N; the graph needs its FSDP block profile (trace --fsdp-ranks)",
+        ),
+    ] = None,
     resources: ResourcesOpt = None,
     host_memory: Annotated[
         str | None,
@@ -236,8 +256,18 @@ def solve_cmd(
     from planner.engine.request import resolve_request, resolve_resources
 
     check_output_path(output, "plan")  # said before the solve, not after it
+    if fsdp is not None:
+        if method not in ("auto", "fsdp"):
+            raise InputError(f"--fsdp plans with method fsdp, not {method!r}: drop --method",
+                             field="--fsdp")
+        method = "fsdp"
     try:
         options = method_options(option, method, {"backend": ("--backend", backend)})
+        if fsdp is not None:
+            if options.get("ranks", fsdp) != fsdp:
+                raise InputError(f"--fsdp {fsdp} and --option ranks={options['ranks']} differ",
+                                 field="--fsdp")
+            options = {**options, "ranks": fsdp}
         machine = resolve_resources(resources_input(resources))  # before the graph is read
         request = resolve_request(
             load_graph(graph_path), budget, resources=machine, host_memory=host_memory,

@@ -348,6 +348,14 @@ def trace_cmd(
     chain_out: Annotated[
         Path | None, typer.Option(help="Module level: write chain.json here.")
     ] = None,
+    fsdp_ranks: Annotated[
+        str | None,
+        typer.Option(
+            "--fsdp-ranks",
+            help="Also profile the model's blocks for FSDP2 plans over these rank counts, e.g. "
+            "2,4 (the inputs are one rank's batch): stored in the graph for `solve --fsdp N`.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Trace one training step (forward, loss, backward) of a PyTorch model into graph.json."""
@@ -364,6 +372,7 @@ def trace_cmd(
 
         # a contradictory --gradient-lifetime / --grad-accumulation-steps pair: one line, no work
         resolve_gradient_lifetime(gradient_lifetime, grad_accumulation_steps)
+        worlds = _fsdp_ranks(fsdp_ranks)
         call = FactoryCall(
             parse_assignments(factory_args or [], "--arg"),
             parse_assignments(config or [], "--config"), batch_size, seq_len,
@@ -378,9 +387,16 @@ def trace_cmd(
             model_name=target.split(":")[-1], gradient_lifetime=gradient_lifetime,
             grad_accumulation_steps=grad_accumulation_steps, autocast=autocast,
         )
+        graph = result.graph
+        if worlds:
+            from planner.tracing.fsdp_blocks import graph_with_fsdp_model
+
+            status.update(f"profiling the blocks for FSDP over {fsdp_ranks} ranks", phase=True)
+            graph = graph_with_fsdp_model(graph, model, inputs, worlds, resolve_loss(loss),
+                                          repeats=repeats)
         if output is not None:
-            status.update(f"writing {output} ({len(result.graph.nodes)} nodes)", phase=True)
-            write_json(output, result.graph)
+            status.update(f"writing {output} ({len(graph.nodes)} nodes)", phase=True)
+            write_json(output, graph)
         if chain_out is not None:
             if result.level != "module":
                 raise InputError("--chain-out needs --level module")
@@ -391,6 +407,20 @@ def trace_cmd(
         print_json(summary)
     else:
         _print_trace(summary, result, target, output)
+
+
+def _fsdp_ranks(text: str | None) -> tuple[int, ...]:
+    """--fsdp-ranks '2,4' -> (2, 4); InputError naming the flag otherwise."""
+    if text is None:
+        return ()
+    try:
+        worlds = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        worlds = ()
+    if not worlds or min(worlds) < 1:
+        raise InputError(f"{text!r}: give rank counts ≥ 1, comma-separated (e.g. 2,4)",
+                         field="--fsdp-ranks")
+    return worlds
 
 
 def _progress_of(status: Any) -> Any:

@@ -140,12 +140,16 @@ class Graph(BaseModel):
         return f"node {node_id} ({name})" if name else f"node {node_id}"
 
     def content_hash(self) -> str:
-        """sha256 of the canonical JSON of everything but metadata: same graph, same hash."""
+        """sha256 of the canonical JSON of everything but metadata: same graph, same hash. The
+        one part of metadata that is planned with, an FSDP block profile
+        (`metadata.extra["fsdp_model"]`), is hashed too (graphs without one keep their hash)."""
         if self._hash is None:  # frozen model: computed once
             with paused_gc():
                 body = self.model_dump(mode="json", exclude={"metadata"})
             if body.get("model_state") is None:  # graphs without it keep their v1 hash
                 body.pop("model_state", None)
+            if (fsdp_model := self.metadata.extra.get("fsdp_model")) is not None:
+                body["fsdp_model"] = fsdp_model
             for node in body["nodes"]:  # likewise nodes with the default offloadable
                 if node.get("offloadable", True):
                     node.pop("offloadable", None)

@@ -40,10 +40,10 @@ if TYPE_CHECKING:
     from planner.core.graph import Graph
 
 __all__ = [
-    "BLOCK_PLAN_SCHEMA", "Action", "ActionOp", "BlockPlan", "GraphSummary", "Partition",
-    "PipelineAction", "PipelineOp", "PipelineStage", "Plan", "PlanKind", "PlanStatus", "Predicted",
-    "actions_from_text", "actions_to_text", "compute", "drop", "free", "graph_reference",
-    "offload", "plan_nodes", "prefetch", "relative_gap",
+    "BLOCK_PLAN_SCHEMA", "Action", "ActionOp", "BlockPlan", "FsdpSettings", "GraphSummary",
+    "Partition", "PipelineAction", "PipelineOp", "PipelineStage", "Plan", "PlanKind", "PlanStatus",
+    "Predicted", "actions_from_text", "actions_to_text", "compute", "drop", "free",
+    "graph_reference", "offload", "plan_nodes", "prefetch", "relative_gap",
 ]
 
 PLAN_SCHEMA_VERSION: Literal["2"] = "2"
@@ -136,6 +136,37 @@ class PlanKind(StrEnum):
     offload = "offload"  # one device: host copies, no node computed twice
     remat_offload = "remat+offload"
     pipeline = "pipeline"  # partition + rank_actions
+    fsdp = "fsdp"  # one FSDP2 rank's settings (fsdp): per-block policy, reshard, prefetch
+
+
+FSDP_TEXT = re.compile(r"\s*policies=([KSF]+)\s+reshard=([01]+)\s+prefetch=(\d+)\s*")
+
+
+class FsdpSettings(BaseModel):
+    """An FSDP2 plan (kind fsdp): the rank count it was planned for, the collectives' backend,
+    and the plan's text form, `policies=FFFK reshard=1110 prefetch=0` (per block in forward
+    order: K keep, S selective, F full recompute; 1 reshard after forward; the prefetch depth;
+    planner.sim.fsdp.FsdpPlan parses it). The simulator judges it on the graph's `fsdp_model`
+    (graph.metadata.extra, written by `planner-cli trace --fsdp-ranks`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ranks: int = Field(ge=1, description="Ranks (world size) the plan was made for.")
+    text: str = Field(description="policies=... reshard=... prefetch=...",
+                      pattern=FSDP_TEXT.pattern)
+    collectives: Literal["nccl", "gloo"] = Field(
+        default="nccl", description="The collectives' backend (gloo adds a temporary copy).")
+
+    @model_validator(mode="after")
+    def _same_blocks(self) -> FsdpSettings:
+        m = FSDP_TEXT.fullmatch(self.text)
+        if m is None:
+            raise ValueError(f"fsdp.text {self.text!r}: expected 'policies=KSF reshard=110 "
+                             "prefetch=1'")
+        if len(m[1]) != len(m[2]):
+            raise ValueError(f"fsdp.text {self.text!r}: policies and reshard name the same "
+                             "blocks")
+        return self
 
 
 class Predicted(BaseModel):
@@ -263,6 +294,8 @@ class Plan(BaseModel):
     rank_actions: list[list[PipelineActionJson]] | None = Field(
         default=None, description="Pipelines: one action list per rank, e.g. ['0F0', '0B0']."
     )
+    fsdp: FsdpSettings | None = Field(
+        default=None, description="FSDP plans: the per-rank settings (kind fsdp).")
     notes: list[str] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict, description="Free-form solver notes.")
     trace_options: dict[str, Any] | None = Field(
@@ -307,7 +340,9 @@ class Plan(BaseModel):
 
     @property
     def text(self) -> str:
-        """Actions as text; for a pipeline one line of actions per rank."""
+        """Actions as text; for a pipeline one line of actions per rank; an FSDP plan's text."""
+        if self.fsdp is not None:
+            return self.fsdp.text
         if self.rank_actions is not None:
             return rank_actions_to_text(self.rank_actions)
         return actions_to_text(self.actions)
@@ -351,6 +386,10 @@ def _v2_figures(p: Predicted) -> list[str]:
 
 
 def _derive_kind(plan: Plan) -> PlanKind:
+    if plan.fsdp is not None:
+        if plan.actions or plan.rank_actions is not None or plan.partition is not None:
+            raise ValueError("an fsdp plan holds its settings in fsdp, not actions")
+        return PlanKind.fsdp
     if plan.rank_actions is not None or plan.partition is not None:
         if plan.actions:
             raise ValueError("a pipeline plan keeps its actions in rank_actions, not actions")
@@ -374,6 +413,9 @@ def _kind_mismatch(plan: Plan, derived: PlanKind) -> str | None:
     """Why the declared kind does not fit the actions; None when it does. An offload plan may
     hold no host action (nothing needed moving)."""
     kind = plan.kind
+    if (kind is PlanKind.fsdp) != (derived is PlanKind.fsdp):
+        return (f"kind {kind}: the plan has fsdp settings (use 'fsdp')" if kind is not
+                PlanKind.fsdp else "kind 'fsdp' needs its settings in fsdp")
     if derived is PlanKind.pipeline and kind is not PlanKind.pipeline:
         return f"kind {kind}: the plan has a partition/rank_actions (use 'pipeline')"
     if kind is PlanKind.pipeline and derived is not PlanKind.pipeline:

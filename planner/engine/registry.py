@@ -15,6 +15,7 @@ import importlib
 from planner.core.errors import InputError
 from planner.solvers import auto_method, baseline_methods, handwritten
 from planner.solvers.chain import methods as chain_methods
+from planner.solvers.fsdp import methods as fsdp_methods
 from planner.solvers.offload import methods as offload_methods
 from planner.solvers.pipeline import methods as pipeline_methods
 from planner.solvers.remat import methods as remat_methods
@@ -29,7 +30,7 @@ __all__ = ["BUILTIN_METHODS", "MethodFn", "MethodResult", "SolveRequest", "descr
 _SPECS: dict[str, MethodSpec] = {
     spec.name: spec
     for module in (baseline_methods, handwritten, auto_method, remat_methods, chain_methods,
-                   offload_methods, pipeline_methods, sac_method)
+                   offload_methods, pipeline_methods, sac_method, fsdp_methods)
     for spec in module.SPECS
 }
 

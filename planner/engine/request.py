@@ -138,6 +138,7 @@ def resolve_request(
     if method_here:
         check_offload(source, method, machine, graph_where)
         check_pipeline(source, budget_bytes, method, options, machine)
+        check_fsdp(source, method, options)
     return ResolvedRequest(
         source=source,
         budget_bytes=budget_bytes,
@@ -297,6 +298,20 @@ def check_pipeline(source: RequestGraph, budget_bytes: int, method: str,
         check_pipeline_request(source.graph, budget_bytes, method, options, resources)
     except InputError as e:
         raise InputError(e.detail, field=PIPELINE_FIELDS.get(e.field or "", e.field)) from None
+
+
+def check_fsdp(source: RequestGraph, method: str, options: Mapping[str, Any]) -> None:
+    """For an FSDP method, what its solve would refuse before searching: a graph without an
+    FSDP block profile for the ranks asked (field `graph`), depths that do not read
+    (`options.depths`); the graph is read only for an FSDP method."""
+    from planner.engine.registry import method_spec
+
+    spec = method_spec(method)
+    if spec is None or not spec.fsdp:
+        return
+    from planner.engine.fsdp_solve import check_fsdp_request
+
+    check_fsdp_request(source.graph, options)
 
 
 def check_offload(

@@ -2,7 +2,9 @@
 
 Every plan kind: a pipeline method (its spec's plan kinds are ("pipeline",)) runs the
 partition path (planner.engine.pipeline_solve.solve_pipeline: devices, micro-batches and schedule
-from `resources`, the budget per device) and returns its pipeline plan; the rest is below.
+from `resources`, the budget per device) and returns its pipeline plan; an FSDP method (plan kind
+fsdp) chooses one rank's settings, judged by planner.engine.fsdp_solve (the budget per rank); the
+rest is below.
 
 Whatever a method claims, the returned Plan's peak and cost are the simulator's, a plan over
 budget is never reported as feasible, "optimal" means the gap to a proven bound is closed, and a
@@ -110,6 +112,11 @@ def solve(
     if (spec := method_spec(method)) is not None and spec.pipeline:
         return _pipeline_plan(graph, budget_bytes, method, time_limit_s, threads, options,
                               resources)
+    if spec is not None and spec.fsdp:  # one FSDP2 rank's settings (planner.engine.fsdp_solve)
+        from planner.engine.fsdp_solve import solve_fsdp_plan
+
+        return solve_fsdp_plan(graph, budget_bytes, method, time_limit_s=time_limit_s,
+                               threads=threads, seed=seed, options=options, resources=resources)
     fn = load_method(method)
     started = time.perf_counter()
     proven = _proven_infeasible(graph, budget_bytes, method, started, time_limit_s, resources)

@@ -12,7 +12,8 @@ the view is freed too. Backward ops may not run before the loss
 `simulate` picks the replay a plan needs: compute/free lists on one stream are replayed here
 action by action (version-1 figures, exactly); plans with host copies (O/P/D) go to the event
 simulation of planner.sim.copy_streams (compute, d2h and h2d streams), pipelines to
-planner.sim.pipeline_ranks (every rank, send/recv matched). docs/plan.md describes the event model.
+planner.sim.pipeline_ranks (every rank, send/recv matched), FSDP plans to planner.sim.fsdp_plans
+(one FSDP2 rank on the graph's FSDP model). docs/plan.md describes the event model.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ def simulate(
 
             assert plan.partition is not None and plan.rank_actions is not None  # validated
             return simulate_pipeline(graph, plan.partition, plan.rank_actions, resources)
+        if plan.kind is PlanKind.fsdp:  # one FSDP2 rank, on the graph's FSDP model
+            from planner.sim.fsdp_plans import simulate_fsdp_plan
+
+            assert plan.fsdp is not None  # validated
+            return simulate_fsdp_plan(graph, plan.fsdp, resources)
         actions: Sequence[Action] = plan.actions
     else:
         actions = plan

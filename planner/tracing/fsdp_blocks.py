@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,7 +39,11 @@ from torch.utils.checkpoint import (
 
 from planner.sim.fsdp import POLICIES, BlockCosts, FsdpModel, Phase
 
-__all__ = ["apply_policy", "find_blocks", "padded_bytes", "profile_blocks", "SAVED_OPS"]
+if TYPE_CHECKING:
+    from planner.core.graph import Graph
+
+__all__ = ["apply_policy", "find_blocks", "graph_with_fsdp_model", "padded_bytes",
+           "profile_blocks", "SAVED_OPS"]
 
 _aten = torch.ops.aten
 SAVED_OPS = {
@@ -288,6 +292,35 @@ def profile_blocks(build: Callable[[], tuple[nn.Module, Sequence[Any]]],
         blocks=tuple(blocks),
         optimizer_bytes_per_param_byte=optimizer_bytes_per_param_byte,
     )
+
+
+def graph_with_fsdp_model(graph: Graph, model: nn.Module, inputs: Sequence[Any],
+                          world_sizes: Sequence[int], loss_fn: Any = None,
+                          repeats: int = 5) -> Graph:
+    """`graph` with the model's FSDP block profile (`profile_blocks` on copies of `model` and
+    the loss, `inputs` being one rank's batch) in `metadata.extra["fsdp_model"]`: what the
+    `fsdp` method plans with (`planner-cli trace --fsdp-ranks 2,4`). InputError when the model
+    has no chain of repeated blocks."""
+    from planner.core.errors import InputError
+    from planner.sim.fsdp_plans import FSDP_MODEL_KEY
+    from planner.tracing.capture import LossWrapper
+
+    try:
+        find_blocks(model)
+    except ValueError:
+        raise InputError("FSDP profile: the model has no nn.ModuleList of repeated blocks to "
+                         "shard one by one (GPT's h, Llama's layers)") from None
+
+    def build() -> tuple[nn.Module, tuple[Any, ...]]:
+        fresh = copy.deepcopy(model)
+        for p in fresh.parameters():  # gradients left by tracing would change the backward's
+            p.grad = None
+        return LossWrapper(fresh, loss_fn).train(), tuple(inputs)
+
+    profile = profile_blocks(build, world_sizes=tuple(world_sizes), repeats=repeats)
+    extra = {**graph.metadata.extra, FSDP_MODEL_KEY: profile.to_dict()}
+    return graph.model_copy(update={"metadata": graph.metadata.model_copy(
+        update={"extra": extra})})
 
 
 def iter_block_params(model: nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
