@@ -150,12 +150,13 @@ def test_a_whole_job_plan_shows_its_selective_checkpoints(
     """`--method whole` on an op-level trace below the plain least memory: the table names the
     modules (and submodules) recomputed, selectively or not, and the micro-batches of a second
     unit plan, and plan.json carries them."""
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.engine.partition import make_problem
     from planner.solvers.pipeline.dp import least_memory_split
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=4, vocab=64)
     graph = trace(model, inputs).graph
     path, plan_path = tmp_path / "gpt.json", tmp_path / "plan.json"
     write_json(path, graph)

@@ -92,11 +92,12 @@ def test_a_block_plan_for_another_chain_is_refused() -> None:
 
 def test_the_runtime_refuses_a_block_plan_the_simulator_refuses() -> None:
     pytest.importorskip("torch")
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.runtime.block_executor import BlockPlanError, check_simulates, stage_names_of
     from planner.tracing.api import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=8, dim=16, layers=2, vocab=32)
+    model, inputs = tiny_gpt(layers=2)
     result = trace(model, inputs, level="module", block_pattern="h.*")
     names = stage_names_of(result)
     check_simulates("K" * len(names), result.graph)  # a plan of the right shape runs

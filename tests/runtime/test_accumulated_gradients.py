@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from models import tiny_gpt
 
 from planner import zoo
 from planner.core.errors import NoPlanFits
@@ -25,7 +26,7 @@ GPT: dict[str, Any] = {"context": 8, "dim": 32, "layers": 1, "vocab": 4096}
 
 
 def _gpt(dropout: float = 0.1) -> tuple[Any, tuple[Any, ...]]:
-    return zoo.gpt(batch_size=2, dropout=dropout, **GPT)
+    return tiny_gpt(dropout=dropout, **GPT)
 
 
 def _micro_batches(module: Any, inputs: tuple[Any, ...], k: int) -> None:
@@ -86,7 +87,7 @@ def test_planned_accumulation_measures_its_prediction_with_eager_gradients(
 def test_a_stage_credits_what_its_backward_frees_and_keeps_the_rest() -> None:
     """The last stage's head weight gradient runs after the log-softmax's saved output is
     freed: the transient counts it freed; a recomputed micro-batch gets no such credit."""
-    model, inputs = zoo.gpt(batch_size=2, dropout=0.0, **GPT)
+    model, inputs = tiny_gpt(dropout=0.0, **GPT)
     graph = trace(model, inputs).graph
     report = partition_plan(graph, devices=2, microbatches=4, schedule="1f1b",
                             device_memory_bytes=10**10, split=["h.0"])

@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
+
 from planner import zoo  # noqa: E402
 from planner.core.errors import InputError  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
@@ -27,8 +29,7 @@ BF16 = torch.bfloat16
 TOLERANCE = 1.10  # measured activation peak vs prediction, as tests/runtime/test_runtime_memory.py
 
 
-def tiny_gpt() -> Any:
-    return zoo.gpt(batch_size=2, context=32, dim=64, layers=2, vocab=128, dropout=0.1)
+GPT: dict[str, Any] = {"context": 32, "dim": 64, "layers": 2, "vocab": 128, "dropout": 0.1}
 
 
 def tiny_resnet() -> Any:
@@ -39,7 +40,7 @@ def tiny_mlp() -> Any:
     return zoo.mlp(batch_size=4, in_features=16, hidden=32, depth=2)  # with dropout
 
 
-MODELS = {"gpt": tiny_gpt, "resnet": tiny_resnet, "mlp": tiny_mlp}
+MODELS = {"gpt": lambda: tiny_gpt(**GPT), "resnet": tiny_resnet, "mlp": tiny_mlp}
 
 
 @dataclass
@@ -145,7 +146,7 @@ def test_trace_records_autocast_and_real_mixed_sizes() -> None:
 
 
 def test_trace_inside_the_users_autocast_block_is_the_same_trace() -> None:
-    model, inputs = tiny_gpt()
+    model, inputs = tiny_gpt(**GPT)
     with torch.autocast("cpu", dtype=BF16):
         inside = trace(model, inputs, dropout_masks="graph")
         explicit_too = trace(model, inputs, dropout_masks="graph", autocast="bf16")

@@ -25,12 +25,11 @@ from fidelity_judge import (  # noqa: E402
     summary_table,
 )
 from fidelity_timeline import END, first_excess  # noqa: E402
+from models import tiny_gpt  # noqa: E402
 
 
 def _tiny_gpt() -> Any:
-    from planner import zoo
-
-    return zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32, dropout=0.1)
+    return tiny_gpt(dropout=0.1)
 
 
 def test_core_rows_have_every_column_and_agree_with_the_prediction(tmp_path: Path) -> None:

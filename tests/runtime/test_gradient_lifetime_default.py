@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
+
 from planner import zoo  # noqa: E402
 from planner.core.errors import InputError  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
@@ -26,17 +28,13 @@ def tiny_mlp() -> Any:
     return zoo.mlp(batch_size=4, in_features=16, hidden=32, depth=2)
 
 
-def tiny_gpt() -> Any:
-    return zoo.gpt(batch_size=2, context=16, dim=32, layers=1, vocab=64)
-
-
 def _gradient_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 # -- tracing ---------------------------------------------------------------------------------
 def test_default_trace_writes_backward_explicitly() -> None:
-    model, inputs = tiny_gpt()
+    model, inputs = tiny_gpt(context=16, dim=32, vocab=64)
     graph = trace(model, inputs).graph
     assert graph.model_state is not None
     assert graph.model_state.gradient_lifetime == "backward"

@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner import zoo  # noqa: E402
+from models import tiny_gpt  # noqa: E402
+
 from planner.core.errors import InputError  # noqa: E402
 from planner.core.plan import Plan  # noqa: E402
 from planner.engine.partition import partition_plan  # noqa: E402
@@ -22,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gpt(layers: int) -> tuple[Any, tuple[Any, ...]]:
-    made: tuple[Any, tuple[Any, ...]] = zoo.gpt(
-        batch_size=2, context=8, dim=16, layers=layers, vocab=32, dropout=0.0)
+    made: tuple[Any, tuple[Any, ...]] = tiny_gpt(layers=layers, dropout=0.0)
     return made
 
 

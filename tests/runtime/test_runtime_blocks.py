@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
-from planner import zoo  # noqa: E402
 from planner.engine.registry import method_names  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
 from planner.runtime.apply import apply  # noqa: E402
@@ -26,7 +26,7 @@ def gpt_blocks():
     if "gpt" not in _CACHE:
         from planner.tracing.api import trace
 
-        model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=3, vocab=32, dropout=0.2)
+        model, inputs = tiny_gpt(context=16, dim=32, layers=3, dropout=0.2)
         result = trace(model, inputs, level="module", block_pattern="h.*")
         _CACHE["gpt"] = (model, inputs, result)
     return _CACHE["gpt"]

@@ -15,10 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy  # noqa: E402
 
-from planner import zoo  # noqa: E402
 from planner.core.errors import InputError  # noqa: E402
 from planner.core.graph import Phase  # noqa: E402
 from planner.core.plan import Plan, compute, offload, prefetch  # noqa: E402
@@ -37,10 +37,6 @@ from planner.tracing.capture import compute_loss  # noqa: E402
 aten = torch.ops.aten
 
 
-def tiny_gpt() -> tuple[nn.Module, tuple[Any, ...]]:
-    return zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32, dropout=0.0)
-
-
 def tiny_mlp() -> tuple[nn.Module, tuple[Any, ...]]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
@@ -50,7 +46,7 @@ def tiny_mlp() -> tuple[nn.Module, tuple[Any, ...]]:
 
 @pytest.fixture(scope="module")
 def gpt() -> tuple[nn.Module, tuple[Any, ...], Any]:
-    model, inputs = tiny_gpt()
+    model, inputs = tiny_gpt(dropout=0.0)
     return model, inputs, trace(model, inputs, dropout_masks="graph")
 
 

@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
 from planner import zoo  # noqa: E402
@@ -28,7 +29,7 @@ from planner.solvers.baselines import store_all  # noqa: E402
 
 MODELS: dict[str, Any] = {
     "mlp-dropout": lambda: zoo.mlp(batch_size=4, in_features=16, hidden=32, depth=2),
-    "gpt": lambda: zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32, dropout=0.2),
+    "gpt": lambda: tiny_gpt(dropout=0.2),
     "resnet": lambda: zoo.resnet(batch_size=2, image=8, widths=(4, 8), blocks=1),
     "mixer": lambda: zoo.mixer(batch_size=2, image=8, patch=4, dim=16, blocks=1, dropout=0.2),
 }

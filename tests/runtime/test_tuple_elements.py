@@ -66,11 +66,12 @@ def test_an_element_freed_and_taken_again_from_its_op_stays() -> None:
 
 def test_elements_follow_their_op_in_a_traced_order() -> None:
     torch = pytest.importorskip("torch")
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing.api import trace
 
     torch.manual_seed(0)
-    model, inputs = zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32, dropout=0.1)
+    model, inputs = tiny_gpt(dropout=0.1)
     graph = trace(model, inputs, dropout_masks="graph").graph
     ledger = MemoryLedger.of(graph)
     assert ledger.elements, "a GPT has dropouts and layer norms"

@@ -27,11 +27,11 @@ UNITS = ["h.1", "h.1.mlp", "h.1.attn"]
 
 
 def _traced(dropout: float) -> tuple[Any, tuple[Any, ...], Graph, StageFacts]:
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=3, vocab=64,
-                            dropout=dropout)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=3, vocab=64, dropout=dropout)
     graph = trace(model, inputs).graph
     facts = stage_facts(graph, [n.id for n in graph.nodes], MODULES)
     return model, inputs, graph, facts

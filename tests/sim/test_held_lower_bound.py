@@ -144,10 +144,11 @@ def test_every_holder_is_resident_when_the_last_one_runs() -> None:
     """A traced GPT: its weight gradients lie in separate branches (no node has them all as
     ancestors), yet every plan holds them all once the last is computed; the bound counts that
     (0.67 of store-all on a 12-layer GPT, where recompute-all peaks at 0.68)."""
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=8, dim=16, layers=2, vocab=64)
+    model, inputs = tiny_gpt(layers=2, vocab=64)
     graph = trace(model, inputs).graph
     ledger = MemoryLedger.of(graph)
     held = {v: b for v, b in ledger.held_bytes.items() if b > 0}

@@ -214,6 +214,8 @@ def test_chain_dp_is_conservative_on_linearised_graphs(seed: int, layers: int,
 def test_runtime_resident_sets_are_the_simulators() -> None:
     torch = pytest.importorskip("torch")
     del torch
+    from models import tiny_gpt
+
     from planner import zoo
     from planner.runtime.op_executor import JointProgram
     from planner.sim.ledger_replay import handed_elements
@@ -221,7 +223,7 @@ def test_runtime_resident_sets_are_the_simulators() -> None:
     from planner.tracing.api import trace
 
     for model, inputs in (zoo.mlp(batch_size=4, in_features=16, hidden=32, depth=2),
-                          zoo.gpt(batch_size=2, context=8, dim=16, layers=1, vocab=32)):
+                          tiny_gpt()):
         result = trace(model, inputs, level="op", dropout_masks="graph")
         graph = result.graph
         ledger = MemoryLedger.of(graph)

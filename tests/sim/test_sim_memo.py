@@ -21,10 +21,11 @@ MODS = [["tok", "pos", "h.0", "h.1"], ["h.2", "h.3", "ln_f", "head"]]
 
 @pytest.fixture(scope="module")
 def op_gpt() -> Graph:
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=4, vocab=64)
     return trace(model, inputs).graph
 
 

@@ -25,11 +25,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "planner" / "examples" / "resnet
 def _graphs() -> list[tuple[str, Graph]]:
     out = [("resnet24", Graph.model_validate_json(EXAMPLE.read_text()))]
     try:
-        from planner import zoo
+        from models import tiny_gpt
+
         from planner.tracing.api import trace
     except ImportError:  # torch missing: the bundled graph alone
         return out
-    model, inputs = zoo.gpt(batch_size=2, context=8, dim=16, layers=3, vocab=32)
+    model, inputs = tiny_gpt(layers=3)
     # gradients held all step: the chain model charges 'backward' gradients for the whole step
     # too, so budgets as fractions of store-all keep the meaning these tests were written for
     out.append(("gpt", trace(model, inputs, gradient_lifetime="step").graph))

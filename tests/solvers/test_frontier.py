@@ -80,10 +80,11 @@ def test_a_cut_frontier_keeps_the_plans_that_offload_nothing() -> None:
 
 @pytest.fixture(scope="module")
 def op_gpt() -> Graph:
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=4, vocab=64)
     return trace(model, inputs).graph
 
 

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
 from runtime_helpers import eager_step, planned_step  # noqa: E402
 
 from planner import zoo  # noqa: E402
@@ -37,7 +38,7 @@ def tiny() -> Any:
     """A 2-layer GPT traced as the runtime runs it (dropout masks in the graph)."""
     from planner.tracing.api import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=8, dim=16, layers=2, vocab=32)
+    model, inputs = tiny_gpt(layers=2)
     return model, inputs, trace(model, inputs, dropout_masks="graph")
 
 

@@ -25,10 +25,11 @@ MODULES = ["h.1", "h.2", "h.3"]
 @pytest.fixture(scope="module")
 def facts() -> tuple[Graph, StageFacts]:
     """Stage 1 of a traced GPT-4 split after h.0 (its blocks h.1 to h.3, ln_f and head)."""
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=4, vocab=64)
     graph = trace(model, inputs).graph
     mods = [["tok", "pos", "h.0"], [*MODULES, "ln_f", "head"]]
     part = Partition(stages=[PipelineStage(stage_index=i, rank=i, modules=m)

@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_gpt  # noqa: E402
 from torch import nn  # noqa: E402
 
-from planner import zoo  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
 from planner.core.plan import PlanStatus  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402
@@ -30,8 +30,8 @@ from planner.tracing.api import trace  # noqa: E402
 def gpt_graph(layers: int = 2, batch_size: int = 8, context: int = 64) -> Graph:
     # context 64: the attention scores outweigh the parameters, so recomputation matters (at
     # context 8 every recomputed set peaks alike)
-    model, inputs = zoo.gpt(batch_size=batch_size, context=context, dim=16, layers=layers,
-                            vocab=32, dropout=0.0)
+    model, inputs = tiny_gpt(batch_size=batch_size, context=context, layers=layers,
+                              dropout=0.0)
     return trace(model, inputs, costs="estimate").graph
 
 

@@ -33,10 +33,11 @@ HOST = Resources(host_memory_bytes=2**36, h2d="pcie-gen5-x16", d2h="pcie-gen5-x1
 
 @pytest.fixture(scope="module")
 def op_gpt() -> Graph:
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=4, vocab=64)
     return trace(model, inputs).graph
 
 

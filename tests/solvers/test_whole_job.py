@@ -49,10 +49,11 @@ def gpt() -> Graph:
 @pytest.fixture(scope="module")
 def op_gpt() -> Graph:
     """A small traced GPT at op level (module paths 'h.3.attn.qkv')."""
-    from planner import zoo
+    from models import tiny_gpt
+
     from planner.tracing import trace
 
-    model, inputs = zoo.gpt(batch_size=2, context=16, dim=32, layers=4, vocab=64)
+    model, inputs = tiny_gpt(context=16, dim=32, layers=4, vocab=64)
     return trace(model, inputs).graph
 
 
