@@ -13,8 +13,8 @@ Calls are matched to the traced joint graph's forward ops by op overload and pos
 
 Why selective checkpointing rather than a partition function of our own: the tags travel through
 inductor's own pipeline. Verified in torch 2.13 (`torch/_functorch/partitioners.py`,
-`torch/utils/checkpoint.py`, and by tests/test_runtime_compile.py): the SAC dispatch mode tags
-every fx node an op call creates, decompositions included; the min-cut partitioner turns
+`torch/utils/checkpoint.py`, and by tests/runtime/test_runtime_compile.py): the SAC dispatch mode
+tags every fx node an op call creates, decompositions included; the min-cut partitioner turns
 MUST_RECOMPUTE into an infinite edge to the sink (recomputed in the backward) and MUST_SAVE into a
 ban on recomputation (an infinite edge from the source), so with every forward op tagged the cut
 is the plan's; views are never banned (a view costs no memory either way); recomputed random ops

@@ -13,8 +13,8 @@ with NCCL. Only the copies' time differs (the step time is not a pipeline's: the
 share the GPU's compute).
 
 `install(stage_all=True)` stages host tensors too (a copy to a fresh host tensor), so the
-wrapping can be exercised on a machine without a GPU (tests/test_staged_p2p.py: the same loss,
-gradients and per-rank peaks as unstaged). `benchmarks/gpu/whole_job_ranks.py` runs whole-job
+wrapping can be exercised on a machine without a GPU (tests/runtime/test_staged_p2p.py: the same
+loss, gradients and per-rank peaks as unstaged). `benchmarks/gpu/whole_job_ranks.py` runs whole-job
 plans this way on one GPU. Call it in each rank's process before the pipeline is built.
 """
 

@@ -22,7 +22,7 @@ It is not the only accounting: the staged-schedule model (planner.solvers.remat.
 replays with it, but the chain model (planner.solvers.chain.sequence, `ChainLiveBytes`), the
 MILP rows, the interval model's cumulative and the pipeline stage sums write their own live/peak
 arithmetic (over these facts or their own model's) for the same rules; the property tests of
-tests/test_memory_model_props.py hold each to the simulator.
+tests/sim/test_memory_model_props.py hold each to the simulator.
 """
 
 from __future__ import annotations

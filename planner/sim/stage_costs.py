@@ -11,7 +11,7 @@ a node no stage names follows its inputs (`place_the_rest`: a loss outside every
 the last stage). Forward data flows to the same or later stages, gradients to earlier ones.
 
 Memory of a stage (per rank, summed over its stages), as torch.distributed.pipelining allocates
-it (torch 2.13, stage.py / schedules.py; measured on CPU in tests/test_pipeline_buffers.py):
+it (torch 2.13, stage.py / schedules.py; measured on CPU in tests/runtime/test_pipeline_buffers.py):
 - model state: each parameter's bytes (weights, gradient, optimizer state after ZeRO) go to the
   stage owning its gradient_node, else a node of its module or of the nearest enclosing module
   with nodes (a block-level trace names 'h.0', its parameters 'h.0.attn.qkv'); the rest of the

@@ -33,7 +33,7 @@ non-keep unit saves is on the device only while its forward uses it) and the bac
 (`backward_working_bytes`: a node's gradients, an offload unit's reloads for that node, a
 recompute unit's rerun and its recomputed roots, less the kept roots already freed; both in
 planner.sim.stage_working).
-Measured against torch on 2 and 4 gloo ranks (tests/test_pipeline_policies.py): measured <=
+Measured against torch on 2 and 4 gloo ranks (tests/runtime/test_pipeline_policies.py): measured <=
 predicted <= 1.10 x measured per rank, host bytes exact.
 
 Time (planner.sim.unit_times), per stage and micro-batch, as the runtime issues the copies:
@@ -162,7 +162,7 @@ def weight_rerun_bytes(graph: Graph, facts: StageFacts, chosen: Mapping[str, Uni
     (planner.runtime.pipeline merges torch's weight groups), so each unit reruns once: every
     unit's recomputed roots an input-gradient node reads, counted alive until W ends (an upper
     bound: counting one unit's at a time fell below torch's peak, 0.918 of it, in
-    tests/test_pipeline_selective_runtime.py), and the roots only weight nodes read, of one
+    tests/runtime/test_pipeline_selective_runtime.py), and the roots only weight nodes read, of one
     unit at a time. None on the first stage, whose W is one whole backward (one rerun per
     checkpoint)."""
     if first_stage:

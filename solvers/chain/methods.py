@@ -26,7 +26,7 @@ from planner.solvers.spec import MethodSpec, option, read_options
 
 # The chain code (and the graph code under it) loads when a method runs: listing the specs
 # (`planner-cli methods`) needs none of it. The default length of a linearised chain, as
-# `linearize.MAX_SEGMENTS` (tests/test_method_spec.py holds the two equal).
+# `linearize.MAX_SEGMENTS` (tests/engine/test_method_spec.py holds the two equal).
 MAX_SEGMENTS = 200
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RotorOptions:
-    # 500 is planner.solvers.chain.rotor.DEFAULT_SLOTS (tests/test_method_spec.py holds them
+    # 500 is planner.solvers.chain.rotor.DEFAULT_SLOTS (tests/engine/test_method_spec.py holds them
     # equal); importing rotor here would load numpy with the registry.
     slots: int = option(500, "memory discretisation", minimum=1)
     refine: int = option(2, "extra DP runs that win back rounding loss", minimum=0)

@@ -21,8 +21,8 @@ each F_all keeps (the block-level choice of Rockmate, Zhao et al. 2023, over a f
 
 Optimality holds within Rotor's class of sequences: a checkpoint stays resident until the
 backward pass is back to it (F_∅ never consumes one). Brute force over that class agrees with
-the DP (tests/test_chain_rotor.py); outside it, freeing a checkpoint early and recomputing it
-later can be cheaper on some chains (`test_rotor_class_rules_matter`).
+the DP (tests/solvers/test_chain_rotor.py); outside it, freeing a checkpoint early and recomputing
+it later can be cheaper on some chains (`test_rotor_class_rules_matter`).
 
 Memory is counted in slots: when the whole budget above fixed memory and a^0 is at most
 `slots` multiples of the gcd of all sizes, that gcd is the slot and the DP is exact; otherwise

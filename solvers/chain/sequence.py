@@ -14,7 +14,7 @@ Operations (stage i is 1-based; text form in brackets):
 
 `ChainLiveBytes` holds these memory rules for the chain model (its own arithmetic, not
 planner.sim.ledger's: the same rules, as the graph mapping in `planner.solvers.chain.layout`
-gives them to the simulator; tests/test_memory_model_props.py checks the two agree).
+gives them to the simulator; tests/sim/test_memory_model_props.py checks the two agree).
 `run_sequence` replays a sequence with them, rejecting an invalid operation with its index, and
 returns the exact peak (fixed memory included) and compute cost; POFO's replay adds its host
 copies to them.

@@ -9,7 +9,7 @@ stage t that stage t neither uses nor passes on is freed at the end of the stage
 turns staged schedules into actions and accounts their memory with the simulator's ledger
 (planner.sim.ledger: `replay`), so that every formulation built on it can be checked against
 `planner.sim.simulator`; the formulations' own memory rows and cumulatives are separate
-arithmetic, held to the simulator by tests/test_memory_model_props.py.
+arithmetic, held to the simulator by tests/sim/test_memory_model_props.py.
 """
 
 from __future__ import annotations
