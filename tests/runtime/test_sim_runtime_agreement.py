@@ -65,8 +65,9 @@ def _cases() -> list[Any]:
 
 
 def _pipeline(method: str) -> bool:
+    """A pipeline or FSDP method: its plans are per rank (tests/engine/test_fsdp_method.py)."""
     spec = method_spec(method)
-    return spec is not None and spec.pipeline
+    return spec is not None and (spec.pipeline or spec.fsdp)
 
 
 def _offloads(method: str) -> bool:
