@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from planner.solvers.spec import option
 
-# torchtune's min_offload_size, as `heuristics.DEFAULT_MIN_BYTES` (tests/test_torch_side_speed.py
-# holds the two equal): said here so that the specs load without the heuristics.
+# torchtune's min_offload_size, as `heuristics.DEFAULT_MIN_BYTES`
+# (tests/tracing/test_torch_side_speed.py holds the two equal): said here so that the specs load
+# without the heuristics.
 DEFAULT_MIN_BYTES = 1024
 
 # The offload MILP's solvers and the largest graph its model is built for by default.

@@ -85,8 +85,9 @@ def _baseline_method(name: str) -> MethodFn:
     return run
 
 
-# The balanced splits, in `pipeline.baselines.BASELINES` order (tests/test_torch_side_speed.py
-# holds the two equal): their names and summaries here, so that the specs load without them.
+# The balanced splits, in `pipeline.baselines.BASELINES` order
+# (tests/tracing/test_torch_side_speed.py holds the two equal): their names and summaries here,
+# so that the specs load without them.
 _BASELINE_SUMMARIES = {
     "param-balanced": "contiguous stages balancing parameters (DeepSpeed "
                       "partition_method='parameters'); memory not considered",
