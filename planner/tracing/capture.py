@@ -111,7 +111,9 @@ def capture_joint(
     model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any = None, autocast: str | None = None,
     progress: Any = None,
 ) -> JointCapture:
-    """Run one compiled step on `inputs` and return the joint graph; raise CaptureError.
+    """Compile one step on `inputs` and return its joint graph; raise CaptureError. The step
+    itself is not run (the capture stops when AOTAutograd hands over the joint graph): the
+    model's buffers (batch-norm statistics) and the RNG are as they were.
 
     `autocast` ("bf16", "fp16"): the step runs under `torch.autocast` of the model's device
     type, so the joint graph holds the casts (planner.tracing.autocast)."""
