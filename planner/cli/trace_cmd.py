@@ -366,6 +366,8 @@ def trace_cmd(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with work_status("trace", detail="starting") as status:
         status.update("importing torch", phase=True)
+        import torch  # noqa: F401 - imported here, so that this phase is where its time shows
+
         from planner.core.io import write_json
         from planner.tracing import trace
         from planner.tracing.api import resolve_gradient_lifetime

@@ -117,6 +117,8 @@ def capture_joint(
 
     `autocast` ("bf16", "fp16"): the step runs under `torch.autocast` of the model's device
     type, so the joint graph holds the casts (planner.tracing.autocast)."""
+    if progress is not None:
+        progress("capture: importing dynamo and AOTAutograd", 0, 0)
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 

@@ -122,7 +122,8 @@ def test_trace_reports_its_phases(store: Path) -> None:
     heard: list[tuple[str, int, int]] = []
     trace(model, inputs, progress=lambda stage, done, total: heard.append((stage, done, total)))
     stages = [s for s, _, _ in heard]
-    expected = ["capture: forward (dynamo)", "capture: backward (AOTAutograd",
+    expected = ["capture: importing dynamo", "capture: forward (dynamo)",
+                "capture: backward (AOTAutograd",
                 "capture: joint forward+backward graph", "capture: keeping it",
                 "op graph: records of", "costs: roofline estimate", "workspace:",
                 "op graph: fusing"]
