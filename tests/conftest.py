@@ -18,6 +18,17 @@ import pytest
 # compile tests failed in the whole suite only. The standard library's serves inductor as well.
 os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 
+# The capture store (planner.tracing.capture_store) of this run only: a capture kept by an earlier
+# run (older code, a user's models) is never what a test reuses; each worker has its own.
+if "PLANNER_TRACE_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _captures = tempfile.mkdtemp(prefix="planner-captures-")
+    os.environ["PLANNER_TRACE_CACHE"] = _captures
+    atexit.register(shutil.rmtree, _captures, True)
+
 from planner.core.graph import Edge, FixedMemory, Graph, Node
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
