@@ -144,7 +144,8 @@ def resolve_sweep(settings: Settings, source: RequestGraph,
     budgets = {first.budget_bytes}
     for i, budget in enumerate(body.budgets[1:], start=1):
         try:
-            budgets.add(resolve_budget(budget, source, first.resources))
+            budgets.add(resolve_budget(budget, source, first.resources, method=first.method,
+                                       options=first.options))
         except InputError as e:
             raise e.renamed({"budget": f"budgets[{i}]"}) from None
     return [replace(first, budget_bytes=b) for b in sorted(budgets)]

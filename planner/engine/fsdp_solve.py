@@ -31,6 +31,24 @@ def check_fsdp_request(graph: Graph, options: Mapping[str, object] | None) -> No
     fsdp_model_of(graph, int(opts.get("ranks", FsdpOptions.ranks)))  # type: ignore[call-overload]
 
 
+def fsdp_reference_peak_bytes(graph: Graph, options: Mapping[str, object] | None,
+                              resources: Resources | None = None) -> int:
+    """One rank's whole peak with every block kept, resharded after forward and one block
+    prefetched (FSDP2's defaults): what a relative budget (`80%`) of an FSDP method is of."""
+    from planner.core.plan import FsdpSettings
+    from planner.sim.fsdp import FsdpPlan
+    from planner.sim.fsdp_plans import fsdp_model_of, simulate_fsdp_settings
+    from planner.solvers.fsdp.methods import FsdpOptions
+
+    opts = dict(options or {})
+    ranks = int(opts.get("ranks", FsdpOptions.ranks))  # type: ignore[call-overload]
+    blocks = len(fsdp_model_of(graph, ranks).blocks)
+    settings = FsdpSettings(ranks=ranks, text=FsdpPlan.uniform(blocks, "keep").text(),
+                            collectives=str(opts.get("backend", FsdpOptions.backend)))  # type: ignore[arg-type]
+    result, _ = simulate_fsdp_settings(graph, settings, resources)
+    return result.peak_bytes
+
+
 def solve_fsdp_plan(graph: Graph, budget_bytes: int, method: str, *, time_limit_s: float,
                     threads: int = 2, seed: int = 0, options: Mapping[str, Any] | None = None,
                     resources: Resources | None = None) -> Plan:

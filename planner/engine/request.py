@@ -134,7 +134,7 @@ def resolve_request(
     if method_here:
         check_method(method, options)
     machine = with_host_memory(resolve_resources(resources), host_memory)
-    budget_bytes = resolve_budget(budget, source, machine)
+    budget_bytes = resolve_budget(budget, source, machine, method=method, options=options)
     if method_here:
         check_offload(source, method, machine, graph_where)
         check_pipeline(source, budget_bytes, method, options, machine)
@@ -249,10 +249,15 @@ def resolve_budget(
     budget: str | int | float | None,
     graph: Graph | RequestGraph | None,
     resources: Resources | None = None,
+    *,
+    method: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> int:
     """Bytes of device memory (field `budget`): the budget grammar, a relative budget taken of
-    the graph's store-all peak (read only then); without a budget, the machine's device memory
-    (field `resources` when it names none)."""
+    the graph's store-all peak (read only then) — for an FSDP method, of one rank's peak with
+    every block kept (FSDP2's defaults: `fsdp_reference_peak_bytes`), since a rank holds
+    neither the whole model nor one device's activations; without a budget, the machine's
+    device memory (field `resources` when it names none)."""
     if budget is None:
         if resources is None:
             raise InputError(
@@ -273,8 +278,25 @@ def resolve_budget(
 
     reference = None
     if graph is not None:
-        reference = store_all_peak_bytes(graph.graph if isinstance(graph, RequestGraph) else graph)
+        g = graph.graph if isinstance(graph, RequestGraph) else graph
+        reference = (fsdp_reference(g, method, options, resources) if method is not None
+                     else None) or store_all_peak_bytes(g)
     return spec.resolve(reference, "budget")
+
+
+def fsdp_reference(graph: Graph, method: str, options: Mapping[str, Any] | None,
+                   resources: Resources | None) -> int | None:
+    """An FSDP method's reference for a relative budget (one rank, every block kept); None
+    for any other method."""
+    from planner.engine.registry import method_spec
+
+    spec = method_spec(method)
+    if spec is None or not spec.fsdp:
+        return None
+    from planner.engine.fsdp_solve import check_fsdp_request, fsdp_reference_peak_bytes
+
+    check_fsdp_request(graph, options)  # the profile first: its error names the graph
+    return fsdp_reference_peak_bytes(graph, options, resources)
 
 
 # A pipeline problem's fields as a plan request says them (the machine is its resources).

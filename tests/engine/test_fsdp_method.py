@@ -133,6 +133,23 @@ def test_budget_below_the_least_is_infeasible_with_the_least() -> None:
     assert plan.predicted is not None and plan.predicted.peak_bytes == least
 
 
+def test_a_relative_budget_is_of_one_ranks_keep_all_peak() -> None:
+    """`80%` of an FSDP method is of one rank's peak with every block kept (FSDP2's defaults:
+    reshard after forward, prefetch 1), not of the one-device store-all peak, which a rank
+    never holds; other methods keep the store-all reference."""
+    from planner.solvers.baselines import store_all_peak_bytes
+
+    keep = simulate_fsdp(MODEL, FsdpPlan.uniform(4, "keep"), 2, LINK).peak_bytes
+    request = resolve_request(GRAPH, "80%", method="fsdp", options={"ranks": 2})
+    assert request.budget_bytes == -(-8 * keep // 10)
+    assert resolve_request(GRAPH, 1.0, method="fsdp").budget_bytes == keep
+    assert resolve_request(GRAPH, "80%", method="auto").budget_bytes == \
+        -(-8 * store_all_peak_bytes(GRAPH) // 10)
+    with pytest.raises(InputError) as err:  # the profile is said before the budget is taken
+        resolve_request(PLAIN, "80%", method="fsdp")
+    assert err.value.field == "graph"
+
+
 def test_local_search_and_gloo_and_depths() -> None:
     least, most = least_and_most()
     plan = solve(GRAPH, most, "fsdp",
