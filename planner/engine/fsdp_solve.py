@@ -43,8 +43,9 @@ def fsdp_reference_peak_bytes(graph: Graph, options: Mapping[str, object] | None
     opts = dict(options or {})
     ranks = int(opts.get("ranks", FsdpOptions.ranks))  # type: ignore[call-overload]
     blocks = len(fsdp_model_of(graph, ranks).blocks)
+    backend = "gloo" if opts.get("backend", FsdpOptions.backend) == "gloo" else "nccl"
     settings = FsdpSettings(ranks=ranks, text=FsdpPlan.uniform(blocks, "keep").text(),
-                            collectives=str(opts.get("backend", FsdpOptions.backend)))  # type: ignore[arg-type]
+                            collectives=backend)
     result, _ = simulate_fsdp_settings(graph, settings, resources)
     return result.peak_bytes
 
