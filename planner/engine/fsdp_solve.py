@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from planner.core.graph import Graph
 from planner.core.plan import Plan, PlanKind, PlanStatus, Predicted, graph_reference, relative_gap
@@ -43,7 +43,8 @@ def fsdp_reference_peak_bytes(graph: Graph, options: Mapping[str, object] | None
     opts = dict(options or {})
     ranks = int(opts.get("ranks", FsdpOptions.ranks))  # type: ignore[call-overload]
     blocks = len(fsdp_model_of(graph, ranks).blocks)
-    backend = "gloo" if opts.get("backend", FsdpOptions.backend) == "gloo" else "nccl"
+    backend: Literal["nccl", "gloo"] = (
+        "gloo" if opts.get("backend", FsdpOptions.backend) == "gloo" else "nccl")
     settings = FsdpSettings(ranks=ranks, text=FsdpPlan.uniform(blocks, "keep").text(),
                             collectives=backend)
     result, _ = simulate_fsdp_settings(graph, settings, resources)
