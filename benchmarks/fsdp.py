@@ -34,7 +34,7 @@ from planner.core.resources import LINK_PRESETS  # noqa: E402
 from planner.sim.fsdp import FsdpModel, FsdpPlan, LinkSpec, hand_plans, simulate_fsdp  # noqa: E402
 from planner.solvers.fsdp.search import solve_fsdp  # noqa: E402
 
-MODELS = {
+MODELS: dict[str, dict[str, float | int]] = {
     "gpt": dict(context=64, dim=64, layers=4, vocab=256, dropout=0.0),
     "llama": dict(context=64, dim=64, layers=4, heads=4, kv_heads=2, vocab=256),
 }

@@ -33,8 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import machine, write_sections  # noqa: E402
-from benchmarks.whole_job import traced_gpt  # noqa: E402
+from results import machine, write_sections  # noqa: E402
+from whole_job import traced_gpt  # noqa: E402
+
 from planner.core.errors import InputError, NoPlanFits  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
 from planner.core.resources import GiB  # noqa: E402

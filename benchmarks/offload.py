@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.results import machine, write_sections  # noqa: E402
+from results import machine, write_sections  # noqa: E402
+
 from planner.core.budget import format_bytes  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
 from planner.core.plan import Action, ActionOp  # noqa: E402

@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import machine  # noqa: E402
+from results import machine  # noqa: E402
+
 from planner.core.errors import InputError  # noqa: E402
 from planner.core.graph import FixedMemory, Graph, ModelState, ParameterState  # noqa: E402
 from planner.solvers.pipeline.baselines import BASELINES, baseline_partition  # noqa: E402

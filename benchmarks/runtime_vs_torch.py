@@ -35,7 +35,8 @@ from torch.utils.checkpoint import checkpoint
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import write_page  # noqa: E402
+from results import write_page  # noqa: E402
+
 from planner import zoo  # noqa: E402
 from planner.core.budget import format_bytes  # noqa: E402
 from planner.engine.solve import solve  # noqa: E402

@@ -33,10 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import machine, write_sections  # noqa: E402
+from results import machine, write_sections  # noqa: E402
+
 from planner.core.errors import InputError  # noqa: E402
 from planner.core.graph import Graph  # noqa: E402
-from planner.core.resources import GiB, Resources  # noqa: E402
+from planner.core.resources import LINK_PRESETS, GiB, Resources  # noqa: E402
 from planner.solvers.pipeline.dp import dp_partition, least_memory_split  # noqa: E402
 from planner.solvers.pipeline.ilp import ilp_partition  # noqa: E402
 from planner.solvers.pipeline.policy_splits import WholeJob  # noqa: E402
@@ -138,8 +139,8 @@ def run_row(graph: Graph, chain: UnitChain, p: int, m: int, schedule: str, limit
             host: bool, args: argparse.Namespace) -> dict[str, Cell | None]:
     resources = Resources(device_count=p, device_memory_bytes=limit,
                           host_memory_bytes=HOST_BYTES if host else None,
-                          h2d="pcie-gen5-x16" if host else None,
-                          d2h="pcie-gen5-x16" if host else None)
+                          h2d=LINK_PRESETS["pcie-gen5-x16"] if host else None,
+                          d2h=LINK_PRESETS["pcie-gen5-x16"] if host else None)
     problem = PipelineProblem(graph, chain, p, m, schedule, limit, chunks=2, resources=resources)
     _ = problem.inflight  # InputError: this schedule cannot run these numbers
     if problem.stage_count > chain.length:
@@ -193,9 +194,9 @@ def summary(rows: list[Row]) -> list[str]:
     ratios = []
     for r in rows:
         w = r.cells["whole"]
-        others = [c.step_ms for k, c in r.cells.items() if k != "whole" and _fits(c)]
-        if _fits(w) and others:
-            assert w is not None and w.step_ms is not None
+        others = [c.step_ms for k, c in r.cells.items()
+                  if k != "whole" and c is not None and _fits(c) and c.step_ms is not None]
+        if w is not None and w.step_ms is not None and _fits(w) and others:
             ratios.append(w.step_ms / min(others))
             if w.step_ms > min(others) * (1 + 1e-9):
                 slower.append(r)
