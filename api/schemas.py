@@ -30,6 +30,7 @@ from planner.core.budget import parse_budget_spec
 from planner.core.errors import InputError
 from planner.core.limits import MAX_TIME_LIMIT_S
 from planner.engine.options import METHOD_OPTIONS, describe_options
+from planner.engine.request_fields import request_field
 
 
 def _budget(value: object) -> int | float | str:
@@ -104,16 +105,20 @@ GRAPH_DESCRIPTION = (
     "accepted too). Give exactly one of graph and graph_id."
 )
 GRAPH_ID_DESCRIPTION = "Id of a graph uploaded with POST /v1/graphs (instead of graph)."
+# Each field's description starts with the one table's help (planner.engine.request_fields),
+# as the CLI's --help does; what differs here (the server's cap, the cache) is said after it.
 TIME_LIMIT_DESCRIPTION = (
-    "Seconds for the solver (capped by the server). A finished plan that is not proven optimal "
-    "answers only requests with at most the time limit it was solved with."
+    request_field("time_limit").text() + " (the server's setting when it sets one), capped "
+    "by the server. A finished plan that is not proven optimal answers only requests with at "
+    "most the time limit it was solved with."
 )
+RESOURCES_DESCRIPTION = request_field("resources").help + "."
+METHOD_DESCRIPTION = request_field("method").help + "."
 # The engine's bound; the server states its own cap (max_time_limit_s) in its document.
 TIME_LIMIT_SCHEMA: dict[str, Any] = {"maximum": MAX_TIME_LIMIT_S}
 FORCE_DESCRIPTION = "Solve again even when a finished answer to the same question is stored."
 OPTIONS_DESCRIPTION = (
-    "Method options, checked at submission (an unknown key or a bad value is a 422); the "
-    "built-in methods not listed take none. "
+    request_field("options").help + " (a 422); the built-in methods not listed take none. "
     + "; ".join(
         f"{method}: " + ", ".join(f"{name} ({text})" for name, text in
                                   describe_options(method).items())
@@ -162,12 +167,8 @@ class PlanRequest(BaseModel):
         default=None, description=BUDGET_DESCRIPTION + " Optional when resources name a device."
     )
     resources: ResourcesDocument | PresetName | None = Field(
-        default=None,
-        description="The machine: a resources.json document (see `planner-cli schema "
-        "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
-        "device memory it names is the budget.",
-    )
-    method: str = Field(default="auto", max_length=64, description="See GET /v1/methods.")
+        default=None, description=RESOURCES_DESCRIPTION)
+    method: str = Field(default="auto", max_length=64, description=METHOD_DESCRIPTION)
     time_limit: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION,
         json_schema_extra=TIME_LIMIT_SCHEMA,
@@ -198,12 +199,8 @@ class SweepRequest(BaseModel):
                                   description=BUDGET_DESCRIPTION + " At most "
                                   f"{MAX_SWEEP_BUDGETS} (or the server's max_sweep_budgets).")
     resources: ResourcesDocument | PresetName | None = Field(
-        default=None,
-        description="The machine: a resources.json document (see `planner-cli schema "
-        "resources`) or a preset name such as 'h100-pcie-gen5'. Without a budget, the "
-        "device memory it names is the budget.",
-    )
-    method: str = Field(default="auto", max_length=64)
+        default=None, description=RESOURCES_DESCRIPTION)
+    method: str = Field(default="auto", max_length=64, description=METHOD_DESCRIPTION)
     time_limit: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description=TIME_LIMIT_DESCRIPTION,
         json_schema_extra=TIME_LIMIT_SCHEMA,

@@ -45,6 +45,7 @@ from planner.core.graph import Graph
 from planner.core.limits import DEFAULT_AGENT_TIME_LIMIT_S
 from planner.core.plan import Plan
 from planner.engine.request import ResolvedRequest, resolve_request
+from planner.engine.request_fields import agent_words
 from planner.runtime.agent_solve import (
     ServiceRefused,
     ServiceUnavailable,
@@ -67,8 +68,7 @@ __all__ = ["AgentReport", "ServiceRefused", "ServiceUnavailable", "plan_for"]
 # replan_tolerance_bytes).
 REPLAN_TOLERANCE_FRACTION = 0.005
 REPLAN_TOLERANCE_MIN_BYTES = 64 * 1024
-# Request field -> plan_for's argument (planner.engine.request names fields).
-AGENT_FIELDS = {"time_limit": "time_limit_s"}
+AGENT_FIELDS = agent_words()  # request field -> plan_for's keyword (time_limit_s)
 
 
 @dataclass

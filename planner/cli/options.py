@@ -14,22 +14,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from planner.core.budget import BUDGET_GRAMMAR
-from planner.core.limits import DEFAULT_PIPELINE_TIME_LIMIT_S, DEFAULT_TIME_LIMIT_S
+from planner.engine.request_fields import cli_words, request_field
 
 if TYPE_CHECKING:
     from planner.core.errors import InputError
     from planner.core.resources import Resources
 
-# Request field -> the flag that gives it (InputError.renamed looks up the field's first part).
+# Request field -> the flag that gives it (InputError.renamed looks up the field's first part):
+# the plan request's fields from the one table (planner.engine.request_fields), then those of
+# the commands that take more (partition, trace).
 CLI_FIELDS = {
-    "budget": "--budget",
-    "resources": "--resources",
-    "host_memory": "--host-memory",
-    "time_limit": "--time-limit",
-    "method": "--method",
-    "threads": "--threads",
-    "seed": "--seed",
+    **cli_words(),
     "devices": "--devices",
     "device_memory": "--device-memory",
     "microbatches": "--microbatches",
@@ -42,7 +37,7 @@ CLI_FIELDS = {
     "precision": "--precision",
     "config_overrides": "--config",  # trace: a Hugging Face model's config fields
 }
-OPTION_FLAG = "--option"
+OPTION_FLAG = request_field("options").flag or "--option"
 
 
 def in_cli_words(err: InputError) -> InputError:
@@ -60,11 +55,14 @@ ResourcesOpt = Annotated[
     typer.Option(
         "--resources",
         "-r",
-        help="The machine: a preset (h100-pcie-gen5, a100-80g, ...) or a resources.json file",
+        help=request_field("resources").help.replace("document", "file"),
     ),
 ]
 
-BUDGET_HELP = BUDGET_GRAMMAR + "; a number with a point above 1 (1.5, 1e9) is refused"
+BUDGET_HELP = request_field("budget").help
+METHOD_HELP = request_field("method").help
+ThreadsOpt = Annotated[int, typer.Option("--threads", min=1, help=request_field("threads").help)]
+SeedOpt = Annotated[int, typer.Option("--seed", help=request_field("seed").help)]
 
 
 def _checked_time_limit(value: float | None) -> float | None:
@@ -80,7 +78,7 @@ def _time_limit_option(help_text: str) -> typer.models.OptionInfo:
     return typer.Option("--time-limit", help=help_text, callback=_checked_time_limit)
 
 
-TIME_LIMIT_HELP = "Seconds (finite, > 0, at most 86400)"
+TIME_LIMIT_HELP = request_field("time_limit").help
 TimeLimitOpt = Annotated[float, _time_limit_option(TIME_LIMIT_HELP)]
 TimeLimitPerBudgetOpt = Annotated[
     float, _time_limit_option("Seconds per budget (finite, > 0, at most 86400)")
@@ -91,8 +89,7 @@ OptionalTimeLimitOpt = Annotated[
 # The request's default when not given (planner.engine.request.default_time_limit_s).
 RequestTimeLimitOpt = Annotated[
     float | None, _time_limit_option(
-        TIME_LIMIT_HELP + f"; default {DEFAULT_TIME_LIMIT_S:g} (a pipeline method: "
-        f"{DEFAULT_PIPELINE_TIME_LIMIT_S:g})")
+        request_field("time_limit").text())
 ]
 
 
@@ -100,8 +97,7 @@ OptionsOpt = Annotated[
     list[str] | None,
     typer.Option(
         OPTION_FLAG, "-O", metavar="KEY=VALUE",
-        help="A method option, repeatable, typed as the method's spec says (`planner-cli "
-        "methods` lists each method's options and values): e.g. --option space=compiled, "
+        help=request_field("options").help + ". Repeatable: e.g. --option space=compiled, "
         "--option slots=100, --option hint=false, --option max_computations=null",
     ),
 ]

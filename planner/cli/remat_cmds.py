@@ -10,8 +10,10 @@ from typing import Annotated, Any, Literal
 import typer
 
 from planner.cli.options import (
+    METHOD_HELP,
     OptionsOpt,
     ResourcesOpt,
+    ThreadsOpt,
     TimeLimitOpt,
     TimeLimitPerBudgetOpt,
     method_options,
@@ -41,7 +43,7 @@ def min_budget_cmd(
         Path | None, typer.Option("-o", "--output", help="plan.json to write")
     ] = None,
     time_limit: TimeLimitOpt = 30.0,
-    threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
+    threads: ThreadsOpt = 2,
     backend: Annotated[MinBudgetBackend, typer.Option("--backend", help="The MILP solver")
                        ] = "cpsat",
     as_json: JsonFlag = False,
@@ -136,7 +138,7 @@ def sweep_cmd(
         "budgets (80%, 0.8, 11GiB, or an integer: bytes, 1 is one byte)"
     )] = "0.3:1.0:0.05",
     method: Annotated[
-        str, typer.Option("--method", "-m", help="See `planner-cli methods`")
+        str, typer.Option("--method", "-m", help=METHOD_HELP)
     ] = "auto",
     option: OptionsOpt = None,
     resources: ResourcesOpt = None,

@@ -15,6 +15,7 @@ import typer
 
 from planner.cli.options import (
     BUDGET_HELP,
+    METHOD_HELP,
     OptionalTimeLimitOpt,
     OptionsOpt,
     ResourcesOpt,
@@ -142,7 +143,7 @@ def submit(
     graph_path: Annotated[Path, typer.Argument(metavar="GRAPH", help="graph.json to plan")],
     budget: Annotated[str, typer.Option("--budget", "-b", help=BUDGET_HELP)],
     server: ServerOpt = DEFAULT_SERVER,
-    method: Annotated[str, typer.Option("--method", "-m")] = "auto",
+    method: Annotated[str, typer.Option("--method", "-m", help=METHOD_HELP)] = "auto",
     option: OptionsOpt = None,
     resources: ResourcesOpt = None,
     time_limit: OptionalTimeLimitOpt = None,

@@ -16,9 +16,12 @@ import typer
 
 from planner.cli.options import (
     BUDGET_HELP,
+    METHOD_HELP,
     OptionsOpt,
     RequestTimeLimitOpt,
     ResourcesOpt,
+    SeedOpt,
+    ThreadsOpt,
     TimeLimitOpt,
     method_options,
     resources_input,
@@ -210,14 +213,14 @@ def solve_cmd(
         ),
     ] = None,
     method: Annotated[
-        str, typer.Option("--method", "-m", help="See `planner-cli methods`")
+        str, typer.Option("--method", "-m", help=METHOD_HELP)
     ] = "auto",
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="plan.json to write")
     ] = None,
     time_limit: RequestTimeLimitOpt = None,
-    threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    threads: ThreadsOpt = 2,
+    seed: SeedOpt = 0,
     as_json: JsonFlag = False,
     backend: Annotated[
         str | None,
@@ -287,7 +290,7 @@ def bundled_example_path() -> Path:
 
 def demo(
     budget: Annotated[str, typer.Option("--budget", "-b", help=BUDGET_HELP)] = "70%",
-    method: Annotated[str, typer.Option("--method", "-m")] = "auto",
+    method: Annotated[str, typer.Option("--method", "-m", help=METHOD_HELP)] = "auto",
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
     time_limit: TimeLimitOpt = 20.0,
     as_json: JsonFlag = False,
