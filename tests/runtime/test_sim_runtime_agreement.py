@@ -112,11 +112,16 @@ def test_importing_a_module_with_a_plugin_registers_nothing() -> None:
     """The grid above is this project's methods: a test module's plugin
     (tests/cli/test_offload_cli.py has one) is registered by a fixture for its own tests, never
     at import, where it joined every later `method_names()` (12 skipped cases here)."""
-    import importlib
+    import importlib.util
+    from pathlib import Path
 
     from planner.engine.registry import method_names
 
-    importlib.import_module("test_offload_cli")
+    # by path: tests/cli is on sys.path only when a test there was collected first
+    path = Path(__file__).resolve().parents[1] / "cli" / "test_offload_cli.py"
+    spec = importlib.util.spec_from_file_location("offload_cli_module", path)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert "hand-offload" not in method_names()
     assert set(method_names()) == set(BUILTIN_METHODS)
     assert {c.values[1] for c in _cases()} == {m for m in BUILTIN_METHODS if not _pipeline(m)}
