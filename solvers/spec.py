@@ -104,24 +104,6 @@ class OptionSpec:
         """'values; what it does (default …)': one line for help texts and API docs."""
         return f"{self.values()}; {self.description} (default {json.dumps(self.default)})"
 
-    def json_schema(self, maximum: int | None = None) -> dict[str, Any]:
-        """The values it takes as JSON Schema (`maximum`: a lower cap of the caller's)."""
-        schema: dict[str, Any]
-        if self.kind == "bool":
-            schema = {"type": "boolean"}
-        elif self.kind == "int":
-            schema = {"type": "integer"}
-            if self.minimum is not None:
-                schema["minimum"] = self.minimum
-            caps = [c for c in (self.maximum, maximum) if c is not None]
-            if caps:
-                schema["maximum"] = min(caps)
-        elif self.kind == "str":
-            schema = {"type": "string"}
-        else:
-            schema = {"enum": list(self.choices)}
-        return {"anyOf": [schema, {"type": "null"}]} if self.nullable else schema
-
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.kind, "default": self.default,
                 "help": self.description, "choices": list(self.choices),

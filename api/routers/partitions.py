@@ -18,7 +18,6 @@ bytes; stated in the schema).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -95,29 +94,7 @@ NEEDED: dict[str, Any] = {"allOf": [
         "then": {"properties": {"graph": {"required": ["model_state"],
                                           "properties": {"model_state": {"type": "object"}}}}},
     },
-    # An option given by its own field too (chunks, split, schedule auto) is given twice.
-    *({"not": {"required": [own, "options"],
-               "properties": {own: own_given, "options": {"required": [key]}}}}
-      for own, key, own_given in (("chunks", "chunks", {"not": {"type": "null"}}),
-                                  ("split", "split", {"not": {"type": "null"}}),
-                                  ("schedule", "schedules", {"const": "auto"}))),
 ]}
-
-
-def _pipeline_options_schema() -> dict[str, Any]:
-    """The pipeline methods' options as JSON Schema (every pipeline method takes the same;
-    chunks within this server's MAX_CHUNKS): the schema says which keys and values exist."""
-    from planner.engine.registry import method_specs
-
-    options = {o.name: o for spec in method_specs() if spec.pipeline for o in spec.option_specs()}
-    properties = {name: o.json_schema(MAX_CHUNKS if name == "chunks" else None)
-                  for name, o in sorted(options.items())}
-    if "schedules" in properties:  # auto, or names comma-separated (parse_schedules)
-        names = "|".join(re.escape(n) for n in SCHEDULES)
-        listed = rf"^\s*auto\s*$|^(\s*({names})?\s*,)*\s*({names})\s*(,\s*({names})?\s*)*$"
-        properties["schedules"] = {"anyOf": [{"type": "string", "pattern": listed},
-                                             {"type": "null"}]}
-    return {"additionalProperties": False, "properties": properties}
 
 
 class PartitionRequest(BaseModel):
@@ -157,7 +134,7 @@ class PartitionRequest(BaseModel):
         default_factory=dict, description="The pipeline method's options, as in POST /v1/plans "
         "(GET /v1/methods: chunks, split, schedules), checked at submission by the same "
         "resolution; one the body's own field gives too (chunks, split, schedule auto) is a "
-        "422.", json_schema_extra=lambda schema: schema.update(_pipeline_options_schema()))
+        "422.")
 
     _resources = field_validator("resources", mode="before")(resources_as_json_schema_reads)
     # 4.0 is 4 (a JSON Schema integer); 4.5, "4" and true are still refused.
