@@ -1,6 +1,7 @@
 """The GPU fidelity benchmark's core: per model, trace, solve every method at every budget in
 worker processes, and measure each plan as its solve completes (benchmarks/gpu_fidelity.py is
-the command; tests/runtime/test_gpu_fidelity_cpu.py runs `run_fidelity` on a tiny CPU configuration).
+the command; tests/runtime/test_gpu_fidelity_cpu.py runs `run_fidelity` on a tiny CPU
+configuration).
 
 Time is shared out: each model gets the run's remaining time divided by the models left; rows
 not measured by then say so. Identical plans (same actions) are measured once.

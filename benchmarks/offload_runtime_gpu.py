@@ -176,7 +176,8 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         print("offload_runtime_gpu: no CUDA device here; this benchmark measures the runtime on a "
-              "GPU (the CPU path is tested by tests/runtime/test_runtime_offload.py)", file=sys.stderr)
+              "GPU (the CPU path is tested by tests/runtime/test_runtime_offload.py)",
+              file=sys.stderr)
         return 1
     from planner.core.plan import PlanStatus
     from planner.engine.offload_checks import is_offload_method
